@@ -1,0 +1,131 @@
+"""Command line: thin typer commands over the library. Bad input exits with status 2 and one
+message naming the file, key or column, the value and what is allowed."""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Predict LLM training time, memory, cost and energy for millions of plans.")
+err = Console(stderr=True)
+console = Console(width=max(Console().width, 200))
+
+
+def _user_errors(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except InputError as e:
+            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+            raise typer.Exit(2)
+    return wrapper
+
+
+def _calibration(path: Optional[Path]):
+    from .spec import load_calibration
+    return load_calibration(path) if path else None
+
+
+CalibrationOpt = typer.Option(None, "--calibration", help="calibration TOML written by `calibrate`")
+
+
+@app.command()
+@_user_errors
+def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
+          output: Optional[Path] = typer.Option(None, "-o", "--output", help="results folder [results/<name>]"),
+          overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing result"),
+          calibration: Optional[Path] = CalibrationOpt,
+          show_pareto: bool = typer.Option(False, "--pareto", help="print the cost/time frontier afterwards")):
+    """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json."""
+    from .engine import run_sweep
+    from .spec import load_spec
+    s = load_spec(spec, _calibration(calibration))
+    folder = output or Path("results") / s.name
+    n = s.num_points
+    console.print(f"sweep [bold]{s.name}[/]: {n:,} points -> {folder}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("points", total=n, rate="")
+
+        def advance(k):
+            progress.advance(task, k)
+            t = progress.tasks[0]
+            if t.elapsed:
+                progress.update(task, rate=f"{t.completed / t.elapsed:,.0f} points/s")
+
+        manifest = run_sweep(s, folder, overwrite=overwrite, on_progress=advance)
+    console.print(f"wrote {manifest['num_rows']:,} rows in {manifest['elapsed_s']:.1f} s "
+                  f"({manifest['num_rows'] / max(manifest['elapsed_s'], 1e-9):,.0f} rows/s); "
+                  f"status: {manifest['status_counts']}")
+    if show_pareto:
+        pareto(folder, ["cost_usd", "train_days"], 20, None)
+
+
+@app.command()
+@_user_errors
+def pareto(folder: Path = typer.Argument(..., help="results folder"),
+           minimize: List[str] = typer.Option(["cost_usd", "train_days"], "--minimize",
+                                              help="objective column (repeat; '-col' maximises)"),
+           top: int = typer.Option(20, "--top", help="rows to print"),
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the frontier to Parquet")):
+    """Print the Pareto frontier of the feasible rows of a results folder."""
+    from .evaluate import write_parquet_atomic
+    from .query import pareto as pareto_frontier
+    from .report import print_frame
+    front = pareto_frontier(folder, list(minimize))
+    title = f"Pareto frontier of {folder} ({front.height} plans; minimise {', '.join(minimize)})"
+    print_frame(front, title, top, console)
+    if output:
+        write_parquet_atomic(front, output)
+        console.print(f"wrote {output}")
+
+
+@app.command()
+@_user_errors
+def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row"),
+             output: Path = typer.Option(..., "-o", "--output", help="output Parquet file"),
+             calibration: Optional[Path] = CalibrationOpt):
+    """Evaluate explicit configurations from a CSV file."""
+    from .evaluate import evaluate_frame, read_csv, write_parquet_atomic
+    df = evaluate_frame(read_csv(csv), str(csv), _calibration(calibration))
+    write_parquet_atomic(df, output)
+    counts = df["status"].value_counts().sort("status").rows()
+    console.print(f"wrote {df.height} rows to {output}; status: {dict(counts)}")
+
+
+@app.command()
+@_user_errors
+def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o", "--output",
+                                         help="per-row errors (Parquet)"),
+             plot: Optional[Path] = typer.Option(None, "--plot", help="predicted-vs-measured PNG"),
+             calibration: Optional[Path] = CalibrationOpt):
+    """Compare predictions with vTrain's 1,549 measured A100 iteration times."""
+    from .evaluate import write_parquet_atomic
+    from .report import print_frame
+    from .validate import plot as plot_rows
+    from .validate import validate as run
+    rows, summary = run(_calibration(calibration))
+    print_frame(summary, "Iteration-time error vs measurements (percent)", console=console)
+    write_parquet_atomic(rows, output)
+    console.print(f"per-row errors: {output}")
+    if plot:
+        plot_rows(rows, plot)
+        console.print(f"plot: {plot}")
+
+
+def main():  # console script entry point
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

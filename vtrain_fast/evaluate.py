@@ -1,0 +1,165 @@
+"""Evaluate explicit configurations (one per CSV row) with the same kernel as sweeps."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .engine import output_arrays
+from .errors import InputError
+from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
+from .kernels.step import NUM_OUTPUTS
+from .kernels.sweep import evaluate_rows
+from .models import DEFAULT_VOCAB_SIZE
+from .spec import RECOMPUTE_VALUES
+
+REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+            "micro_batch_size", "tp", "pp", "dp", "gpu")
+OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
+            "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens")
+_INT_COLS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+             "micro_batch_size", "tp", "pp", "dp", "ffn_hidden_size", "num_query_groups",
+             "vocab_size", "gpus_per_node")
+PRECISIONS = ("fp16", "bf16")
+DEFAULT_NUM_TOKENS = 300e9
+
+
+def _int_column(df: pl.DataFrame, name: str, where: str, default=None) -> np.ndarray:
+    if name not in df.columns:
+        return np.full(df.height, default, dtype=np.int64)
+    col = df[name]
+    vals = col.cast(pl.Float64, strict=False)
+    bad = vals.is_null() | ~vals.is_finite() | (vals != vals.round(0)) | (vals < 1)
+    if col.null_count() and default is not None:
+        bad = bad & col.is_not_null()
+        vals = vals.fill_null(float(default))
+    if bad.any():
+        i = int(bad.arg_max())
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], "whole numbers >= 1")
+    return vals.cast(pl.Int64).to_numpy()
+
+
+def _float_column(df, name, where, default, lo, hi) -> np.ndarray:
+    """Numbers from ``lo`` to ``hi``; empty cells (or a missing column) take ``default``
+    (NaN when ``default`` is None, meaning "use the preset")."""
+    fill = np.nan if default is None else float(default)
+    if name not in df.columns:
+        return np.full(df.height, fill, dtype=np.float64)
+    col = df[name]
+    empty = col.is_null().to_numpy()
+    vals = col.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
+    bad = ~empty & (np.isnan(vals) | (vals < lo) | (vals > hi))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"numbers from {lo:g} to {hi:g}")
+    return np.where(empty, fill, vals)
+
+
+def _str_column(df, name, where, allowed, default) -> list[str]:
+    if name not in df.columns:
+        return [default] * df.height
+    out = []
+    for i, v in enumerate(df[name].cast(pl.String).to_list()):
+        v = default if v is None or v == "" else v.strip().lower()
+        if v not in allowed:
+            raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed))
+        out.append(v)
+    return out
+
+
+def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None) -> pl.DataFrame:
+    """Evaluate every row of ``df`` (columns as in the ``evaluate`` command).
+
+    Parameters
+    ----------
+    df : polars.DataFrame
+        One configuration per row; required columns :data:`REQUIRED`, optional :data:`OPTIONAL`.
+        Extra columns are passed through.
+    where : str
+        File name for error messages.
+    calibration : dict, optional
+        GPU preset name -> Calibration.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``df`` plus ``status`` and every output column.
+
+    Raises
+    ------
+    InputError
+        Missing column, bad value, unknown GPU preset.
+    """
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise InputError(where, "columns", ", ".join(missing), "required columns " + ", ".join(REQUIRED),
+                         "add the missing column(s) to the header")
+    n = df.height
+    ints = {c: _int_column(df, c, where, None) for c in REQUIRED if c != "gpu"}
+    h, a = ints["hidden_size"], ints["num_attention_heads"]
+    ffn = _int_column(df, "ffn_hidden_size", where, 0)
+    ffn = np.where(ffn == 0, 4 * h, ffn)
+    groups = _int_column(df, "num_query_groups", where, 0)
+    groups = np.where(groups == 0, a, groups)
+    vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
+    recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, "none")
+    _str_column(df, "precision", where, PRECISIONS, "bf16")
+    gpu = _str_column(df, "gpu", where, tuple(PRESETS), "")
+    gpn = _int_column(df, "gpus_per_node", where, 0)
+    lo, hi = OVERRIDE_RANGES["intra_node_GBps"]
+    intra = _float_column(df, "intra_node_GBps", where, None, lo, hi)
+    lo, hi = OVERRIDE_RANGES["inter_node_Gbps"]
+    inter = _float_column(df, "inter_node_Gbps", where, None, lo, hi)
+    tokens = _float_column(df, "num_tokens", where, DEFAULT_NUM_TOKENS, 1.0, 1e16)
+    calibration = calibration or {}
+    cache: dict = {}
+    hw_rows = np.empty((n, len(machine_vector(PRESETS["a100-sxm4-80gb"]))), dtype=np.float64)
+    for i in range(n):
+        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]))
+        if key not in cache:
+            ov = dict(gpus_per_node=int(gpn[i]) or None,
+                      intra_node_GBps=None if np.isnan(intra[i]) else float(intra[i]),
+                      inter_node_Gbps=None if np.isnan(inter[i]) else float(inter[i]))
+            cache[key] = machine_vector(with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov))
+        hw_rows[i] = cache[key]
+    cols = np.stack([ints["num_layers"], h, a, groups, ffn, vocab, ints["seq_length"],
+                     ints["global_batch_size"], ints["micro_batch_size"], ints["tp"], ints["pp"],
+                     ints["dp"], np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64)])
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    out = np.empty((NUM_OUTPUTS, n), dtype=np.float64)
+    status = np.empty(n, dtype=np.int8)
+    evaluate_rows(cols, np.ascontiguousarray(tokens), hw_rows, out, status)
+    result = pl.from_arrow(pa.table(output_arrays(out, status)))
+    result = result.with_columns(pl.col("status").cast(pl.String))
+    drop = [c for c in result.columns if c in df.columns]
+    return pl.concat([df.drop(drop), result], how="horizontal")
+
+
+def read_csv(path: str | Path) -> pl.DataFrame:
+    """Read a configurations CSV.
+
+    Raises
+    ------
+    InputError
+        Unreadable or malformed file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(str(p), "file", str(p), "an existing CSV file")
+    try:
+        return pl.read_csv(p, infer_schema_length=None)
+    except Exception as e:  # polars raises several error types for malformed CSV
+        raise InputError(str(p), "CSV", str(e).splitlines()[0], "a comma-separated file with a header row") from None
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> None:
+    """Write ``df`` to ``path`` through a temporary name and an atomic rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    pq.write_table(df.to_arrow(), tmp, compression="zstd")
+    os.replace(tmp, p)

@@ -1,0 +1,122 @@
+"""Axes of a sweep as kernel arrays, and the flat-index encoding (Python twins of the kernel).
+
+A grid point's flat index is a mixed-radix number over the axes in
+:data:`vtrain_fast.kernels.sweep.AXES` order, last axis fastest. The engine hands index ranges
+to :func:`vtrain_fast.kernels.sweep.sweep_chunk`, which decodes them; the grid itself is never
+materialised.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .hardware import machine_vector
+from .kernels.sweep import AXES
+from .spec import RECOMPUTE_VALUES, SweepSpec
+
+INT64_MAX = 2 ** 63 - 1
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Kernel-ready axes.
+
+    Attributes
+    ----------
+    radices : numpy.ndarray
+        ``int64``, shape ``(NUM_AXES,)``: length of each axis.
+    models : numpy.ndarray
+        ``int64``, shape ``(n_models, 7)``, see ``ModelShape.as_row``.
+    model_names, gpu_names : list of str
+    tokens : numpy.ndarray
+        ``float64``.
+    gpus : numpy.ndarray
+        ``int64``, index into ``hw_table`` per gpu-axis value.
+    hw_table : numpy.ndarray
+        ``float64``, shape ``(n_gpus, NUM_HW_FIELDS)``.
+    sizes, tps, pps, mbss, gbss, recomputes : numpy.ndarray
+        ``int64`` axis values.
+    sizes_in_nodes : bool
+    num_points : int
+    """
+
+    radices: np.ndarray
+    models: np.ndarray
+    model_names: list
+    tokens: np.ndarray
+    gpus: np.ndarray
+    gpu_names: list
+    hw_table: np.ndarray
+    sizes: np.ndarray
+    sizes_in_nodes: bool
+    tps: np.ndarray
+    pps: np.ndarray
+    mbss: np.ndarray
+    gbss: np.ndarray
+    recomputes: np.ndarray
+    num_points: int
+
+    def kernel_args(self):
+        """Axis arguments of ``sweep_chunk`` after ``start, n``, in order."""
+        return (self.radices, self.models, self.tokens, self.gpus, self.hw_table, self.sizes,
+                self.sizes_in_nodes, self.tps, self.pps, self.mbss, self.gbss, self.recomputes)
+
+
+def build_grid(spec: SweepSpec) -> Grid:
+    """Turn a validated spec into kernel arrays.
+
+    Raises
+    ------
+    InputError
+        If the number of points does not fit in a signed 64-bit index.
+    """
+    n = spec.num_points
+    if n > INT64_MAX:
+        raise InputError(spec.path, "number of points", n, f"at most {INT64_MAX} (int64 index)",
+                         "split the sweep into several specs or shorten some axes")
+    recompute_codes = [RECOMPUTE_VALUES.index(r) for r in spec.recompute]
+    arrays = dict(
+        model=[m.as_row() for m in spec.models], num_tokens=spec.num_tokens,
+        gpu=list(range(len(spec.gpus))), cluster_size=spec.cluster_sizes, tp=spec.tp, pp=spec.pp,
+        micro_batch_size=spec.micro_batch_size, global_batch_size=spec.global_batch_size,
+        recompute=recompute_codes,
+    )
+    radices = np.array([len(arrays[a]) for a in AXES], dtype=np.int64)
+    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
+    return Grid(
+        radices=radices,
+        models=i64(arrays["model"]).reshape(len(spec.models), 7),
+        model_names=[m.name for m in spec.models],
+        tokens=np.array(spec.num_tokens, dtype=np.float64),
+        gpus=i64(arrays["gpu"]),
+        gpu_names=[g.name for g in spec.gpus],
+        hw_table=np.stack([machine_vector(g) for g in spec.gpus]),
+        sizes=i64(spec.cluster_sizes), sizes_in_nodes=spec.sizes_in_nodes,
+        tps=i64(spec.tp), pps=i64(spec.pp), mbss=i64(spec.micro_batch_size),
+        gbss=i64(spec.global_batch_size), recomputes=i64(recompute_codes),
+        num_points=n,
+    )
+
+
+def decode(index: int, radices) -> list[int]:
+    """Plain-Python twin of ``kernels.sweep.decode_index``: flat index -> digit per axis."""
+    digits = [0] * len(radices)
+    for k in range(len(radices) - 1, -1, -1):
+        index, digits[k] = divmod(index, int(radices[k]))
+    return digits
+
+
+def encode(digits, radices) -> int:
+    """Inverse of :func:`decode`: digits per axis -> flat index."""
+    index = 0
+    for d, r in zip(digits, radices):
+        index = index * int(r) + int(d)
+    return index
+
+
+def count_points(radices) -> int:
+    """Exact number of grid points (Python int; no overflow)."""
+    return math.prod(int(r) for r in radices)

@@ -1,0 +1,200 @@
+"""GPU presets: hardware numbers with their sources, plus default calibration values.
+
+Every number carries its source and the date of that source. Units are in the names and
+all values are converted to SI units (bytes, bytes/s, FLOP/s, seconds, watts) exactly once,
+in :func:`machine_vector`.
+
+Preset names are lower case: ``<gpu>-<form factor>-<memory>``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .kernels.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
+
+GiB = 1024.0 ** 3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Global efficiencies of one GPU type (fitted by ``vtrain-fast calibrate``).
+
+    Attributes
+    ----------
+    gemm_efficiency : float
+        Achievable fraction of the dense tensor-core peak for large fp16/bf16 GEMMs, (0, 1].
+    hbm_efficiency : float
+        Achievable fraction of HBM bandwidth for streaming (memory-bound) kernels, (0, 1].
+    kernel_overhead_s : float
+        Launch plus idle time charged per kernel, seconds.
+    intra_node_efficiency, inter_node_efficiency : float
+        Large-message nccl-tests bus bandwidth divided by the link bandwidth, (0, 1].
+    intra_node_latency_s, inter_node_latency_s : float
+        Per-step latency of a ring collective step inside a node / across nodes, seconds.
+    """
+
+    gemm_efficiency: float = 0.70
+    hbm_efficiency: float = 0.80
+    kernel_overhead_s: float = 5e-6
+    intra_node_efficiency: float = 0.75
+    inter_node_efficiency: float = 0.80
+    intra_node_latency_s: float = 8e-6
+    inter_node_latency_s: float = 20e-6
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    """One GPU type as deployed in a typical node.
+
+    Attributes
+    ----------
+    name : str
+        Preset name, lower case.
+    peak_tflops : float
+        Dense fp16/bf16 tensor-core peak, 10^12 FLOP/s.
+    hbm_GiB : float
+        HBM capacity, GiB.
+    hbm_GBps : float
+        HBM bandwidth, 10^9 bytes/s.
+    intra_node_GBps : float
+        NVLink bandwidth per GPU per direction, 10^9 bytes/s.
+    inter_node_Gbps : float
+        Network (NIC) bandwidth per GPU, 10^9 bits/s.
+    gpus_per_node : int
+        GPUs in one NVLink/NVSwitch domain.
+    num_sms : int
+        Streaming multiprocessors.
+    tdp_W : float
+        Board power, watts.
+    usd_per_gpu_hour : float
+        Default rental price, US dollars per GPU-hour.
+    source : str
+        Where the numbers come from, with dates.
+    calibration : Calibration
+        Default efficiencies (see :class:`Calibration`).
+    """
+
+    name: str
+    peak_tflops: float
+    hbm_GiB: float
+    hbm_GBps: float
+    intra_node_GBps: float
+    inter_node_Gbps: float
+    gpus_per_node: int
+    num_sms: int
+    tdp_W: float
+    usd_per_gpu_hour: float
+    source: str
+    pue: float = 1.0
+    reserved_GiB: float = 1.5
+    calibration: Calibration = field(default_factory=Calibration)
+
+
+_A100_SRC = (
+    "NVIDIA A100 Tensor Core GPU datasheet (2021-06): 312 TFLOPS dense FP16/BF16 tensor core, "
+    "40 GB HBM2 at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 GB/s per "
+    "direction), 400 W SXM; NVIDIA A100 whitepaper (2020): 108 SMs; NVIDIA DGX A100 user guide "
+    "(2020): 8 GPUs per node, one 200 Gb/s HDR InfiniBand adapter per GPU; price: typical cloud "
+    "on-demand list price 2025 (approximate; override per sweep)."
+)
+_H100_SRC = (
+    "NVIDIA H100 Tensor Core GPU datasheet (2023): 989.4 TFLOPS dense FP16/BF16 tensor core "
+    "(1,979 with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 GB/s per direction), "
+    "up to 700 W; NVIDIA H100 whitepaper (2022): 132 SMs (SXM5); NVIDIA DGX H100 user guide "
+    "(2023): 8 GPUs per node, one 400 Gb/s ConnectX-7 adapter per GPU; price: typical cloud "
+    "on-demand list price 2025 (approximate; override per sweep)."
+)
+_V100_SRC = (
+    "NVIDIA Tesla V100 datasheet (2018): 125 TFLOPS FP16 tensor core, 32 GB HBM2 at 900 GB/s, "
+    "NVLink 300 GB/s (150 GB/s per direction), 300 W SXM2; Volta whitepaper (2017): 80 SMs; "
+    "NVIDIA DGX-1 (2018): 8 GPUs per node, 4 x 100 Gb/s EDR InfiniBand per node (25 Gb/s per GPU); "
+    "price: typical cloud on-demand list price 2025 (approximate; override per sweep)."
+)
+
+PRESETS: dict[str, GPUPreset] = {
+    p.name: p
+    for p in (
+        GPUPreset("a100-sxm4-40gb", 312.0, 40.0, 1555.0, 300.0, 200.0, 8, 108, 400.0, 1.29,
+                  _A100_SRC),
+        GPUPreset("a100-sxm4-80gb", 312.0, 80.0, 2039.0, 300.0, 200.0, 8, 108, 400.0, 1.79,
+                  _A100_SRC),
+        GPUPreset("h100-sxm-80gb", 989.4, 80.0, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
+                  _H100_SRC),
+        GPUPreset("v100-sxm2-32gb", 125.0, 32.0, 900.0, 150.0, 25.0, 8, 80, 300.0, 0.80,
+                  _V100_SRC),
+    )
+}
+
+# Keys a sweep spec, a CSV row or a calibration file may override, with their allowed range.
+OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
+    "gpus_per_node": (1, 1024),
+    "intra_node_GBps": (0.1, 1e5),
+    "inter_node_Gbps": (0.1, 1e6),
+    "usd_per_gpu_hour": (0.0, 1e4),
+    "pue": (1.0, 5.0),
+}
+CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.01, 1.0),
+    "hbm_efficiency": (0.01, 1.0),
+    "kernel_overhead_s": (0.0, 1e-3),
+    "intra_node_efficiency": (0.01, 1.0),
+    "inter_node_efficiency": (0.01, 1.0),
+    "intra_node_latency_s": (0.0, 1e-2),
+    "inter_node_latency_s": (0.0, 1e-2),
+}
+
+
+def get_preset(name: str) -> GPUPreset:
+    """Return the preset called ``name``.
+
+    Raises
+    ------
+    KeyError
+        If ``name`` is not a preset; the message lists the known names.
+    """
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown GPU preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+
+
+def with_overrides(preset: GPUPreset, calibration: Calibration | None = None, **overrides) -> GPUPreset:
+    """Return a copy of ``preset`` with cluster overrides (keys of ``OVERRIDE_RANGES``) and an
+    optional calibration applied. ``None`` values are ignored."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if calibration is not None:
+        clean["calibration"] = calibration
+    return replace(preset, **clean) if clean else preset
+
+
+def machine_vector(preset: GPUPreset) -> np.ndarray:
+    """Convert a preset to the kernel's machine vector.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64``, shape ``(NUM_HW_FIELDS,)``, SI units, laid out as
+        :data:`vtrain_fast.kernels.params.HW_FIELDS`.
+    """
+    c = preset.calibration
+    values = {
+        "peak_flops": preset.peak_tflops * 1e12,
+        "hbm_bytes": preset.hbm_GiB * GiB,
+        "hbm_Bps": preset.hbm_GBps * 1e9,
+        "intra_node_Bps": preset.intra_node_GBps * 1e9,
+        "inter_node_Bps": preset.inter_node_Gbps * 1e9 / 8.0,
+        "gpus_per_node": float(preset.gpus_per_node),
+        "num_sms": float(preset.num_sms),
+        "tdp_W": preset.tdp_W,
+        "usd_per_gpu_hour": preset.usd_per_gpu_hour,
+        "pue": preset.pue,
+        "reserved_bytes": preset.reserved_GiB * GiB,
+    }
+    for name in CALIBRATION_FIELDS:
+        values[name] = float(getattr(c, name))
+    vec = np.empty(NUM_HW_FIELDS, dtype=np.float64)
+    for i, name in enumerate(HW_FIELDS):
+        vec[i] = values[name]
+    return vec

@@ -1,0 +1,79 @@
+"""Collective-communication cost formulas (alpha-beta model, ring algorithms).
+
+Semantics follow nccl-tests (NVIDIA, ``doc/PERFORMANCE.md``): for an all-reduce of ``S`` bytes
+over ``n`` ranks, ``algbw = S / time`` and ``busbw = algbw * 2(n-1)/n``; a ring all-reduce moves
+``2(n-1)/n * S`` bytes through each rank's link, so ``time = 2(n-1)/n * S / busbw``.
+All-gather and reduce-scatter move ``(n-1)/n * S`` (``S`` the full, gathered size).
+Link bandwidth is per GPU per direction; ``*_efficiency`` is the large-message
+``busbw / link bandwidth`` measured by nccl-tests.
+
+Rank layout (Megatron-LM): tensor-parallel ranks innermost, then data-parallel, then pipeline,
+so a TP group has stride 1, a DP group stride ``tp`` and pipeline neighbours are ``tp*dp`` apart.
+"""
+from __future__ import annotations
+
+import math
+
+from .._jit import jit
+from .params import (H_GPUS_PER_NODE, H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTRA_BPS,
+                     H_INTRA_EFF, H_INTRA_LAT_S)
+
+
+@jit
+def ring_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s):
+    """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks.
+
+    ``2(n-1)/n * nbytes / (link_Bps * efficiency) + 2(n-1) * latency_s``; 0 when ``n <= 1``.
+    """
+    if n <= 1.0:
+        return 0.0
+    return 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency) + 2.0 * (n - 1.0) * latency_s
+
+
+@jit
+def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s):
+    """Seconds of a ring all-gather (or reduce-scatter) whose full buffer is ``nbytes``.
+
+    ``(n-1)/n * nbytes / (link_Bps * efficiency) + (n-1) * latency_s``; 0 when ``n <= 1``.
+    """
+    if n <= 1.0:
+        return 0.0
+    return (n - 1.0) / n * nbytes / (link_Bps * efficiency) + (n - 1.0) * latency_s
+
+
+@jit
+def members_per_node(stride, n, gpus_per_node):
+    """How many of a group's ``n`` ranks, spaced ``stride`` apart, share one node (>= 1)."""
+    if stride >= gpus_per_node:
+        return 1.0
+    return max(1.0, min(n, math.floor(gpus_per_node / stride)))
+
+
+@jit
+def group_allreduce_s(nbytes, n, stride, hw):
+    """Seconds of an all-reduce of ``nbytes`` over a group of ``n`` ranks spaced ``stride``.
+
+    Inside one node: ring on NVLink. Across nodes with ``g > 1`` members per node:
+    hierarchical (intra-node reduce-scatter, inter-node ring all-reduce of ``nbytes / g`` on each
+    member's NIC, intra-node all-gather), as NCCL does with its tree/ring over nodes
+    (Jeaugey, NCCL 2.4 "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019).
+    One member per node: ring over the NICs.
+    """
+    if n <= 1.0:
+        return 0.0
+    g = members_per_node(stride, n, hw[H_GPUS_PER_NODE])
+    nodes = math.ceil(n / g)
+    if nodes <= 1.0:
+        return ring_allreduce_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S])
+    inter = ring_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S])
+    intra = 2.0 * ring_allgather_s(nbytes, g, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S])
+    return inter + intra
+
+
+@jit
+def p2p_s(nbytes, crosses_node, hw):
+    """Seconds of one point-to-point send of ``nbytes`` (pipeline activation or gradient),
+    on the NIC when ``crosses_node`` else on NVLink: ``latency + nbytes / (bw * efficiency)``."""
+    if crosses_node:
+        return hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
+    return hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])

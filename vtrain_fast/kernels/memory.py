@@ -1,0 +1,56 @@
+"""Parameter counts and memory per GPU, in bytes.
+
+Model states: mixed-precision Adam without ZeRO keeps 16 bytes per parameter (fp16 weight 2,
+fp16 gradient 2, fp32 master weight 4, Adam momentum 4 and variance 4; Rajbhandari et al. 2020,
+"ZeRO", Sec. 3.1). Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", Sec. 4 (tensor parallelism without sequence parallelism:
+``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes per layer), generalised here to grouped-query
+attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/t``).
+"""
+from __future__ import annotations
+
+from .._jit import jit
+
+STATE_BYTES_PER_PARAM = 16.0
+
+
+@jit
+def layer_params(h, a, g, f):
+    """Parameters of one transformer layer (weights and biases; 2 layer norms)."""
+    qkv_out = h + 2.0 * h * g / a
+    return h * qkv_out + qkv_out + h * h + h + 2.0 * h * f + f + h + 4.0 * h
+
+
+@jit
+def layer_params_per_rank(h, a, g, f, t):
+    """Parameters of one layer held by one tensor-parallel rank (layer norms and row-parallel
+    biases are replicated)."""
+    qkv_out = h + 2.0 * h * g / a
+    return (h * qkv_out + qkv_out + h * h + 2.0 * h * f + f) / t + h + h + 4.0 * h
+
+
+@jit
+def model_params(num_layers, h, a, g, f, v, s):
+    """Total parameters: layers, word embedding ``v*h``, position embedding ``s*h``, final
+    layer norm ``2h`` and an untied LM head ``v*h``."""
+    return num_layers * layer_params(h, a, g, f) + 2.0 * v * h + s * h + 2.0 * h
+
+
+@jit
+def layer_activation_bytes(b, s, h, a, g, f, t):
+    """Activation bytes one layer stores for backward, one micro-batch, no recomputation
+    (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring)."""
+    return s * b * h * (10.0 + (4.0 + 4.0 * g / a + 4.0 * f / h) / t) + 5.0 * a * s * s * b / t
+
+
+@jit
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute):
+    """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches.
+
+    With full recomputation each layer keeps only its 2-byte input (``2sbh``) and one layer's
+    full activations are rebuilt at a time during backward.
+    """
+    full = layer_activation_bytes(b, s, h, a, g, f, t)
+    if recompute:
+        return in_flight * layers_on_stage * 2.0 * s * b * h + full
+    return in_flight * layers_on_stage * full

@@ -1,0 +1,182 @@
+"""Per-operator cost formulas: FLOPs, bytes moved and seconds on one GPU.
+
+All functions are scalar, ``float64`` in and out, and compiled with :func:`vtrain_fast._jit.jit`.
+Symbols (Megatron-LM names): ``b`` micro_batch_size, ``s`` seq_length, ``h`` hidden_size,
+``a`` num_attention_heads, ``g`` num_query_groups, ``f`` ffn_hidden_size, ``v`` vocab_size,
+``t`` tensor-parallel size. Activations are 2-byte (fp16/bf16).
+
+Time model: roofline (Williams, Waterman, Patterson 2009, "Roofline", CACM 52(4)) with achievable
+fractions of peak, plus a per-kernel overhead:
+``time = max(flops / (peak * gemm_efficiency), bytes / (hbm_Bps * hbm_efficiency)) + overhead``.
+"""
+from __future__ import annotations
+
+from .._jit import jit
+from .params import H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_PEAK_FLOPS
+
+BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
+
+
+@jit
+def gemm_time_s(m, n, k, batch, hw):
+    """Seconds for ``batch`` GEMMs of ``(m x k) @ (k x n)`` in fp16/bf16.
+
+    Parameters
+    ----------
+    m, n, k, batch : float
+        GEMM dimensions and batch count (a plain GEMM has ``batch = 1``).
+    hw : numpy.ndarray
+        Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
+
+    Returns
+    -------
+    float
+        Seconds: roofline of ``2*m*n*k*batch`` FLOPs at ``peak_flops * gemm_efficiency`` and
+        ``2*(m*k + k*n + m*n)*batch`` bytes at ``hbm_Bps * hbm_efficiency``, plus one kernel
+        overhead.
+    """
+    flops = 2.0 * m * n * k * batch
+    nbytes = BYTES_PER_ELEMENT * (m * k + k * n + m * n) * batch
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF])
+    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def memory_bound_time_s(nbytes, num_kernels, hw):
+    """Seconds for memory-bound kernels (softmax, layer norm, GeLU, dropout, adds, Adam).
+
+    Parameters
+    ----------
+    nbytes : float
+        Bytes read plus written, all kernels together.
+    num_kernels : float
+        Kernel launches, each charged ``kernel_overhead_s``.
+    hw : numpy.ndarray
+        Machine vector.
+
+    Returns
+    -------
+    float
+        ``nbytes / (hbm_Bps * hbm_efficiency) + num_kernels * kernel_overhead_s``.
+    """
+    return nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF]) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def layer_forward_s(b, s, h, a, g, f, t, hw):
+    """Forward compute seconds of one transformer layer for one micro-batch on one TP rank.
+
+    Operators (Megatron-LM GPT layer, fused kernels as in Megatron-LM 2021): LN1, QKV GEMM,
+    attention scores (batched GEMM), fused scale-mask-softmax, attention dropout, context
+    (batched GEMM), context permute copy, output projection GEMM, bias-dropout-add, LN2, FC1
+    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. Tensor-parallel communication is not included
+    (see :mod:`vtrain_fast.kernels.comm`).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    tokens = b * s
+    heads = a / t
+    qkv_out = (h + 2.0 * h * g / a) / t
+    score_elems = b * heads * s * s
+    time = gemm_time_s(tokens, qkv_out, h, 1.0, hw)
+    time += gemm_time_s(s, s, h / a, b * heads, hw)          # Q K^T
+    time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
+    time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
+    time += gemm_time_s(tokens, f / t, h, 1.0, hw)           # FC1
+    time += gemm_time_s(tokens, h, f / t, 1.0, hw)           # FC2
+    nbytes = (
+        2.0 * 4.0 * tokens * h          # two layer norms: read 2 + write 2 bytes / element
+        + 4.0 * score_elems             # scale-mask-softmax: read + write
+        + 5.0 * score_elems             # dropout: read + write + 1-byte mask
+        + 4.0 * tokens * h / t          # context permute copy
+        + 2.0 * 7.0 * tokens * h        # two bias-dropout-adds: x, residual, out, mask
+        + 4.0 * tokens * f / t          # bias-GeLU
+    )
+    return time + memory_bound_time_s(nbytes, 7.0, hw)
+
+
+@jit
+def layer_backward_s(b, s, h, a, g, f, t, hw):
+    """Backward compute seconds of one transformer layer for one micro-batch on one TP rank.
+
+    Each forward GEMM becomes a data-gradient and a weight-gradient GEMM of the same FLOPs;
+    memory-bound kernels read the saved input and the incoming gradient and write the outgoing
+    one. Recomputation is added by the caller. TP communication is not included.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    tokens = b * s
+    heads = a / t
+    qkv_out = (h + 2.0 * h * g / a) / t
+    score_elems = b * heads * s * s
+    time = gemm_time_s(tokens, h, qkv_out, 1.0, hw) + gemm_time_s(h, qkv_out, tokens, 1.0, hw)
+    time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
+    time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
+    time += gemm_time_s(tokens, h / t, h, 1.0, hw) + gemm_time_s(h / t, h, tokens, 1.0, hw)
+    time += gemm_time_s(tokens, h, f / t, 1.0, hw) + gemm_time_s(h, f / t, tokens, 1.0, hw)
+    time += gemm_time_s(tokens, f / t, h, 1.0, hw) + gemm_time_s(f / t, h, tokens, 1.0, hw)
+    nbytes = (
+        2.0 * 6.0 * tokens * h          # two layer-norm backwards: x, dy -> dx
+        + 6.0 * score_elems             # softmax backward: y, dy -> dx
+        + 5.0 * score_elems             # dropout backward: dy, mask -> dx
+        + 4.0 * tokens * h / t          # context permute copy
+        + 2.0 * 5.0 * tokens * h        # two bias-dropout-add backwards: dy, mask -> dx
+        + 2.0 * 6.0 * tokens * h        # two residual-gradient accumulations
+        + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
+    )
+    return time + memory_bound_time_s(nbytes, 12.0, hw)
+
+
+@jit
+def embedding_forward_s(b, s, h, hw):
+    """Forward seconds of word + position embedding lookup, add and dropout (first stage)."""
+    return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
+
+
+@jit
+def embedding_backward_s(b, s, h, v, t, hw):
+    """Backward seconds of the embeddings: dropout backward and scatter-add of gradients into
+    the (vocab-parallel) word and position embedding tables, including zeroing the dense
+    ``v/t x h`` gradient table."""
+    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0) + 2.0 * v * h / t, 4.0, hw)
+
+
+@jit
+def head_forward_s(b, s, h, v, t, hw):
+    """Forward seconds on the last stage: final layer norm, LM-head GEMM onto ``v/t`` logits,
+    and vocab-parallel cross-entropy (fp16 logits read, fp32 softmax written)."""
+    tokens = b * s
+    time = memory_bound_time_s(4.0 * tokens * h, 1.0, hw)
+    time += gemm_time_s(tokens, v / t, h, 1.0, hw)
+    time += memory_bound_time_s(tokens * v / t * (2.0 + 4.0 + 4.0), 4.0, hw)
+    return time
+
+
+@jit
+def head_backward_s(b, s, h, v, t, hw):
+    """Backward seconds on the last stage: cross-entropy gradient, LM-head data and weight
+    gradients, final layer-norm backward."""
+    tokens = b * s
+    time = memory_bound_time_s(tokens * v / t * (4.0 + 2.0), 2.0, hw)
+    time += gemm_time_s(tokens, h, v / t, 1.0, hw) + gemm_time_s(h, v / t, tokens, 1.0, hw)
+    time += memory_bound_time_s(6.0 * tokens * h, 2.0, hw)
+    return time
+
+
+@jit
+def optimizer_s(params, hw):
+    """Seconds of one mixed-precision Adam step over ``params`` parameters on one GPU.
+
+    Bytes per parameter (Megatron-LM fp16 optimizer): copy fp16 grads to fp32 main grads
+    (2 + 4), inf/nan check (4), gradient-norm for clipping (4), fused Adam (read param, grad,
+    m, v; write param, m, v: 28), copy fp32 params to fp16 model params (4 + 2): 48 bytes.
+    Multi-tensor-apply launches are charged as 6 kernels.
+    """
+    return memory_bound_time_s(48.0 * params, 6.0, hw)

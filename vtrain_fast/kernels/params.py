@@ -1,0 +1,40 @@
+"""Layout of the machine vector that every kernel reads.
+
+A machine vector is a ``float64`` array of shape ``(NUM_HW_FIELDS,)`` holding one GPU type's
+hardware numbers (SI units) and its calibrated efficiencies. Kernels index it with the
+integer constants below, which Numba folds into the compiled code.
+Field meanings, units and sources live in :mod:`vtrain_fast.hardware`.
+"""
+from __future__ import annotations
+
+HW_FIELDS = (
+    "peak_flops",             # dense fp16/bf16 tensor-core FLOP/s
+    "hbm_bytes",              # HBM capacity, bytes
+    "hbm_Bps",                # HBM bandwidth, bytes/s
+    "intra_node_Bps",         # NVLink bandwidth per GPU per direction, bytes/s
+    "inter_node_Bps",         # NIC bandwidth per GPU per direction, bytes/s
+    "gpus_per_node",          # GPUs sharing one NVLink/NVSwitch domain
+    "num_sms",                # streaming multiprocessors (GEMM wave quantization)
+    "tdp_W",                  # board power, watts
+    "usd_per_gpu_hour",       # price, US dollars per GPU-hour
+    "pue",                    # data-centre power usage effectiveness (energy multiplier)
+    "gemm_efficiency",        # achievable fraction of peak_flops for large GEMMs
+    "hbm_efficiency",         # achievable fraction of hbm_Bps for streaming kernels
+    "kernel_overhead_s",      # launch + idle gap per kernel, seconds
+    "intra_node_efficiency",  # nccl busbw / intra_node_Bps for large messages
+    "inter_node_efficiency",  # nccl busbw / inter_node_Bps for large messages
+    "intra_node_latency_s",   # per-step latency of an intra-node collective, seconds
+    "inter_node_latency_s",   # per-step latency of an inter-node collective, seconds
+    "reserved_bytes",         # memory taken by CUDA context, NCCL and allocator, bytes
+)
+NUM_HW_FIELDS = len(HW_FIELDS)
+
+(H_PEAK_FLOPS, H_HBM_BYTES, H_HBM_BPS, H_INTRA_BPS, H_INTER_BPS, H_GPUS_PER_NODE, H_NUM_SMS,
+ H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
+ H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES) = range(NUM_HW_FIELDS)
+
+# Fields a calibration may change (a handful of global numbers per GPU type).
+CALIBRATION_FIELDS = (
+    "gemm_efficiency", "hbm_efficiency", "kernel_overhead_s", "intra_node_efficiency",
+    "inter_node_efficiency", "intra_node_latency_s", "inter_node_latency_s",
+)

@@ -1,0 +1,120 @@
+"""Queries over results folders with Polars lazy scans: Pareto frontiers and filters.
+
+Query functions read Parquet only; they never call the cost kernels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .errors import InputError
+from .schema import COLUMNS, OUTPUT_NAMES
+from .writer import PART_GLOB, read_manifest
+
+NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (
+    __import__("pyarrow").int64(), __import__("pyarrow").float64()))
+CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
+                  "global_batch_size", "recompute", "num_tokens")
+
+
+def scan_results(folder: str | Path) -> pl.LazyFrame:
+    """Lazy frame over a finished results folder (raises InputError if unfinished)."""
+    read_manifest(folder)
+    return pl.scan_parquet(str(Path(folder) / PART_GLOB))
+
+
+def pareto_mask(values: np.ndarray) -> np.ndarray:
+    """Rows of ``values`` that no other row dominates (all objectives minimised).
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        ``float64``, shape ``(n, k)``, ``k >= 1``; NaN rows are never on the frontier.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``bool``, shape ``(n,)``. Of rows with identical objectives only the first is kept.
+
+    Notes
+    -----
+    Rows are sorted lexicographically; for ``k = 2`` a row is on the frontier iff its second
+    objective is below the running minimum of all rows before it (Kung, Luccio, Preparata 1975).
+    For ``k > 2`` each row is compared with the frontier found so far.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n, k = values.shape
+    mask = np.zeros(n, dtype=bool)
+    ok = ~np.isnan(values).any(axis=1)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return mask
+    v = values[idx]
+    order = np.lexsort(tuple(v[:, j] for j in range(k - 1, -1, -1)))
+    v = v[order]
+    if k == 1:
+        mask[idx[order[0]]] = True
+        return mask
+    if k == 2:
+        prev_min = np.minimum.accumulate(np.concatenate(([np.inf], v[:-1, 1])))
+        keep = v[:, 1] < prev_min
+        mask[idx[order[keep]]] = True
+        return mask
+    front: list[int] = []
+    for i in range(v.shape[0]):
+        row = v[i]
+        if front:
+            f = v[front]
+            if np.any(np.all(f <= row, axis=1)):
+                continue
+        front.append(i)
+    mask[idx[order[front]]] = True
+    return mask
+
+
+def pareto(folder: str | Path, minimize: list[str], where: str | None = None) -> pl.DataFrame:
+    """The Pareto frontier of the feasible rows (``status == "ok"``) of a results folder.
+
+    Parameters
+    ----------
+    folder : str or Path
+        Results folder written by ``vtrain-fast sweep``.
+    minimize : list of str
+        Numeric output columns to minimise (at least one). Prefix a column with ``-`` to
+        maximise it (e.g. ``-mfu``).
+
+    Returns
+    -------
+    polars.DataFrame
+        Frontier rows, sorted by the first objective.
+
+    Raises
+    ------
+    InputError
+        Unfinished folder, unknown or non-numeric column.
+    """
+    if not minimize:
+        raise InputError(str(folder), "--minimize", minimize, "one or more numeric columns",
+                         "e.g. --minimize cost_usd --minimize train_days")
+    objectives = []
+    for m in minimize:
+        name = m.lstrip("-")
+        if name not in NUMERIC_COLUMNS:
+            raise InputError(str(folder), "--minimize", m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS))
+        objectives.append((name, m.startswith("-")))
+    lf = scan_results(folder).filter(pl.col("status") == "ok")
+    names = [n for n, _ in objectives]
+    cols = list(dict.fromkeys(list(CONFIG_COLUMNS) + names + [
+        "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]))
+    # reduce with the objectives only, then fetch the frontier rows' other columns
+    obj = lf.select([pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")] + names).collect()
+    if obj.height == 0:
+        return lf.select(cols).collect()
+    vals = np.column_stack([obj[n].to_numpy().astype(np.float64) * (-1.0 if neg else 1.0)
+                            for n, neg in objectives])
+    keep = obj["_row"].to_numpy()[pareto_mask(vals)]
+    frontier = (lf.select([pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")] + cols)
+                .filter(pl.col("_row").is_in(keep.tolist())).collect().drop("_row"))
+    return frontier.sort(names[0], descending=objectives[0][1])

@@ -1,0 +1,92 @@
+"""Every output column once: name, Arrow type, unit and meaning.
+
+The README's column table and the Parquet schema are both built from :data:`COLUMNS`.
+Kernel row layouts (``kernels.step.OUTPUT_NAMES``, ``kernels.sweep.INPUT_NAMES``) are checked
+against it by the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from .kernels import step
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    doc: str
+
+
+_dict = pa.dictionary(pa.int32(), pa.string())
+
+INPUT_COLUMNS = (
+    Column("model", _dict, "", "model preset or shape name"),
+    Column("num_layers", pa.int64(), "", "transformer layers"),
+    Column("hidden_size", pa.int64(), "", "model width h"),
+    Column("num_attention_heads", pa.int64(), "", "attention heads a"),
+    Column("num_query_groups", pa.int64(), "", "key/value head groups (= heads: multi-head attention)"),
+    Column("ffn_hidden_size", pa.int64(), "", "MLP inner width"),
+    Column("vocab_size", pa.int64(), "", "vocabulary size"),
+    Column("seq_length", pa.int64(), "tokens", "sequence length s"),
+    Column("num_tokens", pa.float64(), "tokens", "tokens to train on"),
+    Column("gpu", _dict, "", "GPU preset"),
+    Column("num_gpus", pa.int64(), "", "GPUs in the job (tp x pp x dp)"),
+    Column("num_nodes", pa.int64(), "", "nodes used (ceil(num_gpus / gpus_per_node))"),
+    Column("tp", pa.int64(), "", "tensor-parallel size"),
+    Column("pp", pa.int64(), "", "pipeline-parallel size"),
+    Column("dp", pa.int64(), "", "data-parallel size"),
+    Column("micro_batch_size", pa.int64(), "sequences", "micro-batch size b"),
+    Column("global_batch_size", pa.int64(), "sequences", "global batch size B"),
+    Column("recompute", _dict, "", "activation recomputation: none | full"),
+)
+
+STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
+                 "out_of_memory")
+STATUS_COLUMN = Column("status", _dict, "",
+                       "ok | out_of_memory | bad_num_gpus | bad_heads | bad_layers | bad_batch | bad_input")
+
+_OUT_DOCS = {
+    "iteration_time_s": ("s", "one optimizer step over the global batch"),
+    "tokens_per_s": ("tokens/s", "global_batch_size x seq_length / iteration_time_s"),
+    "model_tflops_per_gpu": ("TFLOP/s", "model FLOPs (3 x forward, no recompute) per GPU per second"),
+    "mfu": ("", "model FLOPs utilisation (PaLM, Chowdhery et al. 2022, App. B)"),
+    "hfu": ("", "hardware FLOPs utilisation, counting recomputation (Megatron, Korthikanti et al. 2022)"),
+    "memory_per_gpu_GiB": ("GiB", "peak memory of the fullest GPU: states + activations + reserved"),
+    "model_states_GiB": ("GiB", "weights, gradients and Adam states (16 bytes/parameter)"),
+    "activations_GiB": ("GiB", "activations kept for backward (Korthikanti et al. 2022)"),
+    "compute_s": ("s", "slowest stage's compute, all micro-batches"),
+    "tp_comm_s": ("s", "slowest stage's tensor-parallel all-reduces"),
+    "pp_comm_s": ("s", "slowest stage's pipeline send/recv"),
+    "dp_comm_s": ("s", "data-parallel gradient all-reduce after the flush"),
+    "bubble_s": ("s", "pipeline fill and drain (1F1B)"),
+    "optimizer_s": ("s", "Adam step"),
+    "num_parameters": ("", "total parameters (untied embeddings)"),
+    "num_micro_batches": ("", "micro-batches per pipeline per step"),
+    "num_steps": ("", "optimizer steps to consume num_tokens"),
+    "train_days": ("days", "wall-clock training time"),
+    "gpu_hours": ("GPU-h", "num_gpus x training hours"),
+    "cost_usd": ("USD", "gpu_hours x usd_per_gpu_hour"),
+    "energy_kWh": ("kWh", "gpu_hours x TDP x PUE (an upper bound)"),
+    "loss": ("nats/token", "Chinchilla L(N, D) = E + A/N^a + B/D^b (Hoffmann et al. 2022, Eq. 10)"),
+}
+INTEGER_OUTPUTS = ("num_parameters", "num_micro_batches", "num_steps")
+
+OUTPUT_COLUMNS = tuple(
+    Column(name, pa.int64() if name in INTEGER_OUTPUTS else pa.float64(), *_OUT_DOCS[name])
+    for name in step.OUTPUT_NAMES
+)
+COLUMNS = INPUT_COLUMNS + (STATUS_COLUMN,) + OUTPUT_COLUMNS
+SCHEMA = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
+OUTPUT_NAMES = tuple(c.name for c in OUTPUT_COLUMNS)
+
+
+def markdown_table() -> str:
+    """The README's column table."""
+    lines = ["| column | unit | meaning |", "|---|---|---|"]
+    for c in COLUMNS:
+        lines.append(f"| `{c.name}` | {c.unit} | {c.doc} |")
+    return "\n".join(lines)

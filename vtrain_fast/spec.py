@@ -1,0 +1,311 @@
+"""Sweep specifications: TOML (``tomllib``) in, a validated, frozen :class:`SweepSpec` out.
+
+Unknown keys, wrong types and out-of-range values raise :class:`~vtrain_fast.errors.InputError`
+naming the file, the key, the value and what is allowed. Every axis accepts a value or a list.
+
+Example (``sweeps/gpt3-175b-a100.toml``)::
+
+    name = "gpt3-175b-a100"
+    [model]
+    presets = ["gpt3-175b"]
+    [training]
+    num_tokens = [300e9]
+    global_batch_size = [1536]
+    micro_batch_size = [1, 2, 4]
+    recompute = ["none", "full"]
+    [cluster]
+    gpu = ["a100-sxm4-80gb"]
+    num_gpus = [1024, 1536]
+    [parallel]
+    tp = [1, 2, 4, 8]
+    pp = [1, 2, 4, 8, 16]
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .errors import InputError
+from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration, GPUPreset,
+                       get_preset, with_overrides)
+from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
+
+RECOMPUTE_VALUES = ("none", "full")
+MAX_INT = 2 ** 31 - 1
+
+# key -> (low, high) for integer axes
+_INT_RANGES = {
+    "num_layers": (1, 100_000), "hidden_size": (1, 1_000_000),
+    "num_attention_heads": (1, 100_000), "num_query_groups": (1, 100_000),
+    "ffn_hidden_size": (1, 10_000_000), "seq_length": (1, 100_000_000),
+    "vocab_size": (1, 100_000_000), "global_batch_size": (1, 100_000_000),
+    "micro_batch_size": (1, 1_000_000), "num_gpus": (1, 100_000_000),
+    "num_nodes": (1, 10_000_000), "tp": (1, 1_000_000), "pp": (1, 1_000_000),
+}
+_TABLES = {
+    "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+              "ffn_hidden_size", "seq_length", "vocab_size"},
+    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute"},
+    "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
+    "parallel": {"tp", "pp"},
+    "output": {"chunk_size"},
+}
+_TOP = {"name", "description", *_TABLES}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep: every axis as a tuple of values (SI units).
+
+    Attributes
+    ----------
+    name : str
+        Sweep name (results go to ``results/<name>/`` by default).
+    models : tuple of ModelShape
+    num_tokens : tuple of float
+    gpus : tuple of GPUPreset
+        With cluster overrides and calibration applied.
+    cluster_sizes : tuple of int
+        GPUs per job, or nodes per job when ``sizes_in_nodes``.
+    sizes_in_nodes : bool
+    tp, pp, micro_batch_size, global_batch_size : tuple of int
+    recompute : tuple of str
+    chunk_size : int
+        Points per kernel call and Parquet row group.
+    source : str
+        The spec file's text (kept in the manifest).
+    path : str
+    """
+
+    name: str
+    description: str
+    models: tuple
+    num_tokens: tuple
+    gpus: tuple
+    cluster_sizes: tuple
+    sizes_in_nodes: bool
+    tp: tuple
+    pp: tuple
+    micro_batch_size: tuple
+    global_batch_size: tuple
+    recompute: tuple
+    chunk_size: int
+    source: str
+    path: str
+
+    @property
+    def num_points(self) -> int:
+        """Points in the grid (the product of the axis lengths), an exact Python int."""
+        return math.prod(len(getattr(self, k)) for k in (
+            "models", "num_tokens", "gpus", "cluster_sizes", "tp", "pp", "micro_batch_size",
+            "global_batch_size", "recompute"))
+
+
+def _as_list(where, key, value):
+    if isinstance(value, list):
+        if not value:
+            raise InputError(where, key, value, "a non-empty list", f"give at least one value for {key}")
+        return value
+    return [value]
+
+
+def _ints(where, key, value):
+    lo, hi = _INT_RANGES[key]
+    out = []
+    for v in _as_list(where, key, value):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(where, key, v, f"integers from {lo} to {hi}",
+                             f"write {key} as a whole number or a list of whole numbers")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _floats(where, key, value, lo, hi):
+    out = []
+    for v in _as_list(where, key, value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
+            raise InputError(where, key, v, f"numbers from {lo:g} to {hi:g}")
+        out.append(float(v))
+    return tuple(dict.fromkeys(out))
+
+
+def _strings(where, key, value, allowed):
+    out = []
+    for v in _as_list(where, key, value):
+        if not isinstance(v, str) or v not in allowed:
+            raise InputError(where, key, v, "one of " + ", ".join(allowed))
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _check_keys(where, table_name, table, allowed):
+    if not isinstance(table, dict):
+        raise InputError(where, table_name, table, "a TOML table", f"write [{table_name}] as a table")
+    for k in table:
+        if k not in allowed:
+            raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
+                             "keys " + ", ".join(sorted(allowed)), "remove or rename the key")
+
+
+def _models(where, t: dict) -> tuple:
+    models: list[ModelShape] = []
+    if "presets" in t:
+        for name in _strings(where, "model.presets", t["presets"], tuple(MODEL_PRESETS)):
+            models.append(MODEL_PRESETS[name])
+    shape_keys = [k for k in t if k != "presets"]
+    if shape_keys:
+        required = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+        for k in required:
+            if k not in t:
+                raise InputError(where, f"model.{k}", None, "required when giving model shapes",
+                                 f"add model.{k} (or use model.presets only)")
+        axes = {k: _ints(where, k, t[k]) for k in shape_keys}
+        axes.setdefault("num_query_groups", (0,))
+        axes.setdefault("ffn_hidden_size", (0,))
+        axes.setdefault("vocab_size", (DEFAULT_VOCAB_SIZE,))
+        keys = list(axes)
+        for combo in itertools.product(*(axes[k] for k in keys)):
+            kw = dict(zip(keys, combo))
+            name = "L{num_layers}-h{hidden_size}-a{num_attention_heads}-s{seq_length}".format(**kw)
+            models.append(ModelShape(name=name, **kw).resolved())
+    if not models:
+        raise InputError(where, "model", t, "model.presets and/or model shape lists",
+                         "add e.g. presets = [\"gpt3-175b\"]; presets: " + ", ".join(MODEL_PRESETS))
+    return tuple(models)
+
+
+def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None) -> SweepSpec:
+    """Parse and validate a sweep spec.
+
+    Parameters
+    ----------
+    text : str
+        TOML text.
+    path : str
+        File name used in error messages.
+    calibration : dict, optional
+        GPU preset name -> :class:`~vtrain_fast.hardware.Calibration` (from
+        :func:`load_calibration`).
+
+    Raises
+    ------
+    InputError
+        Malformed TOML, unknown key, wrong type, value out of range, unknown preset.
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(path, "TOML", str(e), "valid TOML (https://toml.io)") from None
+    _check_keys(path, "", doc, _TOP)
+    for req in ("model", "training", "cluster", "parallel"):
+        if req not in doc:
+            raise InputError(path, f"[{req}]", None, "a required table", f"add a [{req}] table")
+    for tname, allowed in _TABLES.items():
+        if tname in doc:
+            _check_keys(path, tname, doc[tname], allowed)
+    tr, cl, pa_ = doc["training"], doc["cluster"], doc["parallel"]
+    for tname, table, keys in (("training", tr, ("num_tokens", "global_batch_size", "micro_batch_size")),
+                               ("cluster", cl, ("gpu",)), ("parallel", pa_, ("tp", "pp"))):
+        for k in keys:
+            if k not in table:
+                raise InputError(path, f"{tname}.{k}", None, "a required key", f"add {tname}.{k}")
+    if ("num_gpus" in cl) == ("num_nodes" in cl):
+        raise InputError(path, "cluster.num_gpus / cluster.num_nodes", None,
+                         "exactly one of the two", "give the job size as num_gpus or as num_nodes")
+    overrides = {}
+    for k, (lo, hi) in OVERRIDE_RANGES.items():
+        if k in cl:
+            v = cl[k]
+            if k == "gpus_per_node":
+                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                    raise InputError(path, f"cluster.{k}", v, f"one integer from {lo} to {hi}")
+                overrides[k] = v
+            else:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                    raise InputError(path, f"cluster.{k}", v, f"one number from {lo:g} to {hi:g}")
+                overrides[k] = float(v)
+    calibration = calibration or {}
+    gpus = tuple(with_overrides(get_preset(n), calibration.get(n), **overrides)
+                 for n in _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)))
+    size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
+    chunk = doc.get("output", {}).get("chunk_size", 1 << 18)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:
+        raise InputError(path, "output.chunk_size", chunk, f"an integer from 1 to {1 << 24}")
+    name = doc.get("name", Path(path).stem)
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise InputError(path, "name", name, "a non-empty string without '/' that does not start with '.'")
+    return SweepSpec(
+        name=name,
+        description=str(doc.get("description", "")),
+        models=_models(path, doc["model"]),
+        num_tokens=_floats(path, "training.num_tokens", tr["num_tokens"], 1.0, 1e16),
+        gpus=gpus,
+        cluster_sizes=_ints(path, size_key, cl[size_key]),
+        sizes_in_nodes=size_key == "num_nodes",
+        tp=_ints(path, "tp", pa_["tp"]),
+        pp=_ints(path, "pp", pa_["pp"]),
+        micro_batch_size=_ints(path, "micro_batch_size", tr["micro_batch_size"]),
+        global_batch_size=_ints(path, "global_batch_size", tr["global_batch_size"]),
+        recompute=_strings(path, "training.recompute", tr.get("recompute", "full"), RECOMPUTE_VALUES),
+        chunk_size=chunk,
+        source=text,
+        path=path,
+    )
+
+
+def load_spec(path: str | Path, calibration: dict | None = None) -> SweepSpec:
+    """Read and validate the spec file at ``path`` (see :func:`parse_spec`).
+
+    Raises
+    ------
+    InputError
+        The file is missing or unreadable, or the spec is invalid.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(str(p), "file", str(p), "a readable TOML file", e.strerror or str(e)) from None
+    return parse_spec(text, str(p), calibration)
+
+
+def load_calibration(path: str | Path) -> dict:
+    """Read a calibration file: one TOML table per GPU preset with fields of
+    :class:`~vtrain_fast.hardware.Calibration`; missing fields keep the preset's defaults.
+
+    Returns
+    -------
+    dict
+        GPU preset name -> Calibration.
+
+    Raises
+    ------
+    InputError
+        Unreadable file, unknown preset or field, value out of range.
+    """
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(str(p), "file", str(p), "a readable TOML file", e.strerror or str(e)) from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(str(p), "TOML", str(e), "valid TOML") from None
+    out = {}
+    for gpu, table in doc.items():
+        if gpu == "meta":
+            continue
+        if gpu not in PRESETS:
+            raise InputError(str(p), f"[{gpu}]", gpu, "GPU presets " + ", ".join(PRESETS))
+        _check_keys(str(p), gpu, table, set(CALIBRATION_RANGES))
+        base = PRESETS[gpu].calibration
+        kw = {f.name: getattr(base, f.name) for f in fields(Calibration)}
+        for k, v in table.items():
+            lo, hi = CALIBRATION_RANGES[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise InputError(str(p), f"{gpu}.{k}", v, f"a number from {lo:g} to {hi:g}")
+            kw[k] = float(v)
+        out[gpu] = Calibration(**kw)
+    return out
