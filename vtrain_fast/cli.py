@@ -108,19 +108,89 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
 def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o", "--output",
                                          help="per-row errors (Parquet)"),
              plot: Optional[Path] = typer.Option(None, "--plot", help="predicted-vs-measured PNG"),
-             calibration: Optional[Path] = CalibrationOpt):
+             calibration: Optional[Path] = CalibrationOpt,
+             write_measurements: Optional[Path] = typer.Option(
+                 None, "--write-measurements", help="also write the measured sets as evaluate/calibrate CSVs into this folder")):
     """Compare predictions with vTrain's 1,549 measured A100 iteration times."""
+    import polars as pl
+
     from .evaluate import write_parquet_atomic
     from .report import print_frame
+    from .validate import group_spearman, load_measurements
     from .validate import plot as plot_rows
     from .validate import validate as run
     rows, summary = run(_calibration(calibration))
     print_frame(summary, "Iteration-time error vs measurements (percent)", console=console)
+    groups = group_spearman(rows)
+    print_frame(groups.filter(pl.col("set") == "multi"),
+                "Multi-node: ranking of plans within each model (Spearman)", console=console)
+    if write_measurements:
+        write_measurements.mkdir(parents=True, exist_ok=True)
+        for which in ("single", "multi"):
+            load_measurements(which).write_csv(write_measurements / f"vtrain_{which}.csv")
+        console.print(f"measurements: {write_measurements}/vtrain_single.csv, vtrain_multi.csv")
     write_parquet_atomic(rows, output)
-    console.print(f"per-row errors: {output}")
+    write_parquet_atomic(groups, output.with_name(output.stem + "_groups.parquet"))
+    console.print(f"per-row errors: {output}; per-group: {output.with_name(output.stem + '_groups.parquet')}")
     if plot:
         plot_rows(rows, plot)
         console.print(f"plot: {plot}")
+
+
+@app.command()
+@_user_errors
+def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate columns + measured_iteration_time_s"),
+              gpu: str = typer.Option(..., "--gpu", help="GPU preset to calibrate"),
+              output: Path = typer.Option(..., "-o", "--output", help="calibration TOML (created or updated)"),
+              param: List[str] = typer.Option(None, "--param", help="parameter to fit (repeat); default: the standard set"),
+              calibration: Optional[Path] = CalibrationOpt):
+    """Least-squares fit of a few global efficiencies of one GPU type to measured iteration times."""
+    from datetime import date
+
+    from .calfile import update_calibration_file
+    from .calibrate import DEFAULT_FIT, calibration_values, fit
+    from .evaluate import read_csv
+    start = (_calibration(calibration) or {}).get(gpu)
+    cal, report = fit(read_csv(measurements), gpu, tuple(param) if param else DEFAULT_FIT, start, str(measurements))
+    update_calibration_file(output, gpu, calibration_values(cal), meta={
+        "fitted_on": str(measurements), "rows": report["rows"], "date": date.today().isoformat(),
+        "mape_before_pct": round(report["mape_before_pct"], 3), "mape_after_pct": round(report["mape_after_pct"], 3)})
+    console.print(f"{gpu}: {report['rows']} rows, MAPE {report['mape_before_pct']:.2f}% -> "
+                  f"{report['mape_after_pct']:.2f}%; wrote {output}")
+    for k in (param or DEFAULT_FIT):
+        console.print(f"  {k} = {getattr(cal, k):.6g}")
+
+
+@app.command("calibrate-nccl")
+@_user_errors
+def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests output files (any collective)"),
+                   gpu: str = typer.Option(..., "--gpu", help="GPU preset the tables were measured on"),
+                   output: Path = typer.Option(..., "-o", "--output", help="calibration TOML (created or updated)"),
+                   inter_node: bool = typer.Option(False, "--inter-node", help="tables span nodes (fit NIC parameters)"),
+                   collective: Optional[str] = typer.Option(None, "--collective", help="override the collective of every file"),
+                   ranks: Optional[int] = typer.Option(None, "--ranks", help="override the rank count of every file")):
+    """Fit latency, per-step latency and bus-bandwidth efficiency to nccl-tests measurements."""
+    from datetime import date
+
+    from .calfile import update_calibration_file
+    from .hardware import get_preset
+    from .nccl import fit_tables, read_table
+    try:
+        preset = get_preset(gpu)
+    except KeyError as e:
+        raise InputError("--gpu", "--gpu", gpu, str(e)) from None
+    tables = [read_table(f, collective, ranks) for f in files]
+    link = preset.inter_node_Gbps / 8.0 if inter_node else preset.intra_node_GBps
+    res = fit_tables(tables, link)
+    side = "inter_node" if inter_node else "intra_node"
+    update_calibration_file(output, gpu, {f"{side}_latency_s": res["latency_s"],
+                                          f"{side}_step_latency_s": res["step_latency_s"],
+                                          f"{side}_efficiency": res["efficiency"]},
+                            meta={f"nccl_{side}_files": len(files), f"nccl_{side}_rows": res["rows"],
+                                  f"nccl_{side}_mape_pct": round(res["mape_pct"], 3), "date": date.today().isoformat()})
+    console.print(f"{gpu} {side}: latency {res['latency_s'] * 1e6:.2f} us, step {res['step_latency_s'] * 1e6:.2f} us, "
+                  f"busbw efficiency {res['efficiency']:.3f} of {link:g} GB/s; fit MAPE {res['mape_pct']:.2f}% "
+                  f"over {res['rows']} rows; wrote {output}")
 
 
 def main():  # console script entry point

@@ -64,6 +64,7 @@ _OUT_DOCS = {
     "dp_comm_s": ("s", "data-parallel gradient all-reduce after the flush"),
     "bubble_s": ("s", "pipeline fill and drain (1F1B)"),
     "optimizer_s": ("s", "Adam step"),
+    "overhead_s": ("s", "fixed host time per iteration (calibrated)"),
     "num_parameters": ("", "total parameters (untied embeddings)"),
     "num_micro_batches": ("", "micro-batches per pipeline per step"),
     "num_steps": ("", "optimizer steps to consume num_tokens"),

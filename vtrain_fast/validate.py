@@ -49,6 +49,17 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+def group_spearman(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per measured set and model group (hidden_size-num_layers-num_gpus-global_batch_size):
+    rows, MAPE and the Spearman correlation of predicted with measured iteration times."""
+    out = []
+    for (which, group), g in rows.group_by("set", "group", maintain_order=True):
+        out.append(dict(set=which, group=group, rows=g.height, mape_pct=float(g["ape_pct"].mean()),
+                        spearman=spearman(g["measured_iteration_time_s"].to_numpy(),
+                                          g["iteration_time_s"].to_numpy())))
+    return pl.DataFrame(out).sort("set", "group")
+
+
 def validate(calibration: dict | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Run both measured sets through the model.
 
@@ -78,9 +89,8 @@ def validate(calibration: dict | None = None) -> tuple[pl.DataFrame, pl.DataFram
     for which in ("single", "multi"):
         r = rows.filter(pl.col("set") == which)
         ape = r["ape_pct"].to_numpy()
-        rhos = [spearman(g["measured_iteration_time_s"].to_numpy(), g["iteration_time_s"].to_numpy())
-                for _, g in r.group_by("group") if g.height >= 3]
-        rhos = [x for x in rhos if not np.isnan(x)]
+        gs = group_spearman(r).filter(pl.col("rows") >= 3)
+        rhos = [x for x in gs["spearman"].to_list() if not np.isnan(x)]
         summary.append(dict(
             set=which, rows=r.height, mape_pct=float(np.mean(ape)), median_ape_pct=float(np.median(ape)),
             p90_ape_pct=float(np.percentile(ape, 90)), max_ape_pct=float(np.max(ape)),

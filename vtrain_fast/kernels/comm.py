@@ -7,6 +7,10 @@ All-gather and reduce-scatter move ``(n-1)/n * S`` (``S`` the full, gathered siz
 Link bandwidth is per GPU per direction; ``*_efficiency`` is the large-message
 ``busbw / link bandwidth`` measured by nccl-tests.
 
+Latency: a fixed ``latency_s`` per collective plus ``step_latency_s`` per ring step (``2(n-1)``
+steps for an all-reduce, ``n-1`` for an all-gather or reduce-scatter), fitted to nccl-tests
+tables by :mod:`vtrain_fast.nccl`.
+
 Rank layout (Megatron-LM): tensor-parallel ranks innermost, then data-parallel, then pipeline,
 so a TP group has stride 1, a DP group stride ``tp`` and pipeline neighbours are ``tp*dp`` apart.
 """
@@ -15,30 +19,34 @@ from __future__ import annotations
 import math
 
 from .._jit import jit
-from .params import (H_GPUS_PER_NODE, H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTRA_BPS,
-                     H_INTRA_EFF, H_INTRA_LAT_S)
+from .params import (H_GPUS_PER_NODE, H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTER_STEP_S,
+                     H_INTRA_BPS, H_INTRA_EFF, H_INTRA_LAT_S, H_INTRA_STEP_S)
 
 
 @jit
-def ring_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s):
+def ring_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
     """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks.
 
-    ``2(n-1)/n * nbytes / (link_Bps * efficiency) + 2(n-1) * latency_s``; 0 when ``n <= 1``.
+    ``latency_s + 2(n-1) * step_latency_s + 2(n-1)/n * nbytes / (link_Bps * efficiency)``;
+    0 when ``n <= 1``.
     """
     if n <= 1.0:
         return 0.0
-    return 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency) + 2.0 * (n - 1.0) * latency_s
+    return (latency_s + 2.0 * (n - 1.0) * step_latency_s
+            + 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency))
 
 
 @jit
-def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s):
+def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
     """Seconds of a ring all-gather (or reduce-scatter) whose full buffer is ``nbytes``.
 
-    ``(n-1)/n * nbytes / (link_Bps * efficiency) + (n-1) * latency_s``; 0 when ``n <= 1``.
+    ``latency_s + (n-1) * step_latency_s + (n-1)/n * nbytes / (link_Bps * efficiency)``;
+    0 when ``n <= 1``.
     """
     if n <= 1.0:
         return 0.0
-    return (n - 1.0) / n * nbytes / (link_Bps * efficiency) + (n - 1.0) * latency_s
+    return (latency_s + (n - 1.0) * step_latency_s
+            + (n - 1.0) / n * nbytes / (link_Bps * efficiency))
 
 
 @jit
@@ -64,10 +72,25 @@ def group_allreduce_s(nbytes, n, stride, hw):
     g = members_per_node(stride, n, hw[H_GPUS_PER_NODE])
     nodes = math.ceil(n / g)
     if nodes <= 1.0:
-        return ring_allreduce_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S])
-    inter = ring_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S])
-    intra = 2.0 * ring_allgather_s(nbytes, g, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S])
-    return inter + intra
+        return intra_allreduce_s(nbytes, n, hw)
+    inter = ring_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
+                             hw[H_INTER_STEP_S])
+    return inter + 2.0 * intra_allgather_s(nbytes, g, hw)
+
+
+@jit
+def intra_allreduce_s(nbytes, n, hw):
+    """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks inside one node (NVLink)."""
+    return ring_allreduce_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S],
+                            hw[H_INTRA_STEP_S])
+
+
+@jit
+def intra_allgather_s(nbytes, n, hw):
+    """Seconds of a ring all-gather (or reduce-scatter) of ``nbytes`` over ``n`` ranks inside
+    one node (NVLink)."""
+    return ring_allgather_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S],
+                            hw[H_INTRA_STEP_S])
 
 
 @jit

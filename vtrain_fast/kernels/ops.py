@@ -11,10 +11,26 @@ fractions of peak, plus a per-kernel overhead:
 """
 from __future__ import annotations
 
+import math
+
 from .._jit import jit
-from .params import H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_PEAK_FLOPS
+from .params import H_NUM_SMS, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_PEAK_FLOPS
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
+GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
+# Kernels launched per phase, as modelled below (GEMMs + memory-bound kernels).
+LAYER_FORWARD_KERNELS = 13.0
+LAYER_BACKWARD_KERNELS = 24.0
+EMBEDDING_KERNELS = 7.0
+HEAD_KERNELS = 13.0
+
+
+@jit
+def phase_s(gpu_s, num_kernels, hw):
+    """Seconds of a phase of ``num_kernels`` kernels whose GPU time is ``gpu_s``: eager
+    PyTorch launches asynchronously, so the phase takes the larger of the GPU time and the host
+    time ``num_kernels * host_launch_s`` (the host-bound regime of small models)."""
+    return max(gpu_s, num_kernels * hw[H_HOST_LAUNCH_S])
 
 
 @jit
@@ -37,7 +53,10 @@ def gemm_time_s(m, n, k, batch, hw):
     """
     flops = 2.0 * m * n * k * batch
     nbytes = BYTES_PER_ELEMENT * (m * k + k * n + m * n) * batch
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF])
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
+    waves = math.ceil(tiles / hw[H_NUM_SMS])
+    wave_util = tiles / (waves * hw[H_NUM_SMS])
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF] * wave_util)
     t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
     return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
 
@@ -96,7 +115,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
         + 2.0 * 7.0 * tokens * h        # two bias-dropout-adds: x, residual, out, mask
         + 4.0 * tokens * f / t          # bias-GeLU
     )
-    return time + memory_bound_time_s(nbytes, 7.0, hw)
+    return phase_s(time + memory_bound_time_s(nbytes, 7.0, hw), LAYER_FORWARD_KERNELS, hw)
 
 
 @jit
@@ -131,13 +150,27 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
         + 2.0 * 6.0 * tokens * h        # two residual-gradient accumulations
         + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
     )
-    return time + memory_bound_time_s(nbytes, 12.0, hw)
+    return phase_s(time + memory_bound_time_s(nbytes, 12.0, hw), LAYER_BACKWARD_KERNELS, hw)
 
 
 @jit
 def embedding_forward_s(b, s, h, hw):
     """Forward seconds of word + position embedding lookup, add and dropout (first stage)."""
     return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
+
+
+@jit
+def embedding_s(b, s, h, v, t, hw):
+    """Forward plus backward seconds of the embeddings (a host-bound floor applies)."""
+    gpu = embedding_forward_s(b, s, h, hw) + embedding_backward_s(b, s, h, v, t, hw)
+    return phase_s(gpu, EMBEDDING_KERNELS, hw)
+
+
+@jit
+def head_s(b, s, h, v, t, hw):
+    """Forward plus backward seconds of the last stage's head (a host-bound floor applies)."""
+    gpu = head_forward_s(b, s, h, v, t, hw) + head_backward_s(b, s, h, v, t, hw)
+    return phase_s(gpu, HEAD_KERNELS, hw)
 
 
 @jit

@@ -15,19 +15,19 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_INTRA_BPS, H_INTRA_EFF, H_INTRA_LAT_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
     "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
     "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
-    "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s",
+    "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
     "num_parameters", "num_micro_batches", "num_steps",
     "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
 )
 NUM_OUTPUTS = len(OUTPUT_NAMES)
 (O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
- O_DP, O_BUBBLE, O_OPT, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
+ O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
  O_LOSS) = range(NUM_OUTPUTS)
 
 # Status codes, one per row. vtrain_fast.schema.STATUS_LABELS names them.
@@ -136,9 +136,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
     ar_ce = comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw)
     body_compute = Lp * (fwd + bwd + rc * fwd)
     body_tp = Lp * (4.0 + 2.0 * rc) * ar_act
-    emb_compute = ops.embedding_forward_s(b, s, h, hw) + ops.embedding_backward_s(b, s, h, v, t, hw)
+    emb_compute = ops.embedding_s(b, s, h, v, t, hw)
     emb_tp = ar_act
-    head_compute = ops.head_forward_s(b, s, h, v, t, hw) + ops.head_backward_s(b, s, h, v, t, hw)
+    head_compute = ops.head_s(b, s, h, v, t, hw)
     head_tp = ar_act + 3.0 * ar_ce
 
     # ---- pipeline point-to-point per micro-batch (activation forward, gradient backward);
@@ -147,7 +147,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
     if p > 1.0:
         crosses = t * d * p > hw[H_GPUS_PER_NODE]
         send = comm.p2p_s(2.0 * b * s * h / t, crosses, hw)
-        gather = comm.ring_allgather_s(2.0 * b * s * h, t, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S])
+        gather = comm.intra_allgather_s(2.0 * b * s * h, t, hw)
         pp_mb = 2.0 * (send + gather)
 
     # ---- parameters per GPU, per stage type
@@ -186,7 +186,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
     dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
                     comm.group_allreduce_s(2.0 * p_last, d, t, hw))
     optimizer_time_s = ops.optimizer_s(params_max, hw)
-    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s
+    overhead_s = hw[H_ITER_OVERHEAD_S]
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
 
     # ---- memory per GPU (the fuller of first and last stage)
     if p == 1.0:
@@ -232,6 +233,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
     out[O_DP, i] = dp_comm_s
     out[O_BUBBLE, i] = bubble
     out[O_OPT, i] = optimizer_time_s
+    out[O_OVERHEAD, i] = overhead_s
     out[O_PARAMS, i] = n_params
     out[O_MICRO, i] = m
     out[O_STEPS, i] = steps

@@ -1,0 +1,40 @@
+"""Reading and writing calibration files (TOML, one table per GPU preset)."""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(float(v)) if isinstance(v, float) else str(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict | None = None) -> None:
+    """Set ``values`` in table ``[gpu]`` of the calibration file at ``path`` (created if
+    missing; other tables and keys are kept) and write it atomically.
+
+    ``meta`` (strings and numbers) is stored under ``[meta.<gpu>]`` for provenance.
+    """
+    p = Path(path)
+    doc = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
+    doc.setdefault(gpu, {}).update({k: float(v) for k, v in values.items()})
+    if meta:
+        doc.setdefault("meta", {}).setdefault(gpu, {}).update(meta)
+    lines = ["# vtrain_fast calibration: one table per GPU preset (see `vtrain-fast calibrate`)."]
+    for name, table in doc.items():
+        if name == "meta":
+            continue
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_fmt(v)}" for k, v in table.items()]
+    for name, table in doc.get("meta", {}).items():
+        lines.append(f'\n[meta."{name}"]')
+        lines += [f"{k} = {_fmt(v)}" for k, v in table.items()]
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, p)

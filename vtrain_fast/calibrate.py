@@ -1,0 +1,103 @@
+"""Fit a handful of global efficiencies of one GPU type to measured iteration times.
+
+Least squares (``scipy.optimize.least_squares``, trust-region reflective with bounds) on the
+log ratio of predicted to measured iteration time, so every row weighs by its relative error.
+The fitted parameters are global numbers of the GPU type (:class:`~vtrain_fast.hardware.Calibration`);
+there are no per-row or per-model constants.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import numpy as np
+import polars as pl
+from scipy.optimize import least_squares
+
+from .errors import InputError
+from .evaluate import evaluate_frame
+from .hardware import CALIBRATION_RANGES, PRESETS, Calibration
+
+DEFAULT_FIT = ("gemm_efficiency", "hbm_efficiency", "kernel_overhead_s", "host_launch_s",
+               "iteration_overhead_s")
+MEASURED = "measured_iteration_time_s"
+
+
+def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None = None,
+        where: str = "<measurements>") -> tuple[Calibration, dict]:
+    """Fit ``params`` of GPU preset ``gpu`` to the rows of ``df``.
+
+    Parameters
+    ----------
+    df : polars.DataFrame
+        ``evaluate`` columns plus ``measured_iteration_time_s`` (seconds, > 0). Rows of other
+        GPU presets are ignored.
+    gpu : str
+        GPU preset name.
+    params : sequence of str
+        Calibration fields to fit; the others keep ``base``'s values.
+    base : Calibration, optional
+        Starting point and fixed values (default: the preset's).
+
+    Returns
+    -------
+    calibration : Calibration
+    report : dict
+        ``rows``, ``mape_before_pct``, ``mape_after_pct``, the fitted values and the optimiser's
+        status.
+
+    Raises
+    ------
+    InputError
+        Unknown GPU or parameter, missing ``measured_iteration_time_s``, no usable rows.
+    """
+    if gpu not in PRESETS:
+        raise InputError(where, "--gpu", gpu, ", ".join(PRESETS))
+    for p in params:
+        if p not in CALIBRATION_RANGES:
+            raise InputError(where, "--param", p, ", ".join(CALIBRATION_RANGES))
+    if MEASURED not in df.columns:
+        raise InputError(where, "columns", MEASURED, "a column measured_iteration_time_s (seconds)")
+    if "gpu" in df.columns:
+        df = df.filter(pl.col("gpu") == gpu)
+    measured = df[MEASURED].cast(pl.Float64, strict=False).to_numpy()
+    if df.height == 0 or not np.all(np.isfinite(measured) & (measured > 0)):
+        raise InputError(where, MEASURED, "no rows" if df.height == 0 else "non-positive or empty value",
+                         f"positive seconds on every row of GPU {gpu}")
+    base = base or PRESETS[gpu].calibration
+    lo = np.array([CALIBRATION_RANGES[p][0] for p in params])
+    hi = np.array([CALIBRATION_RANGES[p][1] for p in params])
+    x0 = np.clip(np.array([getattr(base, p) for p in params]), lo, hi)
+
+    def predict(x) -> np.ndarray:
+        cal = replace(base, **dict(zip(params, map(float, x))))
+        res = evaluate_frame(df, where, {gpu: cal})
+        return res["iteration_time_s"].to_numpy()
+
+    def residuals(x):
+        pred = predict(x)
+        r = np.log(pred / measured)
+        return np.where(np.isfinite(r), r, 10.0)
+
+    before = predict(x0)
+    # Deterministic multi-start: the given point (zeros lifted off the bound, where a max() in
+    # the model would give a zero gradient) and two points spread over each parameter's range.
+    starts = [np.where(x0 > lo, x0, lo + 0.05 * (hi - lo))]
+    for frac in (0.02, 0.2):
+        starts.append(np.clip(np.where(hi <= 1.0, 0.5 + 0.4 * frac / 0.2, lo + frac * (hi - lo) * 0.05), lo, hi))
+    sol = None
+    for start in starts:
+        trial = least_squares(residuals, start, bounds=(lo, hi), x_scale=np.maximum(np.abs(start), 1e-9),
+                              diff_step=1e-3, max_nfev=400)
+        if sol is None or trial.cost < sol.cost:
+            sol = trial
+    cal = replace(base, **dict(zip(params, map(float, sol.x))))
+    after = predict(sol.x)
+    mape = lambda p: float(np.nanmean(np.abs(p - measured) / measured) * 100)  # noqa: E731
+    report = dict(rows=int(df.height), mape_before_pct=mape(before), mape_after_pct=mape(after),
+                  status=sol.message, **{p: float(v) for p, v in zip(params, sol.x)})
+    return cal, report
+
+
+def calibration_values(cal: Calibration) -> dict:
+    """All fields of ``cal`` as a dict (for writing a calibration file)."""
+    return {f.name: getattr(cal, f.name) for f in fields(Calibration)}
