@@ -7,7 +7,10 @@ Symbols (Megatron-LM names): ``b`` micro_batch_size, ``s`` seq_length, ``h`` hid
 
 Time model: roofline (Williams, Waterman, Patterson 2009, "Roofline", CACM 52(4)) with achievable
 fractions of peak, plus a per-kernel overhead:
-``time = max(flops / (peak * gemm_efficiency), bytes / (hbm_Bps * hbm_efficiency)) + overhead``.
+``time = max(flops / (peak * gemm_efficiency * wave_util), bytes / (hbm_Bps * hbm_efficiency)) + overhead``
+where ``wave_util = tiles / (waves * num_sms)`` is the wave quantization of 128 x 128 output
+tiles over the SMs (NVIDIA, "Matrix Multiplication Background User's Guide", 2023). A phase of
+kernels lasts at least ``num_kernels * host_launch_s`` (:func:`phase_s`).
 """
 from __future__ import annotations
 
@@ -19,10 +22,15 @@ from .params import H_NUM_SMS, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
 # Kernels launched per phase, as modelled below (GEMMs + memory-bound kernels).
-LAYER_FORWARD_KERNELS = 13.0
-LAYER_BACKWARD_KERNELS = 24.0
-EMBEDDING_KERNELS = 7.0
-HEAD_KERNELS = 13.0
+# Forward memory-bound: LN1, scale-mask-softmax, dropout, permute copy, bias-dropout-add, LN2,
+# bias-GeLU, bias-dropout-add = 8. Backward: 2 LN, softmax, dropout, permute copy, 2
+# bias-dropout-add, 2 residual-gradient adds, bias-GeLU, and 2 bias-gradient reductions = 12.
+LAYER_FORWARD_MEMORY_KERNELS = 8.0
+LAYER_BACKWARD_MEMORY_KERNELS = 12.0
+LAYER_FORWARD_KERNELS = 6.0 + LAYER_FORWARD_MEMORY_KERNELS
+LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
+EMBEDDING_KERNELS = 3.0 + 4.0
+HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
 
 
 @jit
@@ -47,9 +55,10 @@ def gemm_time_s(m, n, k, batch, hw):
     Returns
     -------
     float
-        Seconds: roofline of ``2*m*n*k*batch`` FLOPs at ``peak_flops * gemm_efficiency`` and
-        ``2*(m*k + k*n + m*n)*batch`` bytes at ``hbm_Bps * hbm_efficiency``, plus one kernel
-        overhead.
+        Seconds: roofline of ``2*m*n*k*batch`` FLOPs at ``peak_flops * gemm_efficiency``
+        times the wave utilisation ``tiles / (ceil(tiles / num_sms) * num_sms)`` of
+        ``ceil(m/128) * ceil(n/128) * batch`` output tiles, and ``2*(m*k + k*n + m*n)*batch``
+        bytes at ``hbm_Bps * hbm_efficiency``, plus one kernel overhead.
     """
     flops = 2.0 * m * n * k * batch
     nbytes = BYTES_PER_ELEMENT * (m * k + k * n + m * n) * batch
@@ -115,7 +124,8 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
         + 2.0 * 7.0 * tokens * h        # two bias-dropout-adds: x, residual, out, mask
         + 4.0 * tokens * f / t          # bias-GeLU
     )
-    return phase_s(time + memory_bound_time_s(nbytes, 7.0, hw), LAYER_FORWARD_KERNELS, hw)
+    return phase_s(time + memory_bound_time_s(nbytes, LAYER_FORWARD_MEMORY_KERNELS, hw),
+                   LAYER_FORWARD_KERNELS, hw)
 
 
 @jit
@@ -149,8 +159,9 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
         + 2.0 * 5.0 * tokens * h        # two bias-dropout-add backwards: dy, mask -> dx
         + 2.0 * 6.0 * tokens * h        # two residual-gradient accumulations
         + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
-    )
-    return phase_s(time + memory_bound_time_s(nbytes, 12.0, hw), LAYER_BACKWARD_KERNELS, hw)
+    )                                   # (+ 2 bias-gradient reductions: launches, bytes negligible)
+    return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS, hw),
+                   LAYER_BACKWARD_KERNELS, hw)
 
 
 @jit

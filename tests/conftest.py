@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny sweep specs, machine vectors of the GPU presets, a CLI runner, and a
+hypothesis profile with a bounded number of examples (the suite must stay well under 3 min)."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from vtrain_fast.hardware import PRESETS, machine_vector
+
+settings.register_profile("vtrain", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("vtrain")
+
+# A small grid (2 models x 2 GPUs x 3 sizes x 3 tp x 3 pp x 3 mbs x 2 gbs x 2 recompute
+# = 1,296 points) that hits ok, out_of_memory, bad_num_gpus and bad_batch rows; chunk_size
+# 100 so that the engine writes several row groups.
+TINY_SPEC = """\
+name = "tiny"
+description = "test grid"
+
+[model]
+presets = ["gpt3-125m", "gpt3-13b"]
+
+[training]
+num_tokens = [1e9]
+global_batch_size = [48, 96]
+micro_batch_size = [1, 2, 3]
+recompute = ["none", "full"]
+
+[cluster]
+gpu = ["a100-sxm4-40gb", "h100-sxm-80gb"]
+num_gpus = [8, 16, 24]
+
+[parallel]
+tp = [1, 2, 4]
+pp = [1, 2, 4]
+
+[output]
+chunk_size = 100
+"""
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    """Factory: write TOML text (dedented) to ``tmp_path/<name>`` and return the path."""
+    def _write(text: str, name: str = "spec.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+        return path
+    return _write
+
+
+@pytest.fixture
+def tiny_spec_path(write_spec) -> Path:
+    return write_spec(TINY_SPEC, "tiny.toml")
+
+
+@pytest.fixture(scope="session")
+def preset_vectors() -> dict:
+    """GPU preset name -> machine vector (float64, shape (NUM_HW_FIELDS,))."""
+    return {name: machine_vector(p) for name, p in PRESETS.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """Run the tiny spec once per session through the CLI; return the results folder."""
+    from typer.testing import CliRunner
+
+    from vtrain_fast.cli import app
+    folder = tmp_path_factory.mktemp("tiny_sweep")
+    spec = folder / "tiny.toml"
+    spec.write_text(TINY_SPEC, encoding="utf-8")
+    out = folder / "results"
+    result = CliRunner().invoke(app, ["sweep", str(spec), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def cli():
+    """Invoke the typer app in-process: ``cli("sweep", "spec.toml", "-o", "out")``."""
+    from typer.testing import CliRunner
+
+    from vtrain_fast.cli import app
+    runner = CliRunner()
+
+    def _invoke(*args):
+        return runner.invoke(app, [str(a) for a in args])
+    return _invoke

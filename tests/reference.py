@@ -1,0 +1,524 @@
+"""Reference twin of the cost kernels, in plain Python (no Numba, no NumPy).
+
+Every formula in ``vtrain_fast/kernels/{ops,comm,memory,step,sweep}.py`` is re-stated here from
+its docstring and the papers it cites, as readable Python, so that ``tests/test_kernels.py`` can
+compare the compiled kernels with an independent statement on random points.
+
+**This module must change whenever a kernel formula changes.** A kernel change that is not
+mirrored here makes the twin tests fail; that is the point.
+
+Conventions
+-----------
+* Machine vectors (``hw``) are any indexable sequence laid out as
+  :data:`vtrain_fast.kernels.params.HW_FIELDS`; fields are read by *name* through :func:`hw_get`,
+  never by a hard-coded position.
+* Symbols are Megatron-LM's: ``b`` micro_batch_size, ``s`` seq_length, ``h`` hidden_size,
+  ``a`` num_attention_heads, ``g`` num_query_groups, ``f`` ffn_hidden_size, ``v`` vocab_size,
+  ``t``/``p``/``d`` tensor/pipeline/data-parallel size, ``L`` num_layers, ``B`` global_batch_size.
+* Where the kernel's structure is a special case of a more general statement (e.g. the 1F1B
+  schedule only needs the first and the last stage), the twin states the general form (every
+  stage) so that a reviewer sees the model, not a copy of the code.
+"""
+from __future__ import annotations
+
+import math
+
+from vtrain_fast.kernels.params import HW_FIELDS
+
+_FIELD_INDEX = {name: k for k, name in enumerate(HW_FIELDS)}
+
+
+def hw_get(hw, name: str) -> float:
+    """Field ``name`` of machine vector ``hw`` (see ``kernels.params.HW_FIELDS``)."""
+    return float(hw[_FIELD_INDEX[name]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Status codes and output layout (restated; tests check them against kernels.step)
+# ---------------------------------------------------------------------------------------------
+OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY = range(7)
+
+OUTPUT_NAMES = (
+    "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
+    "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
+    "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
+    "num_parameters", "num_micro_batches", "num_steps",
+    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
+)
+INPUT_NAMES = (
+    "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
+    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "num_gpus", "num_nodes",
+    "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
+)
+AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
+        "global_batch_size", "recompute")
+
+GiB = 2.0 ** 30
+SECONDS_PER_DAY = 24.0 * 3600.0
+BYTES_FP16 = 2.0                      # activations and weights are fp16/bf16
+ADAM_STATE_BYTES_PER_PARAM = 16.0     # ZeRO paper Sec. 3.1: 2 + 2 + 4 + 4 + 4
+
+
+# ---------------------------------------------------------------------------------------------
+# ops.py: roofline time of one GPU's kernels
+# ---------------------------------------------------------------------------------------------
+GEMM_TILE = 128.0   # output tile edge (128 x 128 tensor-core tiles)
+
+
+def gemm_time_s(m, n, k, batch, hw):
+    """``batch`` GEMMs (m x k) @ (k x n): max(compute, HBM traffic) + one launch.
+
+    Wave quantization: the ``ceil(m/128) * ceil(n/128) * batch`` output tiles run in waves of
+    ``num_sms`` tiles; the last, partial wave costs a full one, so the achievable FLOP rate is
+    scaled by ``tiles / (waves * num_sms)``."""
+    flops = 2.0 * m * n * k * batch
+    nbytes = BYTES_FP16 * (m * k + k * n + m * n) * batch        # read A, read B, write C
+    sms = hw_get(hw, "num_sms")
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
+    waves = math.ceil(tiles / sms)
+    busy_fraction = tiles / (waves * sms)
+    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "gemm_efficiency") * busy_fraction)
+    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+    return max(compute_s, memory_s) + hw_get(hw, "kernel_overhead_s")
+
+
+def memory_bound_time_s(nbytes, num_kernels, hw):
+    """Streaming kernels: bytes at achievable HBM bandwidth plus one overhead per launch."""
+    return (nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+            + num_kernels * hw_get(hw, "kernel_overhead_s"))
+
+
+def phase_s(gpu_s, num_kernels, hw):
+    """A phase of ``num_kernels`` launches: eager PyTorch issues kernels asynchronously, so it
+    lasts the longer of the GPU time and the host's launch time."""
+    return max(gpu_s, num_kernels * hw_get(hw, "host_launch_s"))
+
+
+def _layer_dims(b, s, h, a, g, t):
+    """(tokens, head_dim, heads on this rank, QKV output columns on this rank, score elements)."""
+    tokens = b * s
+    heads_per_rank = a / t
+    head_dim = h / a
+    qkv_cols_per_rank = (h + 2.0 * h * g / a) / t      # Q (h) plus K and V (g groups of h/a)
+    score_elems = b * heads_per_rank * s * s
+    return tokens, head_dim, heads_per_rank, qkv_cols_per_rank, score_elems
+
+
+# Kernel launches of the memory-bound operators of one layer: forward LN1, softmax, dropout,
+# permute, BDA, LN2, bias-GeLU, BDA = 8; backward 2 LN, softmax, dropout, permute, 2 BDA,
+# 2 residual adds, bias-GeLU, 2 bias-gradient reductions = 12.
+LAYER_FWD_MEMORY_BOUND_LAUNCHES = 8.0
+LAYER_BWD_MEMORY_BOUND_LAUNCHES = 12.0
+
+
+def layer_forward_s(b, s, h, a, g, f, t, hw):
+    """Forward of one transformer layer, one micro-batch, one TP rank (no TP communication)."""
+    tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
+    attn_batch = b * heads
+    gemms = (                                   # (m, n, k, batch)
+        (tokens, qkv_cols, h, 1.0),             # QKV projection (column parallel)
+        (s, s, head_dim, attn_batch),           # scores Q K^T
+        (s, head_dim, s, attn_batch),           # context softmax(QK^T) V
+        (tokens, h, h / t, 1.0),                # output projection (row parallel)
+        (tokens, f / t, h, 1.0),                # FC1 (column parallel)
+        (tokens, h, f / t, 1.0),                # FC2 (row parallel)
+    )
+    streaming_bytes = (
+        2.0 * (2.0 + 2.0) * tokens * h,         # LN1, LN2: read x, write y
+        (2.0 + 2.0) * score_elems,              # fused scale-mask-softmax: read, write
+        (2.0 + 2.0 + 1.0) * score_elems,        # attention dropout: read, write, 1-byte mask
+        (2.0 + 2.0) * tokens * h / t,           # context permute copy
+        2.0 * (2.0 + 2.0 + 2.0 + 1.0) * tokens * h,  # 2 bias-dropout-adds: x, residual, out, mask
+        (2.0 + 2.0) * tokens * f / t,           # bias-GeLU
+    )
+    time_s = 0.0
+    for m, n, k, batch in gemms:
+        time_s += gemm_time_s(m, n, k, batch, hw)
+    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), LAYER_FWD_MEMORY_BOUND_LAUNCHES, hw)
+    return phase_s(gpu_s, len(gemms) + LAYER_FWD_MEMORY_BOUND_LAUNCHES, hw)
+
+
+def layer_backward_s(b, s, h, a, g, f, t, hw):
+    """Backward of one layer: every forward GEMM becomes a data- and a weight-gradient GEMM."""
+    tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
+    attn_batch = b * heads
+    gemms = (
+        (tokens, h, qkv_cols, 1.0), (h, qkv_cols, tokens, 1.0),      # QKV: dX, dW
+        (s, head_dim, s, attn_batch), (head_dim, s, s, attn_batch),  # scores: dQ, dK
+        (s, s, head_dim, attn_batch), (s, head_dim, s, attn_batch),  # context: dP, dV
+        (tokens, h / t, h, 1.0), (h / t, h, tokens, 1.0),            # output projection
+        (tokens, h, f / t, 1.0), (h, f / t, tokens, 1.0),            # FC1
+        (tokens, f / t, h, 1.0), (f / t, h, tokens, 1.0),            # FC2
+    )
+    streaming_bytes = (
+        2.0 * (2.0 + 2.0 + 2.0) * tokens * h,   # 2 LN backwards: x, dy -> dx
+        (2.0 + 2.0 + 2.0) * score_elems,        # softmax backward: y, dy -> dx
+        (2.0 + 1.0 + 2.0) * score_elems,        # dropout backward: dy, mask -> dx
+        (2.0 + 2.0) * tokens * h / t,           # context permute copy
+        2.0 * (2.0 + 1.0 + 2.0) * tokens * h,   # 2 bias-dropout-add backwards: dy, mask -> dx
+        2.0 * (2.0 + 2.0 + 2.0) * tokens * h,   # 2 residual-gradient accumulations
+        (2.0 + 2.0 + 2.0) * tokens * f / t,     # bias-GeLU backward: x, dy -> dx
+    )
+    time_s = 0.0
+    for m, n, k, batch in gemms:
+        time_s += gemm_time_s(m, n, k, batch, hw)
+    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), LAYER_BWD_MEMORY_BOUND_LAUNCHES, hw)
+    return phase_s(gpu_s, len(gemms) + LAYER_BWD_MEMORY_BOUND_LAUNCHES, hw)
+
+
+def embedding_forward_s(b, s, h, hw):
+    """Word + position lookup (2 + 2 bytes read), sum written (2), dropout (5); 3 launches."""
+    return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
+
+
+def embedding_backward_s(b, s, h, v, t, hw):
+    """Dropout backward (5), two scatter-adds (6 + 6) per token element, and zeroing the
+    ``v/t x h`` fp16 word-embedding gradient; 4 launches."""
+    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0) + BYTES_FP16 * v * h / t, 4.0, hw)
+
+
+def head_forward_s(b, s, h, v, t, hw):
+    """Final LN (1 launch), LM head GEMM onto v/t logits, vocab-parallel cross-entropy
+    (2 + 4 + 4 bytes per logit, 4 launches)."""
+    tokens = b * s
+    return (memory_bound_time_s((2.0 + 2.0) * tokens * h, 1.0, hw)
+            + gemm_time_s(tokens, v / t, h, 1.0, hw)
+            + memory_bound_time_s(tokens * v / t * (2.0 + 4.0 + 4.0), 4.0, hw))
+
+
+def head_backward_s(b, s, h, v, t, hw):
+    """Cross-entropy gradient (4 + 2 bytes per logit, 2 launches), LM head dX and dW GEMMs,
+    final LN backward (6 bytes per element, 2 launches)."""
+    tokens = b * s
+    return (memory_bound_time_s(tokens * v / t * (4.0 + 2.0), 2.0, hw)
+            + gemm_time_s(tokens, h, v / t, 1.0, hw) + gemm_time_s(h, v / t, tokens, 1.0, hw)
+            + memory_bound_time_s(6.0 * tokens * h, 2.0, hw))
+
+
+EMBEDDING_LAUNCHES = 3.0 + 4.0          # forward + backward memory-bound kernels
+# Launches of the head: forward LN 1 + GEMM 1 + cross-entropy 4, backward
+# cross-entropy 2 + GEMMs 2 + LN 2 = 12.
+HEAD_LAUNCHES = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
+
+
+def embedding_s(b, s, h, v, t, hw):
+    """Embedding forward + backward, with the host-launch floor."""
+    gpu_s = embedding_forward_s(b, s, h, hw) + embedding_backward_s(b, s, h, v, t, hw)
+    return phase_s(gpu_s, EMBEDDING_LAUNCHES, hw)
+
+
+def head_s(b, s, h, v, t, hw):
+    """Head forward + backward, with the host-launch floor."""
+    gpu_s = head_forward_s(b, s, h, v, t, hw) + head_backward_s(b, s, h, v, t, hw)
+    return phase_s(gpu_s, HEAD_LAUNCHES, hw)
+
+
+def optimizer_s(params, hw):
+    """Megatron fp16 optimizer + fused Adam: 48 bytes per parameter, 6 launches."""
+    bytes_per_param = (2.0 + 4.0) + 4.0 + 4.0 + 28.0 + (4.0 + 2.0)
+    return memory_bound_time_s(bytes_per_param * params, 6.0, hw)
+
+
+# ---------------------------------------------------------------------------------------------
+# comm.py: alpha-beta ring collectives (nccl-tests semantics)
+# ---------------------------------------------------------------------------------------------
+def ring_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
+    """One fixed latency, 2(n-1) ring steps, and 2(n-1)/n of the buffer through each link;
+    free for n <= 1."""
+    if n <= 1:
+        return 0.0
+    steps = 2.0 * (n - 1.0)
+    return latency_s + steps * step_latency_s + steps / n * nbytes / (link_Bps * efficiency)
+
+
+def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
+    """One fixed latency, n-1 ring steps, and (n-1)/n of the full buffer through each link;
+    free for n <= 1."""
+    if n <= 1:
+        return 0.0
+    steps = n - 1.0
+    return latency_s + steps * step_latency_s + steps / n * nbytes / (link_Bps * efficiency)
+
+
+def members_per_node(stride, n, gpus_per_node):
+    """Ranks of an n-rank group with spacing ``stride`` that land on one node (at least 1)."""
+    if stride >= gpus_per_node:
+        return 1.0
+    return float(max(1, min(n, math.floor(gpus_per_node / stride))))
+
+
+def _link(hw, side):
+    """(link_Bps, efficiency, latency_s, step_latency_s) of ``side`` = "intra" or "inter"."""
+    return (hw_get(hw, f"{side}_node_Bps"), hw_get(hw, f"{side}_node_efficiency"),
+            hw_get(hw, f"{side}_node_latency_s"), hw_get(hw, f"{side}_node_step_latency_s"))
+
+
+def intra_allreduce_s(nbytes, n, hw):
+    return ring_allreduce_s(nbytes, n, *_link(hw, "intra"))
+
+
+def intra_allgather_s(nbytes, n, hw):
+    return ring_allgather_s(nbytes, n, *_link(hw, "intra"))
+
+
+def group_allreduce_s(nbytes, n, stride, hw):
+    """All-reduce over n ranks spaced ``stride``: NVLink ring inside one node; otherwise
+    hierarchical (intra reduce-scatter + inter ring all-reduce of the 1/g shard per NIC +
+    intra all-gather)."""
+    if n <= 1:
+        return 0.0
+    per_node = members_per_node(stride, n, hw_get(hw, "gpus_per_node"))
+    nodes = math.ceil(n / per_node)
+    if nodes <= 1:
+        return intra_allreduce_s(nbytes, n, hw)
+    inter_s = ring_allreduce_s(nbytes / per_node, nodes, *_link(hw, "inter"))
+    reduce_scatter_s = intra_allgather_s(nbytes, per_node, hw)
+    allgather_s = intra_allgather_s(nbytes, per_node, hw)
+    return inter_s + (reduce_scatter_s + allgather_s)
+
+
+def p2p_s(nbytes, crosses_node, hw):
+    """One send: fixed latency + bytes at the NIC's (or NVLink's) achievable bandwidth (no ring
+    steps)."""
+    link_Bps, efficiency, latency_s, _ = _link(hw, "inter" if crosses_node else "intra")
+    return latency_s + nbytes / (link_Bps * efficiency)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory.py: parameters and bytes
+# ---------------------------------------------------------------------------------------------
+def _qkv_cols(h, a, g):
+    return h + 2.0 * h * g / a
+
+
+def layer_params(h, a, g, f):
+    """QKV weight+bias, projection weight+bias, FC1 weight+bias, FC2 weight+bias, 2 LNs."""
+    q = _qkv_cols(h, a, g)
+    return (h * q + q) + (h * h + h) + (h * f + f) + (f * h + h) + 2.0 * (2.0 * h)
+
+
+def layer_params_per_rank(h, a, g, f, t):
+    """Split by t: QKV weight+bias, projection weight, FC1 weight+bias, FC2 weight.
+    Replicated: the row-parallel biases (projection, FC2) and the two layer norms."""
+    q = _qkv_cols(h, a, g)
+    split = h * q + q + h * h + h * f + f + f * h
+    return split / t + h + h + 2.0 * (2.0 * h)
+
+
+def model_params(num_layers, h, a, g, f, v, s):
+    """Layers + word embedding + position embedding + final LN + untied LM head."""
+    return num_layers * layer_params(h, a, g, f) + v * h + s * h + 2.0 * h + v * h
+
+
+def layer_activation_bytes(b, s, h, a, g, f, t):
+    """Korthikanti et al. 2022 Sec. 4.1 without sequence parallelism, generalised to GQA and
+    any FFN width: sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t."""
+    tp_split = 4.0 + 4.0 * g / a + 4.0 * f / h
+    return s * b * h * (10.0 + tp_split / t) + 5.0 * a * s * s * b / t
+
+
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute):
+    """A stage holding ``in_flight`` micro-batches; full recompute keeps each layer's fp16
+    input plus one layer rebuilt at a time."""
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t)
+    if recompute:
+        return in_flight * layers_on_stage * BYTES_FP16 * s * b * h + per_layer
+    return in_flight * layers_on_stage * per_layer
+
+
+# ---------------------------------------------------------------------------------------------
+# step.py: one configuration
+# ---------------------------------------------------------------------------------------------
+def chinchilla_loss(num_parameters, num_tokens):
+    """Hoffmann et al. 2022 Eq. 10 (Approach 3): E + A/N^0.34 + B/D^0.28."""
+    E, A, B, alpha, beta = 1.69, 406.4, 410.7, 0.34, 0.28
+    return E + A / num_parameters ** alpha + B / num_tokens ** beta
+
+
+def forward_flops_per_token(num_layers, h, a, g, f, v, s):
+    """2 FLOPs per weight per token for QKV, projection and MLP, 4sh for attention scores and
+    context over the full s x s, and 2hv for the LM head."""
+    per_layer = 2.0 * h * _qkv_cols(h, a, g) + 2.0 * h * h + 2.0 * 2.0 * h * f + 2.0 * 2.0 * s * h
+    return num_layers * per_layer + 2.0 * h * v
+
+
+def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
+    """First failing Megatron-LM rule as a status code, ``OK`` if none fails."""
+    if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d)):
+        return BAD_INPUT
+    if a % t or g % t or h % a or a % g:
+        return BAD_HEADS
+    if L % p:
+        return BAD_LAYERS
+    if B % (d * b):
+        return BAD_BATCH
+    return OK
+
+
+def nan_outputs() -> dict:
+    return {name: math.nan for name in OUTPUT_NAMES}
+
+
+def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
+    """One configuration. Returns ``(status, outputs)``, outputs keyed by :data:`OUTPUT_NAMES`
+    (all NaN for a shape error).
+
+    Model: non-interleaved 1F1B over ``p`` stages with per-micro-batch stage times ``T_i``:
+    ``iteration = (m - 1) max_i T_i + sum_i T_i + dp all-reduce + Adam + fixed overhead``.
+    """
+    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
+    if status != OK:
+        return status, nan_outputs()
+    L, h, a, g, f, v, s, B, b, t, p, d = map(float, (L, h, a, g, f, v, s, B, b, t, p, d))
+    p_stages = int(p)
+    m = B / (d * b)                        # micro-batches per pipeline
+    layers_per_stage = L / p
+    rc = 1.0 if recompute else 0.0
+    num_gpus = t * p * d
+    sbh = s * b * h
+
+    # --- one micro-batch on one layer / embedding / head
+    fwd = layer_forward_s(b, s, h, a, g, f, t, hw)
+    bwd = layer_backward_s(b, s, h, a, g, f, t, hw)
+    allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
+    allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
+    layers_compute = layers_per_stage * (fwd + bwd + rc * fwd)
+    # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
+    layers_tp = layers_per_stage * (4.0 + 2.0 * rc) * allreduce_act
+    emb_compute = embedding_s(b, s, h, v, t, hw)
+    emb_tp = allreduce_act                                  # vocab-parallel embedding output
+    head_compute = head_s(b, s, h, v, t, hw)
+    head_tp = allreduce_act + 3.0 * allreduce_ce            # LM head dX + CE max / sum / target
+
+    # --- pipeline send/recv per micro-batch: activation forward + gradient backward; each
+    # TP rank sends 1/t of the activation, then an NVLink all-gather rebuilds it.
+    pp_per_mb = 0.0
+    if p_stages > 1:
+        crosses_node = t * d * p > hw_get(hw, "gpus_per_node")
+        send = p2p_s(BYTES_FP16 * sbh / t, crosses_node, hw)
+        gather = intra_allgather_s(BYTES_FP16 * sbh, t, hw)
+        pp_per_mb = 2.0 * (send + gather)
+
+    # --- every stage: time per micro-batch, parameters, activations
+    stages = []
+    for i in range(p_stages):
+        first, last = i == 0, i == p_stages - 1
+        compute = layers_compute + (emb_compute if first else 0.0) + (head_compute if last else 0.0)
+        tp = layers_tp + (emb_tp if first else 0.0) + (head_tp if last else 0.0)
+        pp = pp_per_mb
+        params = layers_per_stage * layer_params_per_rank(h, a, g, f, t)
+        if first:
+            params += v * h / t + s * h            # word embedding shard + position embedding
+        if last:
+            params += v * h / t + 2.0 * h          # LM head shard + final layer norm
+        in_flight = min(p - i, m)                  # 1F1B: stage i holds min(p - i, m) micro-batches
+        act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc)
+        if first:
+            act += in_flight * sbh                 # embedding output per in-flight micro-batch
+        if last:
+            act += 2.0 * sbh + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
+        states = ADAM_STATE_BYTES_PER_PARAM * params
+        stages.append(dict(compute=compute, tp=tp, pp=pp, time=compute + tp + pp,
+                           params=params, states=states, act=act, mem=states + act))
+
+    # slowest stage (ties: the later stage); fullest stage (ties: the earlier stage)
+    slow = max(range(p_stages), key=lambda i: (stages[i]["time"], i))
+    full = max(range(p_stages), key=lambda i: (stages[i]["mem"], -i))
+    t_slow = stages[slow]["time"]
+    bubble = sum(st["time"] for st in stages) - t_slow
+    compute_s = m * stages[slow]["compute"]
+    tp_comm_s = m * stages[slow]["tp"]
+    pp_comm_s = m * stages[slow]["pp"]
+    dp_comm_s = max(group_allreduce_s(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
+    adam_s = optimizer_s(max(st["params"] for st in stages), hw)
+    overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s
+
+    states, act = stages[full]["states"], stages[full]["act"]
+    mem_total = states + act + hw_get(hw, "reserved_bytes")
+    if mem_total > hw_get(hw, "hbm_bytes"):
+        status = OUT_OF_MEMORY
+
+    n_params = model_params(L, h, a, g, f, v, s)
+    tokens_per_iter = B * s
+    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s)
+    model_flops = 3.0 * tokens_per_iter * fwd_flops
+    # recomputation repeats every layer's forward, not the LM head
+    hardware_flops = model_flops + rc * tokens_per_iter * (fwd_flops - 2.0 * h * v)
+    peak = hw_get(hw, "peak_flops")
+    steps = math.ceil(num_tokens / tokens_per_iter)
+    train_s = steps * iteration
+    gpu_hours = num_gpus * train_s / 3600.0
+    out = {
+        "iteration_time_s": iteration,
+        "tokens_per_s": tokens_per_iter / iteration,
+        "model_tflops_per_gpu": model_flops / iteration / num_gpus / 1e12,
+        "mfu": model_flops / iteration / (num_gpus * peak),
+        "hfu": hardware_flops / iteration / (num_gpus * peak),
+        "memory_per_gpu_GiB": mem_total / GiB,
+        "model_states_GiB": states / GiB,
+        "activations_GiB": act / GiB,
+        "compute_s": compute_s,
+        "tp_comm_s": tp_comm_s,
+        "pp_comm_s": pp_comm_s,
+        "dp_comm_s": dp_comm_s,
+        "bubble_s": bubble,
+        "optimizer_s": adam_s,
+        "overhead_s": overhead_s,
+        "num_parameters": n_params,
+        "num_micro_batches": m,
+        "num_steps": float(steps),
+        "train_days": train_s / SECONDS_PER_DAY,
+        "gpu_hours": gpu_hours,
+        "cost_usd": gpu_hours * hw_get(hw, "usd_per_gpu_hour"),
+        "energy_kWh": gpu_hours * hw_get(hw, "tdp_W") / 1000.0 * hw_get(hw, "pue"),
+        "loss": chinchilla_loss(n_params, num_tokens),
+    }
+    return status, out
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep.py: flat index -> grid point
+# ---------------------------------------------------------------------------------------------
+def decode(index: int, radices) -> list:
+    """Mixed-radix digits of ``index``, last axis fastest."""
+    digits = []
+    for r in reversed([int(x) for x in radices]):
+        digits.append(index % r)
+        index //= r
+    return digits[::-1]
+
+
+def sweep_point(index: int, grid):
+    """Grid point ``index`` of a :class:`vtrain_fast.grid.Grid`, evaluated.
+
+    Returns
+    -------
+    inputs : dict
+        Keyed by :data:`INPUT_NAMES`.
+    num_tokens : float
+    status : int
+    outputs : dict
+        Keyed by :data:`OUTPUT_NAMES`.
+    """
+    digit = dict(zip(AXES, decode(index, grid.radices)))
+    model = [int(x) for x in grid.models[digit["model"]]]
+    gpu_row = int(grid.gpus[digit["gpu"]])
+    hw = [float(x) for x in grid.hw_table[gpu_row]]
+    gpus_per_node = int(hw_get(hw, "gpus_per_node"))
+    size = int(grid.sizes[digit["cluster_size"]])
+    num_gpus = size * gpus_per_node if grid.sizes_in_nodes else size
+    t, p = int(grid.tps[digit["tp"]]), int(grid.pps[digit["pp"]])
+    d = num_gpus // (t * p)
+    inputs = dict(zip(INPUT_NAMES, [digit["model"], gpu_row, *model, num_gpus,
+                                    math.ceil(num_gpus / gpus_per_node), t, p, d,
+                                    int(grid.mbss[digit["micro_batch_size"]]),
+                                    int(grid.gbss[digit["global_batch_size"]]),
+                                    int(grid.recomputes[digit["recompute"]])]))
+    num_tokens = float(grid.tokens[digit["num_tokens"]])
+    if num_gpus % (t * p) != 0 or d <= 0:
+        return inputs, num_tokens, BAD_NUM_GPUS, nan_outputs()
+    L, h, a, g, f, v, s = model
+    status, out = step(L, h, a, g, f, v, s, inputs["global_batch_size"], inputs["micro_batch_size"],
+                       t, p, d, inputs["recompute"], num_tokens, hw)
+    return inputs, num_tokens, status, out

@@ -1,0 +1,212 @@
+"""CLI smoke tests on tiny inputs: sweep -> manifest + Parquet, pareto, evaluate, validate.
+Every check compares against an independent computation (tests/reference.py, brute-force
+dominance), never against numbers copied from a previous run."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+import reference as ref
+from vtrain_fast.grid import build_grid
+from vtrain_fast.hardware import PRESETS, machine_vector, with_overrides
+from vtrain_fast.schema import SCHEMA, STATUS_LABELS
+from vtrain_fast.spec import load_spec
+
+
+def _parts(folder: Path, manifest: dict) -> list[Path]:
+    return [folder / p for p in manifest["parts"]]
+
+
+def _read_results(folder: Path) -> tuple[dict, pl.DataFrame]:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    df = pl.concat([pl.read_parquet(p) for p in _parts(folder, manifest)])
+    return manifest, df
+
+
+# ------------------------------------------------------------------------------ sweep
+def test_sweep_writes_complete_manifest(tiny_sweep):
+    spec = load_spec(tiny_sweep.parent / "tiny.toml")
+    manifest = json.loads((tiny_sweep / "manifest.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["num_points"] == spec.num_points == math.prod(
+        len(x) for x in (spec.models, spec.num_tokens, spec.gpus, spec.cluster_sizes, spec.tp,
+                         spec.pp, spec.micro_batch_size, spec.global_batch_size, spec.recompute))
+    assert manifest["num_rows"] == manifest["num_points"]
+    parts = _parts(tiny_sweep, manifest)
+    assert parts and all(p.is_file() for p in parts)
+    assert not list(tiny_sweep.glob("*.tmp"))
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in parts) == manifest["num_points"]
+    counts = manifest["status_counts"]
+    assert set(counts) <= set(STATUS_LABELS)
+    assert sum(counts.values()) == manifest["num_points"]
+    _, df = _read_results(tiny_sweep)
+    observed = dict(df["status"].cast(pl.String).value_counts().rows())
+    assert {k: v for k, v in counts.items() if v} == observed
+    # the tiny grid is built to hit feasible, out-of-memory and infeasible rows
+    assert observed.get("ok", 0) > 0 and observed.get("bad_num_gpus", 0) > 0
+    assert observed.get("bad_batch", 0) > 0 and observed.get("out_of_memory", 0) > 0
+
+
+def test_sweep_parquet_schema(tiny_sweep):
+    manifest = json.loads((tiny_sweep / "manifest.json").read_text())
+    schema = pq.read_schema(_parts(tiny_sweep, manifest)[0])
+    assert schema.names == SCHEMA.names
+    for f in SCHEMA:
+        assert schema.field(f.name).type == f.type, f.name
+
+
+def test_sweep_rows_cover_the_grid_and_match_twin(tiny_sweep):
+    """Every grid point appears exactly once, and sampled rows equal the reference twin."""
+    spec = load_spec(tiny_sweep.parent / "tiny.toml")
+    grid = build_grid(spec)
+    _, df = _read_results(tiny_sweep)
+    key_cols = ["model", "gpu", "num_tokens", "num_gpus", "tp", "pp", "micro_batch_size",
+                "global_batch_size", "recompute"]
+    df = df.with_columns(pl.col(c).cast(pl.String) for c in ("model", "gpu", "recompute", "status"))
+    assert df.select(key_cols).n_unique() == grid.num_points == df.height
+    rows = {tuple(r[:len(key_cols)]): r for r in df.select(key_cols + [c for c in df.columns if c not in key_cols]).rows()}
+    cols = key_cols + [c for c in df.columns if c not in key_cols]
+    rng = np.random.default_rng(3)
+    for index in rng.choice(grid.num_points, size=150, replace=False).tolist():
+        inputs, tokens, status, out = ref.sweep_point(index, grid)
+        key = (grid.model_names[inputs["model_index"]], grid.gpu_names[inputs["gpu_index"]], tokens,
+               inputs["num_gpus"], inputs["tp"], inputs["pp"], inputs["micro_batch_size"],
+               inputs["global_batch_size"], spec.recompute[
+                   list(grid.recomputes).index(inputs["recompute"])])
+        row = dict(zip(cols, rows[key]))
+        assert row["status"] == STATUS_LABELS[status], (index, row["status"])
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                     "ffn_hidden_size", "vocab_size", "seq_length", "num_nodes", "dp"):
+            assert row[name] == inputs[name], name
+        for name, value in out.items():
+            if math.isnan(value):
+                assert row[name] is None or math.isnan(row[name]), name
+            else:
+                assert math.isclose(row[name], value, rel_tol=1e-12), (name, row[name], value)
+
+
+def test_sweep_cli_prints_summary(tiny_spec_path, tmp_path, cli):
+    res = cli("sweep", tiny_spec_path, "-o", tmp_path / "r", "--pareto")
+    assert res.exit_code == 0, res.output
+    assert "1,296 points" in res.output
+    assert "Pareto frontier" in res.output
+
+
+def test_sweep_overwrite_replaces_result(tiny_spec_path, tmp_path, cli):
+    out = tmp_path / "r"
+    assert cli("sweep", tiny_spec_path, "-o", out).exit_code == 0
+    (out / "stray.txt").write_text("left over")
+    res = cli("sweep", tiny_spec_path, "-o", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert not (out / "stray.txt").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["num_rows"] == manifest["num_points"]
+
+
+# ------------------------------------------------------------------------------ pareto
+def _dominates(x, y):
+    return all(a <= b for a, b in zip(x, y)) and any(a < b for a, b in zip(x, y))
+
+
+def _check_frontier(front: list[tuple], feasible: list[tuple]):
+    assert front, "empty frontier"
+    fs = set(feasible)
+    for f in front:
+        assert f in fs, f"frontier row {f} is not a feasible row"
+    for i, x in enumerate(front):
+        for j, y in enumerate(front):
+            if i != j:
+                assert not _dominates(y, x), f"frontier row {x} is dominated by {y}"
+                assert x != y, "duplicate frontier objectives"
+    for r in feasible:
+        assert any(f == r or _dominates(f, r) for f in front), f"feasible row {r} not covered"
+
+
+@pytest.mark.parametrize("objectives", [
+    ["cost_usd", "train_days"],
+    ["-mfu", "memory_per_gpu_GiB"],
+    ["cost_usd", "train_days", "memory_per_gpu_GiB"],
+])
+def test_pareto_frontier_is_brute_force_frontier(tiny_sweep, tmp_path, cli, objectives):
+    out = tmp_path / "front.parquet"
+    args = ["pareto", tiny_sweep, "-o", out]
+    for o in objectives:
+        args += ["--minimize", o]
+    res = cli(*args)
+    assert res.exit_code == 0, res.output
+    assert "Pareto frontier" in res.output and "plans" in res.output
+    for col in ("model", "tp", "pp", "dp", *[o.lstrip("-") for o in objectives]):
+        assert col in res.output                                # the table's header
+    front_df = pl.read_parquet(out)
+    _, df = _read_results(tiny_sweep)
+    feasible_df = df.filter(pl.col("status").cast(pl.String) == "ok")
+
+    def objs(frame):
+        cols = [pl.col(o.lstrip("-")) * (-1.0 if o.startswith("-") else 1.0) for o in objectives]
+        return [tuple(r) for r in frame.select(cols).rows()]
+    _check_frontier(objs(front_df), objs(feasible_df))
+    assert f"({front_df.height} plans" in res.output
+
+
+# ------------------------------------------------------------------------------ evaluate
+EVAL_CSV = """\
+name,num_layers,hidden_size,num_attention_heads,seq_length,global_batch_size,micro_batch_size,tp,pp,dp,gpu,recompute,num_tokens,gpus_per_node
+small,12,768,12,2048,64,2,1,1,8,a100-sxm4-80gb,none,1e9,
+small-pp,12,768,12,2048,64,2,2,2,4,h100-sxm-80gb,full,1e10,
+gqa,8,1024,16,1024,32,1,2,2,2,a100-sxm4-40gb,,,4
+bad-heads,12,768,12,2048,64,2,5,1,8,a100-sxm4-80gb,none,1e9,
+bad-batch,12,768,12,2048,63,2,1,1,8,a100-sxm4-80gb,none,1e9,
+huge,96,12288,96,2048,1536,1,1,1,8,a100-sxm4-80gb,none,3e11,
+"""
+
+
+def test_evaluate_csv(tmp_path, cli):
+    csv = tmp_path / "configs.csv"
+    csv.write_text(EVAL_CSV)
+    out = tmp_path / "eval.parquet"
+    res = cli("evaluate", csv, "-o", out)
+    assert res.exit_code == 0, res.output
+    df = pl.read_parquet(out)
+    src = pl.read_csv(csv)
+    assert df.height == src.height
+    assert df["name"].to_list() == src["name"].to_list()      # extra columns pass through
+    for row in df.iter_rows(named=True):
+        gpn = row["gpus_per_node"]
+        preset = with_overrides(PRESETS[row["gpu"]], None, gpus_per_node=int(gpn) if gpn else None)
+        hw = machine_vector(preset).tolist()
+        h, a = row["hidden_size"], row["num_attention_heads"]
+        status, expected = ref.step(
+            row["num_layers"], h, a, a, 4 * h, 50257, row["seq_length"],
+            row["global_batch_size"], row["micro_batch_size"], row["tp"], row["pp"], row["dp"],
+            1 if row["recompute"] == "full" else 0, row["num_tokens"] or 300e9, hw)
+        assert row["status"] == STATUS_LABELS[status], row["name"]
+        for name, value in expected.items():
+            if math.isnan(value):
+                assert row[name] is None or math.isnan(row[name]), (row["name"], name)
+            else:
+                assert math.isclose(row[name], value, rel_tol=1e-12), (row["name"], name)
+    by_name = dict(zip(df["name"], df["status"]))
+    assert by_name["small"] == "ok" and by_name["bad-heads"] == "bad_heads"
+    assert by_name["bad-batch"] == "bad_batch" and by_name["huge"] == "out_of_memory"
+    assert "wrote 6 rows" in res.output
+
+
+# ------------------------------------------------------------------------------ validate
+def test_validate_writes_parquet(tmp_path, cli):
+    from vtrain_fast.validate import load_measurements
+    out = tmp_path / "validation.parquet"
+    res = cli("validate", "-o", out)
+    assert res.exit_code == 0, res.output
+    rows = pl.read_parquet(out)
+    expected = sum(load_measurements(w).height for w in ("single", "multi"))
+    assert rows.height == expected
+    ape = rows["ape_pct"].to_numpy()
+    assert np.isfinite(ape).all() and (ape >= 0).all()
+    assert set(rows["set"].unique().to_list()) == {"single", "multi"}
+    assert "MAPE" in res.output or "mape" in res.output
