@@ -37,5 +37,6 @@ calibrate: $(STAMP)
 	$(BIN)/vtrain-fast calibrate-nccl vtrain_fast/data/vtrain/nccl_allreduce_a100/*.csv --gpu a100-sxm4-80gb -o $(CAL)
 	$(BIN)/vtrain-fast calibrate results/measurements/vtrain_single.csv --gpu a100-sxm4-80gb --calibration $(CAL) -o $(CAL) \
 	  --param gemm_efficiency --param hbm_efficiency --param kernel_overhead_s --param host_launch_s \
-	  --param iteration_overhead_s --param intra_node_latency_s --param intra_node_step_latency_s
+	  --param iteration_overhead_s --param intra_node_latency_s --param intra_node_step_latency_s \
+	  --param p2p_overhead_s
 	$(BIN)/vtrain-fast validate --calibration $(CAL)

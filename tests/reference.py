@@ -278,10 +278,10 @@ def group_allreduce_s(nbytes, n, stride, hw):
 
 
 def p2p_s(nbytes, crosses_node, hw):
-    """One send: fixed latency + bytes at the NIC's (or NVLink's) achievable bandwidth (no ring
-    steps)."""
+    """One send: framework overhead + fixed latency + bytes at the NIC's (or NVLink's)
+    achievable bandwidth (no ring steps)."""
     link_Bps, efficiency, latency_s, _ = _link(hw, "inter" if crosses_node else "intra")
-    return latency_s + nbytes / (link_Bps * efficiency)
+    return hw_get(hw, "p2p_overhead_s") + latency_s + nbytes / (link_Bps * efficiency)
 
 
 # ---------------------------------------------------------------------------------------------

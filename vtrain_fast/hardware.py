@@ -42,6 +42,9 @@ class Calibration:
         time (eager PyTorch runs ahead of the GPU only while the GPU is the bottleneck).
     iteration_overhead_s : float
         Fixed host time per iteration (loss scaling, gradient clipping, logging), seconds.
+    p2p_overhead_s : float
+        Host and synchronisation time of one pipeline send or receive (the framework waits for
+        each blocking point-to-point call), seconds.
     """
 
     gemm_efficiency: float = 0.70
@@ -55,6 +58,7 @@ class Calibration:
     inter_node_step_latency_s: float = 5e-6
     host_launch_s: float = 0.0
     iteration_overhead_s: float = 0.0
+    p2p_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,14 +111,15 @@ class GPUPreset:
 
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
 # (calibrate-nccl: busbw efficiency 0.726 of 300 GB/s NVLink, fit MAPE 4.2%) and a least-squares
-# fit to vTrain's 1,440 single-node Megatron-DeepSpeed iteration times only (MAPE 7.18% after the fit).
+# fit to vTrain's 1,440 single-node Megatron-DeepSpeed iteration times only (MAPE 6.67% after the fit).
 # The multi-node set was not used: its error is a held-out result.
 A100_CALIBRATION = Calibration(
-    gemm_efficiency=0.8949, hbm_efficiency=0.8323, kernel_overhead_s=24.85e-6,
+    gemm_efficiency=0.9411, hbm_efficiency=0.7604, kernel_overhead_s=22.45e-6,
     intra_node_efficiency=0.7263, inter_node_efficiency=0.80,
-    intra_node_latency_s=0.0, inter_node_latency_s=30e-6,
-    intra_node_step_latency_s=6.190e-6, inter_node_step_latency_s=5e-6,
-    host_launch_s=61.11e-6, iteration_overhead_s=4.014e-3,
+    intra_node_latency_s=0.00e-6, inter_node_latency_s=30e-6,
+    intra_node_step_latency_s=8.402e-6, inter_node_step_latency_s=5e-6,
+    host_launch_s=59.15e-6, iteration_overhead_s=0.000e-3,
+    p2p_overhead_s=986.6e-6,
 )
 # Other GPUs: no measurements here. Host-side terms (launch, per-kernel gap, per-iteration
 # overhead) come from the A100 fit, as they belong to the software stack; the efficiencies are
@@ -179,6 +184,7 @@ CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
     "inter_node_step_latency_s": (0.0, 1e-3),
     "host_launch_s": (0.0, 1e-3),
     "iteration_overhead_s": (0.0, 10.0),
+    "p2p_overhead_s": (0.0, 0.1),
 }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from .._jit import jit
-from .params import (H_GPUS_PER_NODE, H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTER_STEP_S,
+from .params import (H_P2P_OVERHEAD_S, H_GPUS_PER_NODE, H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTER_STEP_S,
                      H_INTRA_BPS, H_INTRA_EFF, H_INTRA_LAT_S, H_INTRA_STEP_S)
 
 
@@ -96,7 +96,8 @@ def intra_allgather_s(nbytes, n, hw):
 @jit
 def p2p_s(nbytes, crosses_node, hw):
     """Seconds of one point-to-point send of ``nbytes`` (pipeline activation or gradient),
-    on the NIC when ``crosses_node`` else on NVLink: ``latency + nbytes / (bw * efficiency)``."""
+    on the NIC when ``crosses_node`` else on NVLink:
+    ``p2p_overhead_s + latency + nbytes / (bw * efficiency)``."""
     if crosses_node:
-        return hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
-    return hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])
+        return hw[H_P2P_OVERHEAD_S] + hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
+    return hw[H_P2P_OVERHEAD_S] + hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])
