@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .errors import InputError
@@ -25,7 +26,9 @@ def _user_errors(func):
         try:
             return func(*args, **kwargs)
         except InputError as e:
-            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+            # escape: messages name TOML tables such as "[parallel]", which rich would
+            # otherwise swallow as markup tags
+            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
             raise typer.Exit(2)
     return wrapper
 
@@ -44,14 +47,27 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="results folder [results/<name>]"),
           overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing result"),
           calibration: Optional[Path] = CalibrationOpt,
-          show_pareto: bool = typer.Option(False, "--pareto", help="print the cost/time frontier afterwards")):
-    """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json."""
+          show_pareto: bool = typer.Option(False, "--pareto", help="print the cost/time frontier afterwards"),
+          keep: str = typer.Option("all", "--keep",
+                                   help="rows to keep: all | feasible | frontier | top:K:COL ('-COL': largest)"),
+          minimize: Optional[List[str]] = typer.Option(None, "--minimize",
+                                                       help="frontier objective (repeat; '-col' maximises); "
+                                                            "default cost_usd and train_days"),
+          shard: Optional[str] = typer.Option(None, "--shard",
+                                              help="K/N: evaluate only the K-th of N slices (then `merge`)"),
+          scheduler: Optional[str] = typer.Option(None, "--scheduler",
+                                                  help="Dask scheduler address, or local:N workers"),
+          threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: all cores)")):
+    """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json.
+
+    Rerunning the same command after an interruption resumes it."""
     from .engine import run_sweep
     from .spec import load_spec
     s = load_spec(spec, _calibration(calibration))
     folder = output or Path("results") / s.name
     n = s.num_points
-    console.print(f"sweep [bold]{s.name}[/]: {n:,} points -> {folder}")
+    where = f" (shard {shard})" if shard else ""
+    console.print(f"sweep [bold]{s.name}[/]{where}: {n:,} points, keep {keep} -> {folder}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:
@@ -63,12 +79,28 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
             if t.elapsed:
                 progress.update(task, rate=f"{t.completed / t.elapsed:,.0f} points/s")
 
-        manifest = run_sweep(s, folder, overwrite=overwrite, on_progress=advance)
-    console.print(f"wrote {manifest['num_rows']:,} rows in {manifest['elapsed_s']:.1f} s "
-                  f"({manifest['num_rows'] / max(manifest['elapsed_s'], 1e-9):,.0f} rows/s); "
+        manifest = run_sweep(s, folder, overwrite=overwrite, on_progress=advance, keep=keep,
+                             minimize=minimize, shard=shard, scheduler=scheduler, threads=threads)
+    points = sum(c["points"] for c in manifest["chunks"].values())
+    console.print(f"kept {manifest['num_rows']:,} rows ({manifest['keep']}) of {points:,} points in "
+                  f"{manifest['elapsed_s']:.1f} s ({points / max(manifest['elapsed_s'], 1e-9):,.0f} points/s); "
+                  f"status: {manifest['status_counts']}"
+                  + (f"; pruned without evaluation: {manifest['pruned_points']:,}" if manifest.get('pruned_points') else ""))
+    if shard:
+        console.print(f"shard {shard} finished; when every shard has, run `vtrain-fast merge {folder}`")
+    elif show_pareto:
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), 20, None)
+
+
+@app.command()
+@_user_errors
+def merge(folder: Path = typer.Argument(..., help="results folder of a sweep run with --shard K/N")):
+    """Check that every shard of a sharded sweep finished and combine them into one result."""
+    from .engine import merge_shards
+    manifest = merge_shards(folder)
+    console.print(f"merged {manifest['shards']} shards of [bold]{manifest['name']}[/]: "
+                  f"{manifest['num_rows']:,} rows ({manifest['keep']}) in {len(manifest['parts'])} part files; "
                   f"status: {manifest['status_counts']}")
-    if show_pareto:
-        pareto(folder, ["cost_usd", "train_days"], 20, None)
 
 
 @app.command()

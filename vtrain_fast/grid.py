@@ -14,10 +14,12 @@ import numpy as np
 
 from .errors import InputError
 from .hardware import machine_vector
-from .kernels.sweep import AXES
+from .kernels.sweep import AXES, PREFIX_AXES, prefix_table
 from .spec import RECOMPUTE_VALUES, SweepSpec
 
 INT64_MAX = 2 ** 63 - 1
+# Largest pruning table built (entries of uint8); beyond it sweeps run unpruned.
+MAX_PREFIX_TABLE = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,7 @@ def build_grid(spec: SweepSpec) -> Grid:
         If the number of points does not fit in a signed 64-bit index.
     """
     n = spec.num_points
-    if n > INT64_MAX:
-        raise InputError(spec.path, "number of points", n, f"at most {INT64_MAX} (int64 index)",
-                         "split the sweep into several specs or shorten some axes")
+    check_index_space(n, spec.path)
     recompute_codes = [RECOMPUTE_VALUES.index(r) for r in spec.recompute]
     arrays = dict(
         model=[m.as_row() for m in spec.models], num_tokens=spec.num_tokens,
@@ -120,3 +120,46 @@ def encode(digits, radices) -> int:
 def count_points(radices) -> int:
     """Exact number of grid points (Python int; no overflow)."""
     return math.prod(int(r) for r in radices)
+
+
+def check_index_space(num_points: int, where: str = "<spec>") -> None:
+    """Check that flat indices ``0 .. num_points-1`` (and every chunk end) fit in ``int64``.
+
+    Raises
+    ------
+    InputError
+        If ``num_points > 2**63 - 1``.
+    """
+    if num_points > INT64_MAX:
+        raise InputError(where, "number of points", num_points,
+                         f"at most {INT64_MAX:,} (2^63 - 1, the int64 flat index)",
+                         "split the sweep into several specs or shorten some axes")
+
+
+def pruning_table(grid: Grid) -> np.ndarray:
+    """Per prefix of the axes :data:`~vtrain_fast.kernels.sweep.PREFIX_AXES` (model, gpu,
+    cluster_size, tp, pp), whether any point under it can be feasible.
+
+    A prefix is infeasible when num_gpus is not a multiple of ``tp * pp`` or the model breaks a
+    heads or layers divisibility rule for that ``tp``/``pp``; then every combination of the
+    remaining axes (micro_batch_size, global_batch_size, recompute, a contiguous run of the
+    flat index) is infeasible too and the scan kernel skips it without evaluating it.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint8``, shape ``(prod(radices[PREFIX_AXES]),)``; shape ``(0,)`` (no pruning) when
+        the table would exceed :data:`MAX_PREFIX_TABLE` entries.
+    """
+    size = math.prod(int(grid.radices[a]) for a in PREFIX_AXES)
+    if size > MAX_PREFIX_TABLE:
+        return np.zeros(0, dtype=np.uint8)
+    table = np.empty(size, dtype=np.uint8)
+    prefix_table(grid.radices, grid.models, grid.gpus, grid.hw_table, grid.sizes,
+                 grid.sizes_in_nodes, grid.tps, grid.pps, table)
+    return table
+
+
+def inner_points(grid: Grid) -> int:
+    """Points under one prefix: the product of the axes after ``pp``."""
+    return math.prod(int(r) for r in grid.radices[PREFIX_AXES[-1] + 1:])

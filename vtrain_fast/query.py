@@ -1,6 +1,6 @@
 """Queries over results folders with Polars lazy scans: Pareto frontiers and filters.
 
-Query functions read Parquet only; they never call the cost kernels.
+Query functions read Parquet only; they never evaluate the cost model.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from .errors import InputError
+from .kernels.sweep import pareto_sorted
 from .schema import COLUMNS, OUTPUT_NAMES
 from .writer import PART_GLOB, read_manifest
 
@@ -40,37 +41,22 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
 
     Notes
     -----
-    Rows are sorted lexicographically; for ``k = 2`` a row is on the frontier iff its second
-    objective is below the running minimum of all rows before it (Kung, Luccio, Preparata 1975).
-    For ``k > 2`` each row is compared with the frontier found so far.
+    Rows are sorted lexicographically (ties by row number); for ``k = 2`` a row is on the
+    frontier iff its second objective is below the running minimum of all rows before it
+    (Kung, Luccio, Preparata 1975). For ``k > 2`` each row is compared with the frontier found
+    so far. The sweep engine's ``--keep frontier`` uses the same function
+    (:func:`vtrain_fast.kernels.sweep.pareto_sorted`), so both agree exactly.
     """
     values = np.asarray(values, dtype=np.float64)
     n, k = values.shape
     mask = np.zeros(n, dtype=bool)
     ok = ~np.isnan(values).any(axis=1)
-    idx = np.flatnonzero(ok)
+    idx = np.flatnonzero(ok).astype(np.int64)
     if idx.size == 0:
         return mask
-    v = values[idx]
-    order = np.lexsort(tuple(v[:, j] for j in range(k - 1, -1, -1)))
-    v = v[order]
-    if k == 1:
-        mask[idx[order[0]]] = True
-        return mask
-    if k == 2:
-        prev_min = np.minimum.accumulate(np.concatenate(([np.inf], v[:-1, 1])))
-        keep = v[:, 1] < prev_min
-        mask[idx[order[keep]]] = True
-        return mask
-    front: list[int] = []
-    for i in range(v.shape[0]):
-        row = v[i]
-        if front:
-            f = v[front]
-            if np.any(np.all(f <= row, axis=1)):
-                continue
-        front.append(i)
-    mask[idx[order[front]]] = True
+    v = np.ascontiguousarray(values[idx])
+    order = np.lexsort([idx] + [v[:, j] for j in range(k - 1, -1, -1)]).astype(np.int64)
+    mask[idx[pareto_sorted(v, idx, order)]] = True
     return mask
 
 

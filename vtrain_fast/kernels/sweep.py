@@ -1,9 +1,16 @@
 """Parallel drivers: one ``prange`` loop over many configurations.
 
 :func:`sweep_chunk` decodes flat indices ``start .. start+n-1`` into axis values (mixed radix,
-last axis fastest; no Cartesian product is ever built) and :func:`evaluate_rows` walks explicit
-configurations. Both call :func:`vtrain_fast.kernels.step.step` for each point and write one
-column of the preallocated output matrices per point; every thread writes only its own columns.
+last axis fastest; no Cartesian product is ever built) and writes one full row per point;
+:func:`sweep_points` does the same for an explicit list of flat indices; :func:`scan_chunk`
+evaluates a range but keeps only the indices (and objective values) of feasible points that may
+survive a reduction (all feasible points, a Pareto frontier, or a top-K); :func:`evaluate_rows`
+walks explicit configurations. All of them call :func:`vtrain_fast.kernels.step.step` for each
+point; every thread writes only its own columns.
+
+The range drivers split their range into blocks of ``BLOCK`` consecutive points (one ``prange``
+iteration each). A block decodes its first index once and then steps an odometer over the axis
+digits, so the per-point cost is the cost model plus a handful of loads.
 """
 from __future__ import annotations
 
@@ -14,13 +21,17 @@ from numba import prange
 
 from .._jit import jit, pjit
 from .params import H_GPUS_PER_NODE
-from .step import BAD_NUM_GPUS, fill_nan, step
+from .step import BAD_NUM_GPUS, NUM_OUTPUTS, NUM_STATUS, OK, fill_nan, step, validate_shape
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
         "global_batch_size", "recompute")
 NUM_AXES = len(AXES)
 (A_MODEL, A_TOKENS, A_GPU, A_SIZE, A_TP, A_PP, A_MBS, A_GBS, A_RECOMPUTE) = range(NUM_AXES)
+# Axes of the pruning table (everything the num_gpus, heads and layers rules depend on); the
+# axes after A_PP only enter the batch rule, so an infeasible prefix rules out a whole
+# contiguous run of ``radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]`` points.
+PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_PP)
 
 # Integer input columns written by the sweep kernel: rows of the int64 input matrix.
 INPUT_NAMES = (
@@ -31,6 +42,18 @@ INPUT_NAMES = (
 NUM_INPUTS = len(INPUT_NAMES)
 (I_MODEL, I_GPU, I_LAYERS, I_HIDDEN, I_HEADS, I_GROUPS, I_FFN, I_VOCAB, I_SEQ, I_NUM_GPUS,
  I_NUM_NODES, I_TP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(NUM_INPUTS)
+
+# Points per prange iteration of the range drivers (one decode of the flat index each).
+BLOCK = 1024
+# The row driver evaluates SCRATCH points at a time into thread-local columns that stay in L1
+# (64 x (17 + 1 + NUM_OUTPUTS) x 8 B ~ 21 KB) and then copies them out, 64 contiguous values
+# per column: writing each point straight into ~40 output columns costs more than the model.
+SCRATCH = 64
+
+# Where a reduction objective comes from (scan_chunk's ``obj_src``).
+SRC_OUTPUT, SRC_INPUT, SRC_TOKENS = 0, 1, 2
+# scan_chunk modes.
+KEEP_FEASIBLE, KEEP_FRONTIER, KEEP_TOP = 0, 1, 2
 
 
 @jit
@@ -50,6 +73,84 @@ def decode_index(index, radices, digits):
     for k in range(radices.shape[0] - 1, -1, -1):
         digits[k] = rem % radices[k]
         rem //= radices[k]
+
+
+@jit
+def advance_digits(digits, radices):
+    """Step mixed-radix ``digits`` to the next flat index in place (odometer, last axis
+    fastest) and return the first (slowest) axis that changed; after the last index the
+    digits wrap to zero and -1 is returned."""
+    k = radices.shape[0] - 1
+    while k >= 0:
+        digits[k] += 1
+        if digits[k] < radices[k]:
+            return k
+        digits[k] = 0
+        k -= 1
+    return -1
+
+
+@jit
+def prefix_index(digits, radices):
+    """Row of the pruning table for ``digits``: mixed radix over :data:`PREFIX_AXES`."""
+    return ((((digits[A_MODEL] * radices[A_GPU] + digits[A_GPU]) * radices[A_SIZE]
+              + digits[A_SIZE]) * radices[A_TP] + digits[A_TP]) * radices[A_PP] + digits[A_PP])
+
+
+@jit
+def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
+    """Quantities fixed by the axes up to ``pp``: ``(gpu_index, num_gpus, num_nodes, tp, pp,
+    dp, ok)``; ``ok`` is False when num_gpus is not ``tp * pp * dp`` with ``dp >= 1``."""
+    gi = gpus[digits[A_GPU]]
+    gpn = int(hw_table[gi, H_GPUS_PER_NODE])
+    size = sizes[digits[A_SIZE]]
+    num_gpus = size * gpn if sizes_in_nodes else size
+    t = tps[digits[A_TP]]
+    p = pps[digits[A_PP]]
+    d = num_gpus // (t * p)
+    ok = d > 0 and num_gpus % (t * p) == 0
+    return gi, num_gpus, (num_gpus + gpn - 1) // gpn, t, p, d, ok
+
+
+@jit
+def write_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, b, B, rc, tok, models, hw, inputs,
+                token_col, out, status, j):
+    """Write the inputs of one point into column ``j``, evaluate it (unless ``ok`` is False:
+    ``BAD_NUM_GPUS`` and NaN outputs) and return its status code."""
+    inputs[I_MODEL, j] = mi
+    inputs[I_GPU, j] = gi
+    for k in range(7):
+        inputs[I_LAYERS + k, j] = models[mi, k]
+    inputs[I_NUM_GPUS, j] = num_gpus
+    inputs[I_NUM_NODES, j] = num_nodes
+    inputs[I_TP, j] = t
+    inputs[I_PP, j] = p
+    inputs[I_DP, j] = d
+    inputs[I_MBS, j] = b
+    inputs[I_GBS, j] = B
+    inputs[I_RECOMPUTE, j] = rc
+    token_col[j] = tok
+    if not ok:
+        fill_nan(out, j)
+        status[j] = BAD_NUM_GPUS
+        return BAD_NUM_GPUS
+    s = step(models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3], models[mi, 4],
+             models[mi, 5], models[mi, 6], B, b, t, p, d, rc, tok, hw, out, j)
+    status[j] = s
+    return s
+
+
+@jit
+def eval_point(digits, models, tokens, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, mbss,
+               gbss, recomputes, inputs, token_col, out, status, j):
+    """Evaluate the grid point with axis ``digits`` into column ``j`` of the output arrays
+    (layouts as in :func:`sweep_chunk`) and return its status code."""
+    gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
+                                                     sizes_in_nodes, tps, pps)
+    return write_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, mbss[digits[A_MBS]],
+                       gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]],
+                       tokens[digits[A_TOKENS]], models, hw_table[gi], inputs, token_col, out,
+                       status, j)
 
 
 @pjit
@@ -85,39 +186,318 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
     status : numpy.ndarray
         ``int8``, shape ``(>= n,)``, output: status codes.
     """
-    for j in prange(n):
-        digits = np.empty(radices.shape[0], dtype=np.int64)
-        decode_index(start + j, radices, digits)
+    nblocks = (n + BLOCK - 1) // BLOCK
+    for bi in prange(nblocks):
+        lo = bi * BLOCK
+        hi = min(n, lo + BLOCK)
+        digits = np.empty(NUM_AXES, dtype=np.int64)
+        ins = np.empty((NUM_INPUTS, SCRATCH), dtype=np.int64)
+        tk = np.empty(SCRATCH, dtype=np.float64)
+        res = np.empty((NUM_OUTPUTS, SCRATCH), dtype=np.float64)
+        st = np.empty(SCRATCH, dtype=np.int8)
+        decode_index(start + lo, radices, digits)
+        gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
+                                                         sizes_in_nodes, tps, pps)
         mi = digits[A_MODEL]
-        gi = gpus[digits[A_GPU]]
+        tok = tokens[digits[A_TOKENS]]
         hw = hw_table[gi]
-        gpn = int(hw[H_GPUS_PER_NODE])
-        size = sizes[digits[A_SIZE]]
-        num_gpus = size * gpn if sizes_in_nodes else size
-        t = tps[digits[A_TP]]
-        p = pps[digits[A_PP]]
-        d = num_gpus // (t * p)
-        inputs[I_MODEL, j] = mi
-        inputs[I_GPU, j] = gi
-        for k in range(7):
-            inputs[I_LAYERS + k, j] = models[mi, k]
-        inputs[I_NUM_GPUS, j] = num_gpus
-        inputs[I_NUM_NODES, j] = (num_gpus + gpn - 1) // gpn
-        inputs[I_TP, j] = t
-        inputs[I_PP, j] = p
-        inputs[I_DP, j] = d
-        inputs[I_MBS, j] = mbss[digits[A_MBS]]
-        inputs[I_GBS, j] = gbss[digits[A_GBS]]
-        inputs[I_RECOMPUTE, j] = recomputes[digits[A_RECOMPUTE]]
-        token_col[j] = tokens[digits[A_TOKENS]]
-        if d <= 0 or num_gpus % (t * p) != 0:
-            fill_nan(out, j)
-            status[j] = BAD_NUM_GPUS
-            continue
-        status[j] = step(models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3],
-                         models[mi, 4], models[mi, 5], models[mi, 6],
-                         inputs[I_GBS, j], inputs[I_MBS, j], t, p, d,
-                         inputs[I_RECOMPUTE, j], token_col[j], hw, out, j)
+        for s0 in range(lo, hi, SCRATCH):
+            m = min(SCRATCH, hi - s0)
+            for j in range(m):
+                write_point(mi, gi, num_gpus, nodes, t, p, d, ok, mbss[digits[A_MBS]],
+                            gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]], tok, models,
+                            hw, ins, tk, res, st, j)
+                if advance_digits(digits, radices) <= A_PP:
+                    gi, num_gpus, nodes, t, p, d, ok = prefix_values(
+                        digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps)
+                    mi = digits[A_MODEL]
+                    tok = tokens[digits[A_TOKENS]]
+                    hw = hw_table[gi]
+            for k in range(NUM_INPUTS):
+                inputs[k, s0:s0 + m] = ins[k, :m]
+            for k in range(NUM_OUTPUTS):
+                out[k, s0:s0 + m] = res[k, :m]
+            token_col[s0:s0 + m] = tk[:m]
+            status[s0:s0 + m] = st[:m]
+
+
+@pjit
+def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
+                 tps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
+    """Evaluate the grid points at the flat ``indices`` (``int64``, shape ``(n,)``) into
+    columns ``0 .. n-1`` of the output arrays; arguments as :func:`sweep_chunk`. Any order
+    works; ascending indices are fastest (a step of up to 8 advances the odometer instead of
+    decoding the index again)."""
+    n = indices.shape[0]
+    nblocks = (n + SCRATCH - 1) // SCRATCH
+    for bi in prange(nblocks):
+        digits = np.empty(NUM_AXES, dtype=np.int64)
+        prev = -1
+        for j in range(bi * SCRATCH, min(n, bi * SCRATCH + SCRATCH)):
+            gap = indices[j] - prev
+            if prev >= 0 and 0 <= gap <= 8:
+                for _ in range(gap):
+                    advance_digits(digits, radices)
+            else:
+                decode_index(indices[j], radices, digits)
+            prev = indices[j]
+            eval_point(digits, models, tokens, gpus, hw_table, sizes, sizes_in_nodes, tps, pps,
+                       mbss, gbss, recomputes, inputs, token_col, out, status, j)
+
+
+@jit
+def objective_value(src, col, inputs, token_col, out, j):
+    """Value of one reduction objective for column ``j`` (see ``SRC_*``)."""
+    if src == SRC_OUTPUT:
+        return out[col, j]
+    if src == SRC_INPUT:
+        return float(inputs[col, j])
+    return token_col[j]
+
+
+@jit
+def _dominated(vals, idx, front_vals, front_idx):
+    """True if a row of ``front_vals`` (``(F, k)``) dominates point ``vals`` with flat index
+    ``idx``: ``f <= vals`` everywhere and ``f != vals`` or ``f`` has the lower index.
+    For ``k = 2`` the front must be sorted by the first objective (then its second objective
+    strictly decreases) and one binary search decides; otherwise every row is checked."""
+    nf = front_vals.shape[0]
+    k = vals.shape[0]
+    if nf == 0:
+        return False
+    if k == 2:
+        lo, hi = 0, nf            # last row with f0 <= vals[0]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if front_vals[mid, 0] <= vals[0]:
+                lo = mid + 1
+            else:
+                hi = mid
+        r = lo - 1
+        if r < 0 or front_vals[r, 1] > vals[1]:
+            return False
+        return not (front_vals[r, 0] == vals[0] and front_vals[r, 1] == vals[1]
+                    and front_idx[r] > idx)
+    for r in range(nf):
+        le, eq = True, True
+        for q in range(k):
+            if front_vals[r, q] > vals[q]:
+                le = False
+                break
+            if front_vals[r, q] != vals[q]:
+                eq = False
+        if le and (not eq or front_idx[r] < idx):
+            return True
+    return False
+
+
+@pjit
+def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
+               tps, pps, mbss, gbss, recomputes, prefix_ok, mode, obj_src, obj_col, obj_sign,
+               front_vals, front_idx, cand_idx, cand_vals, block_fill, block_status,
+               block_pruned):
+    """Evaluate grid points ``start .. start+n-1`` and keep only candidates of a reduction.
+
+    A point is a candidate when its status is ``OK``, its objectives are not NaN and
+    (``mode``) ``KEEP_FEASIBLE``: always; ``KEEP_FRONTIER``: no row of ``front_vals``
+    dominates it; ``KEEP_TOP``: ``(value, index)`` is lexicographically at most
+    ``(front_vals[0, 0], front_idx[0])`` (no threshold when ``front_vals`` is empty).
+    Prefixes (:data:`PREFIX_AXES`) with ``prefix_ok == 0`` are skipped without evaluation.
+
+    Parameters
+    ----------
+    start, n, radices ... recomputes
+        As :func:`sweep_chunk`.
+    prefix_ok : numpy.ndarray
+        ``uint8``, shape ``(prod(radices[PREFIX_AXES]),)`` or ``(0,)`` (no pruning): 0 where
+        every point of that prefix is infeasible whatever the batch axes.
+    mode : int
+        ``KEEP_FEASIBLE``, ``KEEP_FRONTIER`` or ``KEEP_TOP``.
+    obj_src, obj_col : numpy.ndarray
+        ``int64``, shape ``(k,)``: objective sources (``SRC_*``) and rows.
+    obj_sign : numpy.ndarray
+        ``float64``, shape ``(k,)``: +1 minimise, -1 maximise (values are stored times sign).
+    front_vals, front_idx : numpy.ndarray
+        ``float64 (F, k)`` / ``int64 (F,)``: the frontier (or top-K threshold) found so far,
+        signed; used only to discard points early.
+    cand_idx : numpy.ndarray
+        ``int64``, shape ``(>= n,)``, output: candidate flat indices, block ``b`` filling
+        ``b*BLOCK .. b*BLOCK + block_fill[b] - 1``.
+    cand_vals : numpy.ndarray
+        ``float64``, shape ``(k, >= n)``, output: signed objective values, same layout.
+    block_fill : numpy.ndarray
+        ``int64``, shape ``(ceil(n / BLOCK),)``, output: candidates per block.
+    block_status : numpy.ndarray
+        ``int64``, shape ``(ceil(n / BLOCK), NUM_STATUS)``, output: evaluated points per
+        status code.
+    block_pruned : numpy.ndarray
+        ``int64``, shape ``(ceil(n / BLOCK),)``, output: points skipped by ``prefix_ok``.
+    """
+    k = obj_src.shape[0]
+    nblocks = (n + BLOCK - 1) // BLOCK
+    inner = radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]
+    use_prefix = prefix_ok.shape[0] > 0
+    for bi in prange(nblocks):
+        lo = bi * BLOCK
+        hi = min(n, lo + BLOCK)
+        digits = np.empty(NUM_AXES, dtype=np.int64)
+        ins = np.empty((NUM_INPUTS, 1), dtype=np.int64)
+        tok = np.empty(1, dtype=np.float64)
+        res = np.empty((NUM_OUTPUTS, 1), dtype=np.float64)
+        st = np.empty(1, dtype=np.int8)
+        vals = np.empty(k, dtype=np.float64)
+        for q in range(NUM_STATUS):
+            block_status[bi, q] = 0
+        fill = 0
+        pruned = 0
+        decode_index(start + lo, radices, digits)
+        gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
+                                                         sizes_in_nodes, tps, pps)
+        live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
+        j = lo
+        while j < hi:
+            if not live:
+                skip = min(inner - (start + j) % inner, hi - j)
+                pruned += skip
+                j += skip
+                if j >= hi:
+                    break
+                decode_index(start + j, radices, digits)
+                changed = 0
+            else:
+                s = write_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok,
+                                mbss[digits[A_MBS]], gbss[digits[A_GBS]],
+                                recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
+                                models, hw_table[gi], ins, tok, res, st, 0)
+                block_status[bi, s] += 1
+                if s == OK:
+                    keep = True
+                    for q in range(k):
+                        v = objective_value(obj_src[q], obj_col[q], ins, tok, res, 0) * obj_sign[q]
+                        if math.isnan(v):
+                            keep = False
+                        vals[q] = v
+                    index = start + j
+                    if keep and mode == KEEP_FRONTIER:
+                        keep = not _dominated(vals, index, front_vals, front_idx)
+                    elif keep and mode == KEEP_TOP and front_vals.shape[0] > 0:
+                        keep = (vals[0] < front_vals[0, 0]
+                                or (vals[0] == front_vals[0, 0] and index < front_idx[0]))
+                    if keep:
+                        cand_idx[lo + fill] = index
+                        for q in range(k):
+                            cand_vals[q, lo + fill] = vals[q]
+                        fill += 1
+                j += 1
+                changed = advance_digits(digits, radices)
+            if changed <= A_PP:
+                gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
+                                                                 sizes_in_nodes, tps, pps)
+                live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
+        block_fill[bi] = fill
+        block_pruned[bi] = pruned
+
+
+@jit
+def compact_candidates(cand_idx, cand_vals, block_fill, out_idx, out_vals, offset):
+    """Append the per-block candidates of :func:`scan_chunk` to ``out_idx[offset:]`` /
+    ``out_vals[offset:, :]`` (``(m, k)``) and return the new fill level."""
+    m = offset
+    for bi in range(block_fill.shape[0]):
+        base = bi * BLOCK
+        for r in range(block_fill[bi]):
+            out_idx[m] = cand_idx[base + r]
+            for q in range(cand_vals.shape[0]):
+                out_vals[m, q] = cand_vals[q, base + r]
+            m += 1
+    return m
+
+
+@jit
+def pareto_sorted(vals, idx, order):
+    """Frontier of rows ``order`` of ``vals`` (``(m, k)``, all objectives minimised), given
+    that ``order`` sorts the rows lexicographically by objectives, then by ``idx``.
+
+    Returns the positions (into ``vals``) of the frontier rows, in ``order`` order. A row is
+    dropped if an earlier row in ``order`` is ``<=`` it in every objective (this includes exact
+    duplicates, of which the lowest ``idx`` survives). For ``k = 2`` the check is against the
+    running minimum of the second objective (Kung, Luccio, Preparata 1975); otherwise against
+    the frontier so far.
+    """
+    m, k = vals.shape
+    keep = np.empty(m, dtype=np.int64)
+    nk = 0
+    if m == 0:
+        return keep[:0]
+    if k == 1:
+        keep[0] = order[0]
+        return keep[:1]
+    if k == 2:
+        best = math.inf
+        for r in range(m):
+            i = order[r]
+            if r == 0 or vals[i, 1] < best:     # the first row is never dominated (even at inf)
+                best = vals[i, 1]
+                keep[nk] = i
+                nk += 1
+        return keep[:nk]
+    for r in range(m):
+        i = order[r]
+        dominated = False
+        for fr in range(nk):
+            f = keep[fr]
+            le = True
+            for q in range(k):
+                if vals[f, q] > vals[i, q]:
+                    le = False
+                    break
+            if le:
+                dominated = True
+                break
+        if not dominated:
+            keep[nk] = i
+            nk += 1
+    return keep[:nk]
+
+
+@jit
+def integer_column(col, values, valid):
+    """``float64`` column -> ``int64`` ``values`` and ``uint8`` ``valid`` (0 where NaN)."""
+    for j in range(col.shape[0]):
+        x = col[j]
+        if math.isnan(x):
+            values[j] = 0
+            valid[j] = 0
+        else:
+            values[j] = np.int64(x)
+            valid[j] = 1
+
+
+@jit
+def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, table):
+    """Fill the pruning table of :func:`scan_chunk` (``uint8``, shape
+    ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
+    ``tp * pp * dp`` and :func:`~vtrain_fast.kernels.step.validate_shape` accepts the model with
+    that split for some batch (it is called with ``global_batch_size = dp`` and
+    ``micro_batch_size = 1``, which satisfy the batch rule), else 0."""
+    r = 0
+    for mi in range(radices[A_MODEL]):
+        L, h, a, g = models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3]
+        f, v, s = models[mi, 4], models[mi, 5], models[mi, 6]
+        for gd in range(radices[A_GPU]):
+            gpn = int(hw_table[gpus[gd], H_GPUS_PER_NODE])
+            for sd in range(radices[A_SIZE]):
+                num_gpus = sizes[sd] * gpn if sizes_in_nodes else sizes[sd]
+                for td in range(radices[A_TP]):
+                    t = tps[td]
+                    for pd in range(radices[A_PP]):
+                        p = pps[pd]
+                        d = num_gpus // (t * p)
+                        ok = d > 0 and num_gpus % (t * p) == 0
+                        if ok:
+                            ok = validate_shape(L, h, a, g, f, v, s, d, 1, t, p, d) == OK
+                        table[r] = 1 if ok else 0
+                        r += 1
 
 
 @pjit
