@@ -5,6 +5,8 @@ import os
 import tomllib
 from pathlib import Path
 
+from .errors import InputError, check_output_file
+
 
 def _fmt(v) -> str:
     if isinstance(v, bool):
@@ -20,8 +22,16 @@ def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict
 
     ``meta`` (strings and numbers) is stored under ``[meta.<gpu>]`` for provenance.
     """
+    check_output_file(path)
     p = Path(path)
-    doc = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
+    doc = {}
+    if p.exists():
+        try:
+            doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise InputError(str(p), "calibration file", str(e).splitlines()[0] if str(e) else type(e).__name__,
+                             "a missing file or a valid calibration TOML to update",
+                             "choose another -o or delete the file") from None
     doc.setdefault(gpu, {}).update({k: float(v) for k, v in values.items()})
     if meta:
         doc.setdefault("meta", {}).setdefault(gpu, {}).update(meta)

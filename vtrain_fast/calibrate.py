@@ -59,11 +59,23 @@ def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None
         raise InputError(where, "columns", MEASURED, "a column measured_iteration_time_s (seconds)")
     if "gpu" in df.columns:
         df = df.filter(pl.col("gpu") == gpu)
-    measured = df[MEASURED].cast(pl.Float64, strict=False).to_numpy()
-    if df.height == 0 or not np.all(np.isfinite(measured) & (measured > 0)):
-        raise InputError(where, MEASURED, "no rows" if df.height == 0 else "non-positive or empty value",
-                         f"positive seconds on every row of GPU {gpu}")
+    if df.height == 0:
+        raise InputError(where, "rows", 0, f"rows with gpu = {gpu}", "check the gpu column and --gpu")
+    measured = df[MEASURED].cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
+    bad = ~(np.isfinite(measured) & (measured > 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(where, f"column {MEASURED}, row {i + 2}", df[MEASURED][i], "positive seconds")
+    if df.height <= len(params):
+        raise InputError(where, "rows", df.height, f"more rows than fitted parameters ({len(params)})",
+                         "give more measurements or fewer --param")
     base = base or PRESETS[gpu].calibration
+    status = evaluate_frame(df, where, {gpu: base})["status"]
+    unusable = (status != "ok") & (status != "out_of_memory")
+    if unusable.any():
+        i = int(unusable.arg_max())
+        raise InputError(where, f"row {i + 2}", status[i],
+                         "configurations the model can evaluate (status ok)", "fix or remove the row")
     lo = np.array([CALIBRATION_RANGES[p][0] for p in params])
     hi = np.array([CALIBRATION_RANGES[p][1] for p in params])
     x0 = np.clip(np.array([getattr(base, p) for p in params]), lo, hi)

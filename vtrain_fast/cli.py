@@ -200,20 +200,30 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
                    output: Path = typer.Option(..., "-o", "--output", help="calibration TOML (created or updated)"),
                    inter_node: bool = typer.Option(False, "--inter-node", help="tables span nodes (fit NIC parameters)"),
                    collective: Optional[str] = typer.Option(None, "--collective", help="override the collective of every file"),
-                   ranks: Optional[int] = typer.Option(None, "--ranks", help="override the rank count of every file")):
+                   ranks: Optional[int] = typer.Option(None, "--ranks", help="override the rank count of every file"),
+                   gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node of the measured cluster (--inter-node) [preset]"),
+                   inter_node_gbps: Optional[float] = typer.Option(None, "--inter-node-Gbps", help="NIC bandwidth per GPU of the measured cluster [preset]"),
+                   calibration: Optional[Path] = CalibrationOpt):
     """Fit latency, per-step latency and bus-bandwidth efficiency to nccl-tests measurements."""
     from datetime import date
 
     from .calfile import update_calibration_file
-    from .hardware import get_preset
+    from .hardware import PRESETS, machine_vector, with_overrides
     from .nccl import fit_tables, read_table
-    try:
-        preset = get_preset(gpu)
-    except KeyError as e:
-        raise InputError("--gpu", "--gpu", gpu, str(e)) from None
+    if gpu not in PRESETS:
+        raise InputError("command line", "--gpu", gpu, "GPU presets " + ", ".join(PRESETS))
+    preset = with_overrides(PRESETS[gpu], (_calibration(calibration) or {}).get(gpu),
+                            gpus_per_node=gpus_per_node, inter_node_Gbps=inter_node_gbps)
     tables = [read_table(f, collective, ranks) for f in files]
-    link = preset.inter_node_Gbps / 8.0 if inter_node else preset.intra_node_GBps
-    res = fit_tables(tables, link)
+    if inter_node:
+        res = fit_tables(tables, preset.inter_node_Gbps / 8.0, preset.gpus_per_node, machine_vector(preset))
+        link = preset.inter_node_Gbps / 8.0
+    else:
+        link = preset.intra_node_GBps
+        res = fit_tables(tables, link)
+    if res["clipped"]:
+        err.print(f"warning: {', '.join(res['clipped'])} hit the allowed bound; check --gpu, --ranks, "
+                  f"--gpus-per-node and the link bandwidth ({link:g} GB/s per GPU)", markup=False)
     side = "inter_node" if inter_node else "intra_node"
     update_calibration_file(output, gpu, {f"{side}_latency_s": res["latency_s"],
                                           f"{side}_step_latency_s": res["step_latency_s"],

@@ -14,3 +14,19 @@ class InputError(ValueError):
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
+
+
+def check_output_file(path) -> None:
+    """Raise :class:`InputError` unless ``path`` can be written as a file (it is not a folder
+    and its parent is not a file)."""
+    from pathlib import Path
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(str(p), "output file", str(p), "a file name, not a folder",
+                         f"give a file inside it, e.g. {p / 'out'}")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(str(p), "output file", str(p), "a path whose folders are folders",
+                                 f"{parent} is a file")
+            break

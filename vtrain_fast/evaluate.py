@@ -10,37 +10,45 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .engine import output_arrays
-from .errors import InputError
+from .errors import InputError, check_output_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
+from .schema import OUTPUT_NAMES
+from .spec import _INT_RANGES as _SPEC_INT_RANGES
 from .spec import RECOMPUTE_VALUES
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
             "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens")
-_INT_COLS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
-             "micro_batch_size", "tp", "pp", "dp", "ffn_hidden_size", "num_query_groups",
-             "vocab_size", "gpus_per_node")
+# Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
+INT_RANGES = {**_SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"]}
 PRECISIONS = ("fp16", "bf16")
 DEFAULT_NUM_TOKENS = 300e9
 
 
 def _int_column(df: pl.DataFrame, name: str, where: str, default=None) -> np.ndarray:
+    """Whole numbers within :data:`INT_RANGES`; empty cells (or a missing column) take
+    ``default`` (0 means "derive from the model"); with ``default=None`` a value is required."""
     if name not in df.columns:
         return np.full(df.height, default, dtype=np.int64)
+    lo, hi = INT_RANGES[name]
     col = df[name]
-    vals = col.cast(pl.Float64, strict=False)
-    bad = vals.is_null() | ~vals.is_finite() | (vals != vals.round(0)) | (vals < 1)
-    if col.null_count() and default is not None:
-        bad = bad & col.is_not_null()
-        vals = vals.fill_null(float(default))
+    empty = col.is_null().to_numpy()
+    if col.dtype == pl.Boolean:
+        vals = np.full(df.height, np.nan)
+    else:
+        vals = col.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = np.isnan(vals) | (vals != np.round(vals)) | (vals < lo) | (vals > hi)
+    if default is not None:
+        bad &= ~empty
     if bad.any():
-        i = int(bad.arg_max())
-        raise InputError(where, f"column {name}, row {i + 2}", col[i], "whole numbers >= 1")
-    return vals.cast(pl.Int64).to_numpy()
+        i = int(np.argmax(bad))
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"whole numbers from {lo} to {hi}")
+    return np.where(empty, 0 if default is None else default, np.nan_to_num(vals)).astype(np.int64)
 
 
 def _float_column(df, name, where, default, lo, hi) -> np.ndarray:
@@ -96,8 +104,19 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     """
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise InputError(where, "columns", ", ".join(missing), "required columns " + ", ".join(REQUIRED),
+        raise InputError(where, "missing column(s)", ", ".join(missing),
+                         "a header with the required columns " + ", ".join(REQUIRED),
                          "add the missing column(s) to the header")
+    dup = [c for c in df.columns if "_duplicated_" in c]
+    if dup:
+        raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
+                         "each column once", "remove the repeated column from the header")
+    clash = [c for c in df.columns if c in OUTPUT_NAMES or c == "status"]
+    if clash:
+        raise InputError(where, "column", clash[0], "input columns; output column names are reserved: "
+                         + ", ".join(("status",) + OUTPUT_NAMES), "rename or drop the column")
+    if df.height == 0:
+        raise InputError(where, "rows", 0, "at least one configuration row", "add rows under the header")
     n = df.height
     ints = {c: _int_column(df, c, where, None) for c in REQUIRED if c != "gpu"}
     h, a = ints["hidden_size"], ints["num_attention_heads"]
@@ -157,7 +176,14 @@ def read_csv(path: str | Path) -> pl.DataFrame:
 
 
 def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> None:
-    """Write ``df`` to ``path`` through a temporary name and an atomic rename."""
+    """Write ``df`` to ``path`` through a temporary name and an atomic rename.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder or lies under a file.
+    """
+    check_output_file(path)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")

@@ -121,12 +121,16 @@ A100_CALIBRATION = Calibration(
     host_launch_s=59.15e-6, iteration_overhead_s=0.000e-3,
     p2p_overhead_s=986.6e-6,
 )
-# Other GPUs: no measurements here. Host-side terms (launch, per-kernel gap, per-iteration
-# overhead) come from the A100 fit, as they belong to the software stack; the efficiencies are
-# typical published fractions (assumptions, not fits) until `vtrain-fast calibrate` is run.
+# Other GPUs: no measurements here. Software-stack terms (host launch, per-kernel gap,
+# per-iteration overhead, pipeline send/receive overhead, NCCL latencies) come from the A100 fit;
+# the efficiencies are typical published fractions (assumptions, not fits) until
+# `vtrain-fast calibrate` is run on the GPU's own measurements.
 _UNCALIBRATED = Calibration(
     kernel_overhead_s=A100_CALIBRATION.kernel_overhead_s, host_launch_s=A100_CALIBRATION.host_launch_s,
     iteration_overhead_s=A100_CALIBRATION.iteration_overhead_s,
+    p2p_overhead_s=A100_CALIBRATION.p2p_overhead_s,
+    intra_node_latency_s=A100_CALIBRATION.intra_node_latency_s,
+    intra_node_step_latency_s=A100_CALIBRATION.intra_node_step_latency_s,
 )
 
 _A100_SRC = (

@@ -80,22 +80,19 @@ def read_table(path: str | Path, collective: str | None = None, n: int | None = 
                          "pass --collective or name the file after the collective (e.g. all_reduce_8gpu.txt)")
     sizes, times = [], []
     if text.lstrip().startswith("size(B)"):           # vTrain CSV: size,count,type,time(ns),busbw,...
-        for line in text.splitlines()[1:]:
-            parts = line.split(",")
-            if len(parts) >= 4 and parts[0].strip().isdigit():
-                sizes.append(float(parts[0]))
-                times.append(float(parts[3]) * 1e-9)
-    else:                                              # nccl-tests text: size count type redop root time(us) ...
-        for line in text.splitlines():
-            if line.startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) >= 8 and parts[0].isdigit():
-                try:
-                    sizes.append(float(parts[0]))
-                    times.append(float(parts[5]) * 1e-6)
-                except ValueError:
-                    continue
+        rows = [line.split(",") for line in text.splitlines()[1:]]
+        size_col, time_col, scale = 0, 3, 1e-9
+    else:                                              # nccl-tests text, columns named by its header
+        size_col, time_col, scale = _header_columns(text)
+        rows = [line.split() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for parts in rows:
+        try:
+            size, time = float(parts[size_col]), float(parts[time_col]) * scale
+        except (ValueError, IndexError):
+            continue
+        if size > 0 and time > 0 and np.isfinite(size) and np.isfinite(time):
+            sizes.append(size)
+            times.append(time)
     if n is None:
         ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.M))
         m = re.search(r"(\d+)\s*gpus?\b", p.name, flags=re.I) or re.search(r"gpu_?(\d+)", p.name, flags=re.I)
@@ -105,11 +102,27 @@ def read_table(path: str | Path, collective: str | None = None, n: int | None = 
     if len(sizes) < 3:
         raise InputError(str(p), "data rows", len(sizes), "at least 3 'size count type ... time' rows",
                          "give the stdout of an nccl-tests *_perf binary")
-    keep = np.array(sizes) > 0
-    return Table(str(p), collective, int(n), np.array(sizes)[keep], np.array(times)[keep])
+    return Table(str(p), collective, int(n), np.array(sizes), np.array(times))
 
 
-def fit_tables(tables: list[Table], link_GBps: float) -> dict:
+def _header_columns(text: str) -> tuple[int, int, float]:
+    """Column of the size and of the (out-of-place) time in nccl-tests text output, from its
+    ``#  size  count  type  redop  root  time ...`` header (older versions lack ``root``);
+    times are in microseconds."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            tokens = line.lstrip("#").split()
+            if "size" in tokens and "time" in tokens:
+                return tokens.index("size"), tokens.index("time"), 1e-6
+    return 0, 5, 1e-6
+
+
+LATENCY_MAX_S = 1e-2
+STEP_LATENCY_MAX_S = 1e-3
+
+
+def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None = None,
+               hw=None) -> dict:
     """Fit latency, per-step latency and bus-bandwidth efficiency to all tables at once.
 
     Parameters
@@ -117,25 +130,69 @@ def fit_tables(tables: list[Table], link_GBps: float) -> dict:
     tables : list of Table
     link_GBps : float
         Link bandwidth per GPU per direction, 10^9 bytes/s (the preset's NVLink or NIC).
+    gpus_per_node : int, optional
+        Inter-node mode: the tables are all-reduces over ``n = nodes * g`` ranks with
+        ``g = min(n, gpus_per_node)`` per node. The model is then the kernel's hierarchical
+        all-reduce (:func:`vtrain_fast.kernels.comm.group_allreduce_s`): the intra-node
+        reduce-scatter and all-gather, priced with the machine vector ``hw``, are subtracted and
+        the inter-node ring all-reduce of ``size / g`` over ``nodes`` ranks is fitted to the
+        rest (rows where the rest is not positive are left out).
+    hw : numpy.ndarray, optional
+        Machine vector for the intra-node part (inter-node mode only).
 
     Returns
     -------
     dict
-        ``latency_s``, ``step_latency_s``, ``efficiency``, and the fit's ``mape_pct``
-        and ``rows``.
+        ``latency_s``, ``step_latency_s``, ``efficiency`` (clipped to the allowed ranges),
+        the fit's ``mape_pct`` with the clipped values, ``rows`` and ``clipped`` (names of
+        the values that hit a bound).
+
+    Raises
+    ------
+    InputError
+        Inter-node tables that do not span two or more nodes, or that are not all-reduces.
     """
-    rows, target = [], []
+    from .kernels.comm import intra_allgather_s
+    rows, target, fixed = [], [], []
     for t in tables:
-        steps, factor = _factors(t.collective, t.n)
-        for s, y in zip(t.size_bytes, t.time_s):
-            rows.append((1.0, steps, factor * s / (link_GBps * 1e9)))
-            target.append(y)
+        if gpus_per_node:
+            if t.collective != "all_reduce":
+                raise InputError(t.path, "collective", t.collective, "all_reduce for --inter-node fits")
+            g = min(t.n, gpus_per_node)
+            nodes = t.n // g
+            if nodes < 2 or t.n % g:
+                raise InputError(t.path, "ranks", t.n, f"a multiple of {gpus_per_node} spanning 2 or more nodes",
+                                 "give --gpus-per-node or use tables measured across nodes")
+            steps, factor = _factors("all_reduce", nodes)
+            for s, y in zip(t.size_bytes, t.time_s):
+                intra = 2.0 * intra_allgather_s(float(s), float(g), hw)
+                if y > intra:
+                    rows.append((1.0, steps, factor * s / g / (link_GBps * 1e9)))
+                    target.append(y)
+                    fixed.append(intra)
+        else:
+            steps, factor = _factors(t.collective, t.n)
+            for s, y in zip(t.size_bytes, t.time_s):
+                rows.append((1.0, steps, factor * s / (link_GBps * 1e9)))
+                target.append(y)
+                fixed.append(0.0)
+    if not rows:
+        raise InputError(tables[0].path, "rows", 0, "measurements slower than the intra-node phases",
+                         "these tables do not show the inter-node link; check --gpus-per-node")
     a = np.array(rows)
     y = np.array(target)
+    rest = y - np.array(fixed)
     w = 1.0 / y                       # relative error
-    coef, _ = nnls(a * w[:, None], y * w)   # non-negative latencies and inverse bandwidth
-    coef[2] = max(coef[2], 1e-6)
-    pred = a @ coef
-    return dict(latency_s=float(coef[0]), step_latency_s=float(coef[1]),
-                efficiency=float(min(1.0, 1.0 / coef[2])),
-                mape_pct=float(np.mean(np.abs(pred - y) / y) * 100), rows=int(len(y)))
+    coef, _ = nnls(a * w[:, None], rest * w)   # non-negative latencies and inverse bandwidth
+    clipped = []
+    bounds = ((0, LATENCY_MAX_S, "latency_s"), (1, STEP_LATENCY_MAX_S, "step_latency_s"))
+    for i, hi, name in bounds:
+        if coef[i] > hi:
+            coef[i] = hi
+            clipped.append(name)
+    if coef[2] < 1.0:                 # busbw above the link bandwidth
+        coef[2] = 1.0
+        clipped.append("efficiency")
+    pred = a @ coef + np.array(fixed)
+    return dict(latency_s=float(coef[0]), step_latency_s=float(coef[1]), efficiency=float(1.0 / coef[2]),
+                mape_pct=float(np.mean(np.abs(pred - y) / y) * 100), rows=int(len(y)), clipped=clipped)

@@ -177,6 +177,12 @@ def _models(where, t: dict) -> tuple:
     return tuple(models)
 
 
+def _description(where, value) -> str:
+    if not isinstance(value, str):
+        raise InputError(where, "description", value, "a string")
+    return value
+
+
 def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None) -> SweepSpec:
     """Parse and validate a sweep spec.
 
@@ -195,6 +201,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     InputError
         Malformed TOML, unknown key, wrong type, value out of range, unknown preset.
     """
+    text = text.lstrip("\ufeff")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -213,7 +220,8 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
             if k not in table:
                 raise InputError(path, f"{tname}.{k}", None, "a required key", f"add {tname}.{k}")
     if ("num_gpus" in cl) == ("num_nodes" in cl):
-        raise InputError(path, "cluster.num_gpus / cluster.num_nodes", None,
+        raise InputError(path, "cluster.num_gpus / cluster.num_nodes",
+                         "both given" if "num_gpus" in cl else "neither given",
                          "exactly one of the two", "give the job size as num_gpus or as num_nodes")
     overrides = {}
     for k, (lo, hi) in OVERRIDE_RANGES.items():
@@ -239,7 +247,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         raise InputError(path, "name", name, "a non-empty string without '/' that does not start with '.'")
     return SweepSpec(
         name=name,
-        description=str(doc.get("description", "")),
+        description=_description(path, doc.get("description", "")),
         models=_models(path, doc["model"]),
         num_tokens=_floats(path, "training.num_tokens", tr["num_tokens"], 1.0, 1e16),
         gpus=gpus,
@@ -266,9 +274,12 @@ def load_spec(path: str | Path, calibration: dict | None = None) -> SweepSpec:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise InputError(str(p), "file", str(p), "a readable TOML file", e.strerror or str(e)) from None
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file",
+                         "save the spec as UTF-8 text") from None
     return parse_spec(text, str(p), calibration)
 
 
@@ -288,9 +299,11 @@ def load_calibration(path: str | Path) -> dict:
     """
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        doc = tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise InputError(str(p), "file", str(p), "a readable TOML file", e.strerror or str(e)) from None
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(str(p), "TOML", str(e), "valid TOML") from None
     out = {}
