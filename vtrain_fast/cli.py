@@ -3,6 +3,7 @@ message naming the file, key or column, the value and what is allowed."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -17,7 +18,18 @@ from .errors import InputError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM training time, memory, cost and energy for millions of plans.")
 err = Console(stderr=True)
-console = Console(width=max(Console().width, 200))
+# Tables fit the terminal; when the output is not a terminal (a pipe, a file, CI) they get 160
+# columns, or $COLUMNS when set.
+console = Console() if Console().is_terminal or os.environ.get("COLUMNS") else Console(width=160)
+
+
+def _status_line(counts: dict) -> str:
+    """``ok 47,628 · out_of_memory 179,604 · ...`` (zero counts left out)."""
+    return " · ".join(f"{k} {v:,}" for k, v in counts.items() if v) or "no points"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def _user_errors(func):
@@ -68,6 +80,10 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     n = s.num_points
     where = f" (shard {shard})" if shard else ""
     console.print(f"sweep [bold]{s.name}[/]{where}: {n:,} points, keep {keep} -> {folder}")
+    for g in s.gpus:
+        if not g.calibrated:
+            console.print(f"note: {g.name} has no calibration fitted to its own measurements (efficiencies are "
+                          "typical published values); its numbers are less certain than the A100's", style="yellow")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:
@@ -79,17 +95,24 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
             if t.elapsed:
                 progress.update(task, rate=f"{t.completed / t.elapsed:,.0f} points/s")
 
-        manifest = run_sweep(s, folder, overwrite=overwrite, on_progress=advance, keep=keep,
-                             minimize=minimize, shard=shard, scheduler=scheduler, threads=threads)
+        try:
+            manifest = run_sweep(s, folder, overwrite=overwrite, on_progress=advance, keep=keep,
+                                 minimize=minimize, shard=shard, scheduler=scheduler, threads=threads)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print(f"interrupted: {folder} is incomplete; rerun the same command to resume "
+                      "(finished chunks are kept), or add --overwrite to start over", markup=False)
+            raise typer.Exit(130)
     points = sum(c["points"] for c in manifest["chunks"].values())
     console.print(f"kept {manifest['num_rows']:,} rows ({manifest['keep']}) of {points:,} points in "
-                  f"{manifest['elapsed_s']:.1f} s ({points / max(manifest['elapsed_s'], 1e-9):,.0f} points/s); "
-                  f"status: {manifest['status_counts']}"
+                  f"{manifest['elapsed_s']:.1f} s ({points / max(manifest['elapsed_s'], 1e-9):,.0f} points/s"
+                  f"{', first run includes compiling the kernels' if manifest['elapsed_s'] > 5 else ''}); "
+                  f"status: {_status_line(manifest['status_counts'])}"
                   + (f"; pruned without evaluation: {manifest['pruned_points']:,}" if manifest.get('pruned_points') else ""))
     if shard:
         console.print(f"shard {shard} finished; when every shard has, run `vtrain-fast merge {folder}`")
     elif show_pareto:
-        pareto(folder, list(minimize or ["cost_usd", "train_days"]), 20, None)
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), [], 20, None)
 
 
 @app.command()
@@ -100,7 +123,7 @@ def merge(folder: Path = typer.Argument(..., help="results folder of a sweep run
     manifest = merge_shards(folder)
     console.print(f"merged {manifest['shards']} shards of [bold]{manifest['name']}[/]: "
                   f"{manifest['num_rows']:,} rows ({manifest['keep']}) in {len(manifest['parts'])} part files; "
-                  f"status: {manifest['status_counts']}")
+                  f"status: {_status_line(manifest['status_counts'])}")
 
 
 @app.command()
@@ -108,15 +131,21 @@ def merge(folder: Path = typer.Argument(..., help="results folder of a sweep run
 def pareto(folder: Path = typer.Argument(..., help="results folder"),
            minimize: List[str] = typer.Option(["cost_usd", "train_days"], "--minimize",
                                               help="objective column (repeat; '-col' maximises)"),
+           by: List[str] = typer.Option([], "--by", help="one frontier per value of this input column (repeat), e.g. model"),
            top: int = typer.Option(20, "--top", help="rows to print"),
            output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the frontier to Parquet")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import write_parquet_atomic
     from .query import pareto as pareto_frontier
     from .report import print_frame
-    front = pareto_frontier(folder, list(minimize))
-    title = f"Pareto frontier of {folder} ({front.height} plans; minimise {', '.join(minimize)})"
-    print_frame(front, title, top, console)
+    front = pareto_frontier(folder, list(minimize), list(by))
+    title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
+             + (f"; per {', '.join(by)}" if by else "") + ")")
+    if front.height == 0:
+        console.print(f"{folder}: no feasible plan (status ok) to rank; see the status counts in its "
+                      "manifest.json: try larger tp/pp, recompute = full or more GPUs")
+        return
+    print_frame(front, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize))
     if output:
         write_parquet_atomic(front, output)
         console.print(f"wrote {output}")
@@ -129,10 +158,15 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
              calibration: Optional[Path] = CalibrationOpt):
     """Evaluate explicit configurations from a CSV file."""
     from .evaluate import evaluate_frame, read_csv, write_parquet_atomic
+    from .report import print_frame
     df = evaluate_frame(read_csv(csv), str(csv), _calibration(calibration))
     write_parquet_atomic(df, output)
-    counts = df["status"].value_counts().sort("status").rows()
-    console.print(f"wrote {df.height} rows to {output}; status: {dict(counts)}")
+    counts = dict(df["status"].value_counts().sort("status").rows())
+    shown = [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
+                         "global_batch_size", "recompute", "status", "iteration_time_s", "mfu",
+                         "memory_per_gpu_GiB", "train_days", "cost_usd") if c in df.columns]
+    print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console)
+    console.print(f"wrote {df.height} rows to {output}; status: {_status_line(counts)}")
 
 
 @app.command()
@@ -221,6 +255,9 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
     else:
         link = preset.intra_node_GBps
         res = fit_tables(tables, link)
+    if res["mape_pct"] > 10.0:
+        err.print(f"warning: the fit's MAPE is {res['mape_pct']:.1f}%: the ring model does not describe these "
+                  "tables well (another topology, or mixed collectives?)", markup=False)
     if res["clipped"]:
         err.print(f"warning: {', '.join(res['clipped'])} hit the allowed bound; check --gpu, --ranks, "
                   f"--gpus-per-node and the link bandwidth ({link:g} GB/s per GPU)", markup=False)

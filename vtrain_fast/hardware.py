@@ -107,6 +107,7 @@ class GPUPreset:
     pue: float = 1.0
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
+    calibrated: bool = False    # True when ``calibration`` was fitted to this GPU's measurements
 
 
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
@@ -158,9 +159,9 @@ PRESETS: dict[str, GPUPreset] = {
     p.name: p
     for p in (
         GPUPreset("a100-sxm4-40gb", 312.0, 40.0, 1555.0, 300.0, 200.0, 8, 108, 400.0, 1.29,
-                  _A100_SRC, calibration=A100_CALIBRATION),
+                  _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
         GPUPreset("a100-sxm4-80gb", 312.0, 80.0, 2039.0, 300.0, 200.0, 8, 108, 400.0, 1.79,
-                  _A100_SRC, calibration=A100_CALIBRATION),
+                  _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
         GPUPreset("h100-sxm-80gb", 989.4, 80.0, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
                   _H100_SRC, calibration=_UNCALIBRATED),
         GPUPreset("v100-sxm2-32gb", 125.0, 32.0, 900.0, 150.0, 25.0, 8, 80, 300.0, 0.80,
@@ -212,6 +213,7 @@ def with_overrides(preset: GPUPreset, calibration: Calibration | None = None, **
     clean = {k: v for k, v in overrides.items() if v is not None}
     if calibration is not None:
         clean["calibration"] = calibration
+        clean["calibrated"] = True
     return replace(preset, **clean) if clean else preset
 
 

@@ -16,6 +16,9 @@ from .writer import PART_GLOB, read_manifest
 
 NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (
     __import__("pyarrow").int64(), __import__("pyarrow").float64()))
+GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
+                 "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
+                 "seq_length")
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
 
@@ -60,7 +63,7 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
     return mask
 
 
-def pareto(folder: str | Path, minimize: list[str], where: str | None = None) -> pl.DataFrame:
+def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None) -> pl.DataFrame:
     """The Pareto frontier of the feasible rows (``status == "ok"``) of a results folder.
 
     Parameters
@@ -70,16 +73,19 @@ def pareto(folder: str | Path, minimize: list[str], where: str | None = None) ->
     minimize : list of str
         Numeric output columns to minimise (at least one). Prefix a column with ``-`` to
         maximise it (e.g. ``-mfu``).
+    by : list of str, optional
+        Input columns (e.g. ``model``, ``num_tokens``, ``gpu``): one frontier per group.
 
     Returns
     -------
     polars.DataFrame
-        Frontier rows, sorted by the first objective.
+        Frontier rows, sorted by the groups and then the first objective.
 
     Raises
     ------
     InputError
-        Unfinished folder, unknown or non-numeric column.
+        Unfinished folder, unknown or non-numeric column, or a folder that kept only the
+        frontier of other objectives (``--keep frontier``): its rows cannot give this frontier.
     """
     if not minimize:
         raise InputError(str(folder), "--minimize", minimize, "one or more numeric columns",
@@ -90,17 +96,34 @@ def pareto(folder: str | Path, minimize: list[str], where: str | None = None) ->
         if name not in NUMERIC_COLUMNS:
             raise InputError(str(folder), "--minimize", m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS))
         objectives.append((name, m.startswith("-")))
-    lf = scan_results(folder).filter(pl.col("status") == "ok")
+    by = list(by or [])
+    for b in by:
+        if b not in GROUP_COLUMNS:
+            raise InputError(str(folder), "--by", b, "input columns: " + ", ".join(GROUP_COLUMNS))
+    manifest = read_manifest(folder)
+    stored = manifest.get("keep", "all")
+    if stored.startswith("frontier") and set(manifest.get("objectives") or []) != set(minimize):
+        raise InputError(str(folder), "--minimize", " ".join(minimize),
+                         "the objectives this folder was reduced with: " + " ".join(manifest.get("objectives") or []),
+                         "it kept only that frontier; rerun the sweep with --keep all, --keep feasible or "
+                         "--keep frontier with these objectives")
+    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
     names = [n for n, _ in objectives]
-    cols = list(dict.fromkeys(list(CONFIG_COLUMNS) + names + [
+    cols = list(dict.fromkeys(by + list(CONFIG_COLUMNS) + names + [
         "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]))
-    # reduce with the objectives only, then fetch the frontier rows' other columns
-    obj = lf.select([pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")] + names).collect()
+    # reduce with the objectives (and group keys) only, then fetch the frontier rows' columns
+    row = pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
+    group = (pl.struct(by).rank("dense") if by else pl.lit(0)).alias("_group")
+    obj = lf.select([row, group] + names).collect()
     if obj.height == 0:
         return lf.select(cols).collect()
     vals = np.column_stack([obj[n].to_numpy().astype(np.float64) * (-1.0 if neg else 1.0)
                             for n, neg in objectives])
-    keep = obj["_row"].to_numpy()[pareto_mask(vals)]
-    frontier = (lf.select([pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")] + cols)
-                .filter(pl.col("_row").is_in(keep.tolist())).collect().drop("_row"))
-    return frontier.sort(names[0], descending=objectives[0][1])
+    groups = obj["_group"].to_numpy()
+    mask = np.zeros(obj.height, dtype=bool)
+    for gid in np.unique(groups):
+        sel = np.flatnonzero(groups == gid)
+        mask[sel[pareto_mask(vals[sel])]] = True
+    keep = obj["_row"].to_numpy()[mask]
+    frontier = (lf.select([row] + cols).filter(pl.col("_row").is_in(keep.tolist())).collect().drop("_row"))
+    return frontier.sort(by + [names[0]], descending=[False] * len(by) + [objectives[0][1]])

@@ -8,29 +8,82 @@ from rich.console import Console
 from rich.table import Table
 
 
+# Short headers for wide tables (the Parquet files keep the full names).
+SHORT_NAMES = {
+    "micro_batch_size": "mbs", "global_batch_size": "gbs", "num_tokens": "tokens",
+    "memory_per_gpu_GiB": "mem_GiB", "iteration_time_s": "iter_s", "num_gpus": "gpus",
+    "recompute": "recomp", "num_layers": "layers", "hidden_size": "hidden",
+    "model_tflops_per_gpu": "TFLOPs/gpu", "measured_iteration_time_s": "measured_s",
+}
+
+
 def _fmt(v) -> str:
+    """Numbers for people: thousands separators, no scientific notation below 10^9."""
     if v is None:
         return ""
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"
         a = abs(v)
-        if a != 0 and (a >= 1e6 or a < 1e-3):
+        if a >= 1e9:
             return f"{v:.3g}"
-        return f"{v:,.3f}" if a < 100 else f"{v:,.0f}"
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 0.01 or a == 0:
+            return f"{v:.3f}"
+        return f"{v:.2e}"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}"
     return str(v)
 
 
 def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None) -> Table:
-    """A rich table of ``df`` (first ``max_rows`` rows)."""
+    """A rich table of ``df`` (first ``max_rows`` rows), with short headers."""
     table = Table(title=title, show_lines=False)
     for c in df.columns:
-        table.add_column(c, justify="right" if df[c].dtype.is_numeric() else "left")
+        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric() else "left")
     rows = df.rows() if max_rows is None else df.head(max_rows).rows()
     for r in rows:
         table.add_row(*(_fmt(v) for v in r))
     return table
 
 
-def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, console: Console | None = None):
-    (console or Console()).print(frame_table(df, title, max_rows))
+# Dropped first when a table is wider than the terminal.
+DROP_ORDER = ("num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s", "num_nodes", "dp",
+              "micro_batch_size", "global_batch_size", "model")
+
+
+def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.DataFrame, list[str]]:
+    """Drop columns until ``df`` fits ``width`` characters: first those with one value in every
+    shown row (returned as ``name = value`` notes for the title), then :data:`DROP_ORDER`.
+    Columns in ``keep`` always stay."""
+    def need(frame):
+        return sum(max(len(SHORT_NAMES.get(c, c)), max((len(_fmt(v)) for v in frame[c].to_list()), default=0)) + 3
+                   for c in frame.columns) + 1
+    notes = []
+    if need(df) > width and df.height > 1:
+        for c in df.columns:
+            if c not in keep and df[c].n_unique() == 1:
+                notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
+                df = df.drop(c)
+    for c in DROP_ORDER:
+        if need(df) <= width:
+            break
+        if c in df.columns and c not in keep:
+            df = df.drop(c)
+    return df, notes
+
+
+def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, console: Console | None = None,
+                keep: tuple = ()):
+    """Print ``df`` as a rich table that fits the console (see :func:`fit_columns`)."""
+    console = console or Console()
+    shown = df if max_rows is None else df.head(max_rows)
+    shown, notes = fit_columns(shown, console.width, keep)
+    if notes:
+        title += "\n" + ", ".join(notes)
+    console.print(frame_table(shown, title))
+    if max_rows is not None and df.height > max_rows:
+        console.print(f"({df.height - max_rows:,} more rows not shown; use --top or -o FILE.parquet)")

@@ -50,7 +50,7 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def group_spearman(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per measured set and model group (hidden_size-num_layers-num_gpus-global_batch_size):
+    """Per measured set and model group (model size, hidden_size, num_layers, num_gpus, global batch):
     rows, MAPE and the Spearman correlation of predicted with measured iteration times."""
     out = []
     for (which, group), g in rows.group_by("set", "group", maintain_order=True):
@@ -82,8 +82,11 @@ def validate(calibration: dict | None = None) -> tuple[pl.DataFrame, pl.DataFram
     rows = pl.concat(frames, how="diagonal_relaxed").with_columns(
         ((pl.col("iteration_time_s") - pl.col("measured_iteration_time_s")).abs()
          / pl.col("measured_iteration_time_s") * 100.0).alias("ape_pct"),
-        pl.concat_str([pl.col("hidden_size"), pl.col("num_layers"), pl.col("num_gpus"), pl.col("global_batch_size")],
-                      separator="-").alias("group"),
+        pl.when(pl.col("params_billion").is_not_null())
+        .then(pl.format("{}B (h{}, L{}, {} GPUs, batch {})", "params_billion", "hidden_size", "num_layers",
+                        "num_gpus", "global_batch_size"))
+        .otherwise(pl.format("h{}, L{}, {} GPUs, batch {}", "hidden_size", "num_layers", "num_gpus",
+                             "global_batch_size")).alias("group"),
     )
     summary = []
     for which in ("single", "multi"):
