@@ -12,6 +12,11 @@ calls, so an edited formula in ``ops.py`` could be served stale through ``step.p
 rule that out the cache lives in a folder named after a hash of every kernel source
 (``~/.cache/vtrain_fast/numba-<hash>``, or under ``$VTRAIN_FAST_CACHE_DIR``) unless the user set
 ``NUMBA_CACHE_DIR`` themselves.
+
+``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (unless the user set it): the OpenMP threads of the
+parallel kernels otherwise spin for a while after every kernel call, taking the cores the
+Parquet writer threads need. OpenMP reads it when its runtime starts (the first parallel kernel
+call), so it is set here, on import of the kernels.
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ import os
 from pathlib import Path
 
 import numba
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _kernel_source_hash() -> str:

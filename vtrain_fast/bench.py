@@ -3,8 +3,9 @@
 Measures, in one run and after a warm-up (Numba compilation is excluded):
 
 1. the row kernel (``sweep_chunk``) over the default sweep's index space: configurations per
-   second, and separately the full cost model on feasible-shape points only (``sweep_points``
-   over the points that reach the whole model);
+   second; the row and scan kernels over a sweep whose every point reaches the whole cost model
+   (:data:`_FULL_MODEL_TEXT`); and the cost model one configuration at a time, with nothing
+   reused between points (``evaluate_rows`` on the default sweep's points that reach it);
 2. the scan kernel of ``--keep frontier`` (with pruning) over the same space;
 3. the plain-Python reference model (``tests/reference.py``) on sampled points, and the
    kernel on the same points: the speed ratio;
@@ -70,6 +71,34 @@ pp = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
 """
 
 
+# Every point of this sweep passes the shape rules (tp * pp divides every num_gpus, pp every
+# num_layers, dp * micro_batch_size every global_batch_size), so each one is evaluated by the
+# whole cost model: 64 token budgets x 3 GPU types x 3 sizes x 4 tp x 5 pp x 4 micro-batch x
+# 8 global-batch x 2 recompute = 737,280 points. The global batches are large because they must
+# be multiples of dp * micro_batch_size for every split (dp up to 512).
+_FULL_MODEL_TEXT = """\
+name = "bench-full-model"
+[model]
+presets = ["gpt3-175b"]
+[training]
+num_tokens = [{tokens}]
+global_batch_size = [4096, 8192, 12288, 16384, 20480, 24576, 28672, 32768]
+micro_batch_size = [1, 2, 4, 8]
+recompute = ["none", "full"]
+[cluster]
+gpu = ["a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm-80gb"]
+num_gpus = [128, 256, 512]
+[parallel]
+tp = [1, 2, 4, 8]
+pp = [1, 2, 4, 8, 16]
+"""
+
+
+def full_model_spec_text(num_tokens: int = 64) -> str:
+    """Spec text of the sweep whose every point reaches the whole cost model."""
+    return _FULL_MODEL_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
+
+
 def frontier_spec_text(num_sizes: int = 128) -> str:
     """Spec text of the large frontier sweep; ``num_sizes`` cluster sizes 64, 128, ...
     (128 sizes: 1,038,090,240 points)."""
@@ -123,7 +152,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     """Row kernel, full-model-only and scan kernel rates over ``grid``."""
     import numpy as np
 
-    from .engine import RowBuffers, parse_keep, plan_sweep, ChunkEvaluator
+    from .engine import RowBuffers
     from .kernels import sweep as ks
     from .kernels.step import OK, OUT_OF_MEMORY
 
@@ -166,6 +195,51 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     full_only()
     t_full = _best(full_only, repeat)
 
+    t_scan = _best_scan(grid, repeat)
+
+    # a sweep whose every point reaches the whole cost model: row and scan kernels
+    from .grid import build_grid
+    from .spec import parse_spec
+    fgrid = build_grid(parse_spec(full_model_spec_text(), "bench-full-model.toml"))
+    fn = fgrid.num_points
+    fargs = fgrid.kernel_args()
+    fstat = np.zeros(8, dtype=np.int64)
+
+    def full_rows(count=False):
+        for s in range(0, fn, batch):
+            m = min(batch, fn - s)
+            ks.sweep_chunk(s, m, *fargs, b.inputs, b.tokens, b.out, b.status)
+            if count:
+                fstat[:7] += np.bincount(b.status[:m], minlength=7)
+
+    full_rows(count=True)
+    reached = int(fstat[OK] + fstat[OUT_OF_MEMORY])
+    t_full_rows = _best(full_rows, repeat)
+    t_full_scan = _best_scan(fgrid, repeat)
+    return {
+        "points": n, "threads": threads,
+        "rows_per_s": n / t_rows,
+        "ns_per_point_core": t_rows * threads / n * 1e9,
+        "full_model_points": int(full_idx.size),
+        "full_model_per_s": full_idx.size / t_full,
+        "full_model_ns_core": t_full * threads / full_idx.size * 1e9,
+        "scan_per_s": n / t_scan,
+        "status_fractions": (statuses[:7] / n).round(4).tolist(),
+        "full_sweep_points": fn,
+        "full_sweep_reached": reached / fn,
+        "full_sweep_rows_per_s": fn / t_full_rows,
+        "full_sweep_rows_ns_core": t_full_rows * threads / fn * 1e9,
+        "full_sweep_scan_per_s": fn / t_full_scan,
+        "full_sweep_scan_ns_core": t_full_scan * threads / fn * 1e9,
+    }
+
+
+def _best_scan(grid, repeat: int) -> float:
+    """Best time of the ``--keep frontier`` scan kernel (cost_usd, train_days) over ``grid``."""
+    import numpy as np
+
+    from .engine import ChunkEvaluator, parse_keep, plan_sweep
+    n = grid.num_points
     keep = parse_keep("frontier", ["cost_usd", "train_days"])
     plan = plan_sweep(n, keep)
     ev = ChunkEvaluator(grid, keep, plan)
@@ -176,17 +250,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
             ev.scan(s, min(plan.batch_points, n - s), empty_v, empty_i)
 
     scan()
-    t_scan = _best(scan, repeat)
-    return {
-        "points": n, "threads": threads,
-        "rows_per_s": n / t_rows,
-        "ns_per_point_core": t_rows * threads / n * 1e9,
-        "full_model_points": int(full_idx.size),
-        "full_model_per_s": full_idx.size / t_full,
-        "full_model_ns_core": t_full * threads / full_idx.size * 1e9,
-        "scan_per_s": n / t_scan,
-        "status_fractions": (statuses[:7] / n).round(4).tolist(),
-    }
+    return _best(scan, repeat)
 
 
 def bench_reference(grid, samples: int) -> dict | None:
@@ -294,9 +358,16 @@ def main(argv=None) -> int:
     results["kernel"] = k
     print(f"      row kernel (every point, full rows):  {k['rows_per_s'] / 1e6:8.2f} M configurations/s"
           f"  ({k['ns_per_point_core']:.0f} core-ns/point)")
-    print(f"      full cost model only (evaluate_rows on the {k['full_model_points']:,} points that "
-          f"reach it): {k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")
     print(f"      scan kernel (--keep frontier, pruned):  {k['scan_per_s'] / 1e6:8.2f} M configurations/s")
+    print(f"      full cost model, sweep of {k['full_sweep_points']:,} points "
+          f"({k['full_sweep_reached']:.0%} reach the whole model):")
+    print(f"        row kernel (full rows):               {k['full_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['full_sweep_rows_ns_core']:.0f} core-ns/point)")
+    print(f"        scan kernel (--keep frontier):        {k['full_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['full_sweep_scan_ns_core']:.0f} core-ns/point)")
+    print(f"      full cost model one configuration at a time (evaluate_rows on the "
+          f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
+          f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")
     print("[2/4] plain-Python reference on the same points ...", flush=True)
     r = bench_reference(grid, 500 if args.quick else 3000)
     results["reference"] = r

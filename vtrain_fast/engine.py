@@ -32,25 +32,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-# OpenMP threads of Numba's parallel kernels otherwise spin for a while after every kernel call,
-# taking the cores the Parquet writer threads need. Read when the OpenMP runtime starts (the
-# first parallel kernel call), so it only helps when set before that.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from . import __version__  # noqa: E402
-from .errors import InputError  # noqa: E402
-from .grid import Grid, build_grid, check_index_space, pruning_table  # noqa: E402
-from .kernels import sweep as ks  # noqa: E402
-from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES  # noqa: E402
-from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk  # noqa: E402
-from .schema import INTEGER_OUTPUTS, SCHEMA, STATUS_LABELS  # noqa: E402
-from .spec import RECOMPUTE_VALUES, SweepSpec  # noqa: E402
-from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,  # noqa: E402
+from . import __version__
+from .errors import InputError
+from .grid import Grid, build_grid, check_index_space, pruning_table
+from .kernels import sweep as ks
+from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
+from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
+from .schema import INTEGER_OUTPUTS, SCHEMA, STATUS_LABELS
+from .spec import RECOMPUTE_VALUES, SweepSpec
+from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
                      shard_manifest_name, storage_schema, write_json_atomic)
 

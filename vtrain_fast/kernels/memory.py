@@ -50,7 +50,14 @@ def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, reco
     With full recomputation each layer keeps only its 2-byte input (``2sbh``) and one layer's
     full activations are rebuilt at a time during backward.
     """
-    full = layer_activation_bytes(b, s, h, a, g, f, t)
+    return stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h,
+                                             layer_activation_bytes(b, s, h, a, g, f, t), recompute)
+
+
+@jit
+def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full, recompute):
+    """:func:`stage_activation_bytes` given ``full``, the bytes of one layer
+    (:func:`layer_activation_bytes`), so that callers can reuse it across stages."""
     if recompute:
         return in_flight * layers_on_stage * 2.0 * s * b * h + full
     return in_flight * layers_on_stage * full

@@ -64,9 +64,10 @@ def gemm_time_s(m, n, k, batch, hw):
     nbytes = BYTES_PER_ELEMENT * (m * k + k * n + m * n) * batch
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
     waves = math.ceil(tiles / hw[H_NUM_SMS])
-    wave_util = tiles / (waves * hw[H_NUM_SMS])
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF] * wave_util)
-    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    # flops / (peak * efficiency * wave_util) with wave_util = tiles / (waves * num_sms),
+    # rearranged to one division; the reciprocal rates are shared by every GEMM of a caller
+    t_compute = flops * (1.0 / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF])) * (waves * hw[H_NUM_SMS]) / tiles
+    t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
     return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
 
 
@@ -88,7 +89,7 @@ def memory_bound_time_s(nbytes, num_kernels, hw):
     float
         ``nbytes / (hbm_Bps * hbm_efficiency) + num_kernels * kernel_overhead_s``.
     """
-    return nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF]) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+    return nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF])) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
 
 
 @jit

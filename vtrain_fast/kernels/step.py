@@ -48,6 +48,26 @@ CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B = 1.69, 406.4, 410.7
 CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.34, 0.28
 
 
+# Per-micro-batch costs (:func:`micro_batch_costs`), fixed by (model, machine,
+# micro_batch_size, tp): indices into the tuple.
+MICRO_NAMES = (
+    "layer_forward_s", "layer_backward_s", "tp_allreduce_activation_s", "tp_allreduce_ce_s",
+    "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
+    "layer_activation_bytes", "logits_bytes",
+)
+NUM_MICRO = len(MICRO_NAMES)
+(M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
+ M_LOGITS) = range(NUM_MICRO)
+# Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
+SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node")
+NUM_SPLIT = len(SPLIT_NAMES)
+(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES) = range(NUM_SPLIT)
+# Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
+TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
+NUM_TOTALS = len(TOTAL_NAMES)
+(T_PARAMS, T_FWD_FLOPS, T_LOSS) = range(NUM_TOTALS)
+
+
 @jit
 def chinchilla_loss(num_parameters, num_tokens):
     """Chinchilla's fitted loss ``E + A/N^alpha + B/D^beta`` (nats per token) for ``N``
@@ -66,18 +86,39 @@ def forward_flops_per_token(num_layers, h, a, g, f, v, s):
 
 
 @jit
-def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
-    """Status code for the divisibility rules of Megatron-LM (``OK`` when all hold)."""
-    if (L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or B <= 0 or b <= 0
-            or t <= 0 or p <= 0 or d <= 0):
+def validate_split(L, h, a, g, f, v, s, t, p, d):
+    """Status code of the rules that do not involve the batch sizes: every size positive
+    (``BAD_INPUT``), heads and query groups divisible by ``t`` and hidden by heads
+    (``BAD_HEADS``), layers divisible by ``p`` (``BAD_LAYERS``); ``OK`` when all hold."""
+    if L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or t <= 0 or p <= 0 or d <= 0:
         return BAD_INPUT
     if a % t != 0 or g % t != 0 or h % a != 0 or a % g != 0:
         return BAD_HEADS
     if L % p != 0:
         return BAD_LAYERS
+    return OK
+
+
+@jit
+def validate_batch(split_status, B, b, d):
+    """Status code of a configuration whose :func:`validate_split` gave ``split_status``:
+    ``BAD_INPUT`` when a batch size is not positive, else ``split_status`` when it is not
+    ``OK``, else ``BAD_BATCH`` when ``global_batch_size`` is not divisible by
+    ``dp * micro_batch_size``."""
+    if B <= 0 or b <= 0:
+        return BAD_INPUT
+    if split_status != OK:
+        return split_status
     if B % (d * b) != 0:
         return BAD_BATCH
     return OK
+
+
+@jit
+def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
+    """Status code for the divisibility rules of Megatron-LM (``OK`` when all hold): the
+    checks of :func:`validate_split`, then of :func:`validate_batch`."""
+    return validate_batch(validate_split(L, h, a, g, f, v, s, t, p, d), B, b, d)
 
 
 @jit
@@ -88,8 +129,233 @@ def fill_nan(out, i):
 
 
 @jit
+def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
+    """Costs of one micro-batch that depend only on the model, the machine, ``b`` and ``t``.
+
+    Parameters
+    ----------
+    b, s, h, a, g, f, v, t : float
+        micro_batch_size, seq_length, hidden_size, num_attention_heads, num_query_groups,
+        ffn_hidden_size, vocab_size, tp.
+    hw : numpy.ndarray
+        Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
+
+    Returns
+    -------
+    tuple of float
+        ``NUM_MICRO`` values laid out as :data:`MICRO_NAMES`: forward and backward seconds of
+        one layer, the TP all-reduce of one activation (``2bsh`` bytes) and of the
+        cross-entropy statistics (``4bs`` bytes), embedding and head seconds (forward plus
+        backward), the pipeline NVLink all-gather of one activation, one pipeline send of
+        ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
+        last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``).
+    """
+    sbh2 = 2.0 * b * s * h
+    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw),
+            ops.layer_backward_s(b, s, h, a, g, f, t, hw),
+            comm.group_allreduce_s(sbh2, t, 1.0, hw),
+            comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
+            ops.embedding_s(b, s, h, v, t, hw),
+            ops.head_s(b, s, h, v, t, hw),
+            comm.intra_allgather_s(sbh2, t, hw),
+            comm.p2p_s(sbh2 / t, False, hw),
+            comm.p2p_s(sbh2 / t, True, hw),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t),
+            s * b * v / t * 6.0)
+
+
+@jit
+def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
+    """Costs that depend on the model, the machine and the split ``(t, p, d)`` but not on the
+    batch sizes or recomputation.
+
+    Parameters
+    ----------
+    L, h, a, g, f, v, s : float
+        Model shape (as :func:`step`).
+    t, p, d : float
+        Tensor-, pipeline- and data-parallel sizes.
+    hw : numpy.ndarray
+        Machine vector.
+
+    Returns
+    -------
+    tuple of float
+        ``NUM_SPLIT`` values laid out as :data:`SPLIT_NAMES`: parameters per GPU on the first
+        and the last stage (the first carries the word and position embeddings, the last the
+        LM head and final layer norm; one stage carries all), the data-parallel gradient
+        all-reduce seconds (the slower of the two stages), the Adam seconds of the larger
+        stage, and 1.0 when pipeline neighbours (``t * d`` ranks apart) sit on different nodes
+        (``t * d * p > gpus_per_node``) else 0.0.
+    """
+    p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t)
+    p_first = p_body + v * h / t + s * h
+    p_last = p_body + v * h / t + 2.0 * h
+    if p == 1.0:
+        p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
+        p_last = p_first
+    dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
+                    comm.group_allreduce_s(2.0 * p_last, d, t, hw))
+    optimizer_time_s = ops.optimizer_s(max(p_first, p_last), hw)
+    crosses = 1.0 if t * d * p > hw[H_GPUS_PER_NODE] else 0.0
+    return p_first, p_last, dp_comm_s, optimizer_time_s, crosses
+
+
+@jit
+def model_totals(L, h, a, g, f, v, s, num_tokens):
+    """``(num_parameters, forward_flops_per_token, loss)`` of a model trained on
+    ``num_tokens`` tokens (:func:`~vtrain_fast.kernels.memory.model_params`,
+    :func:`forward_flops_per_token`, :func:`chinchilla_loss`); layout :data:`TOTAL_NAMES`."""
+    n_params = memory.model_params(L, h, a, g, f, v, s)
+    return n_params, forward_flops_per_token(L, h, a, g, f, v, s), chinchilla_loss(n_params, num_tokens)
+
+
+@jit
+def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, totals, out, i):
+    """Compose the 1F1B schedule, memory and totals of one shape-valid configuration from its
+    per-micro-batch, per-split and per-model parts, write its outputs into column ``i`` of
+    ``out`` and return ``OK`` or ``OUT_OF_MEMORY``.
+
+    Parameters
+    ----------
+    L, h, s, v, B, b, t, p, d : float
+        num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size,
+        tp, pp, dp.
+    recompute : int
+        0 = no activation recomputation, 1 = full recomputation.
+    num_tokens : float
+        Tokens to train on.
+    hw : numpy.ndarray
+        Machine vector.
+    mb, split, totals : tuple of float
+        :func:`micro_batch_costs`, :func:`split_costs` and :func:`model_totals` of this
+        configuration.
+    out : numpy.ndarray
+        ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`OUTPUT_NAMES`).
+    i : int
+        Column to write.
+    """
+    status = OK
+    m = B / (d * b)
+    Lp = L / p
+    rc = 1.0 if recompute != 0 else 0.0
+    num_gpus = t * p * d
+    fwd = mb[M_FWD]
+    ar_act = mb[M_AR_ACT]
+
+    # ---- per micro-batch compute and TP communication, per stage type
+    body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd)
+    body_tp = Lp * (4.0 + 2.0 * rc) * ar_act
+    emb_compute = mb[M_EMB]
+    emb_tp = ar_act
+    head_compute = mb[M_HEAD]
+    head_tp = ar_act + 3.0 * mb[M_AR_CE]
+
+    # ---- pipeline point-to-point per micro-batch (activation forward, gradient backward);
+    # scatter-gather: each TP rank sends 1/t, then an intra-node all-gather (Megatron-LM).
+    pp_mb = 0.0
+    if p > 1.0:
+        send = mb[M_SEND_INTER] if split[S_CROSSES] != 0.0 else mb[M_SEND_INTRA]
+        pp_mb = 2.0 * (send + mb[M_GATHER])
+
+    # ---- schedule
+    if p == 1.0:
+        c_slow = body_compute + emb_compute + head_compute
+        tp_slow = body_tp + emb_tp + head_tp
+        pp_slow = 0.0
+        bubble = 0.0
+    else:
+        t_first = body_compute + emb_compute + body_tp + emb_tp + pp_mb
+        t_last = body_compute + head_compute + body_tp + head_tp + pp_mb
+        t_mid = body_compute + body_tp + pp_mb
+        total = t_first + t_last + (p - 2.0) * t_mid
+        if t_last >= t_first:
+            c_slow = body_compute + head_compute
+            tp_slow = body_tp + head_tp
+            t_slow = t_last
+        else:
+            c_slow = body_compute + emb_compute
+            tp_slow = body_tp + emb_tp
+            t_slow = t_first
+        pp_slow = pp_mb
+        bubble = total - t_slow
+    compute_s = m * c_slow
+    tp_comm_s = m * tp_slow
+    pp_comm_s = m * pp_slow
+    dp_comm_s = split[S_DP]
+    optimizer_time_s = split[S_OPT]
+    overhead_s = hw[H_ITER_OVERHEAD_S]
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
+
+    # ---- memory per GPU (the fuller of first and last stage)
+    full = mb[M_ACT_LAYER]
+    if p == 1.0:
+        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, h, full, rc)
+                     + s * b * h * 3.0 + mb[M_LOGITS])
+        act_last = act_first
+    else:
+        in_flight = min(p, m)
+        act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, h, full, rc)
+                     + in_flight * s * b * h)
+        act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, h, full, rc)
+                    + 2.0 * s * b * h + mb[M_LOGITS])
+    p_first = split[S_P_FIRST]
+    p_last = split[S_P_LAST]
+    mem_first = memory.STATE_BYTES_PER_PARAM * p_first + act_first
+    mem_last = memory.STATE_BYTES_PER_PARAM * p_last + act_last
+    if mem_first >= mem_last:
+        states, act = memory.STATE_BYTES_PER_PARAM * p_first, act_first
+    else:
+        states, act = memory.STATE_BYTES_PER_PARAM * p_last, act_last
+    mem_total = states + act + hw[H_RESERVED_BYTES]
+    if mem_total > hw[H_HBM_BYTES]:
+        status = OUT_OF_MEMORY
+
+    # ---- throughput, utilisation, totals
+    tokens_iter = B * s
+    fwd_flops = totals[T_FWD_FLOPS]
+    model_flops = 3.0 * tokens_iter * fwd_flops
+    hw_flops = model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
+    steps = math.ceil(num_tokens / tokens_iter)
+    train_s = steps * iteration
+    gpu_hours = num_gpus * train_s * (1.0 / 3600.0)
+    # rates multiply by reciprocals instead of dividing (a few ulp from tests/reference.py)
+    per_iteration = 1.0 / iteration
+    per_peak = 1.0 / (num_gpus * hw[H_PEAK_FLOPS])
+
+    out[O_ITER, i] = iteration
+    out[O_TOKENS_PER_S, i] = tokens_iter * per_iteration
+    out[O_TFLOPS, i] = model_flops * per_iteration * (1.0 / (num_gpus * 1e12))
+    out[O_MFU, i] = model_flops * per_iteration * per_peak
+    out[O_HFU, i] = hw_flops * per_iteration * per_peak
+    out[O_MEM, i] = mem_total / GiB
+    out[O_STATES, i] = states / GiB
+    out[O_ACT, i] = act / GiB
+    out[O_COMPUTE, i] = compute_s
+    out[O_TP, i] = tp_comm_s
+    out[O_PP, i] = pp_comm_s
+    out[O_DP, i] = dp_comm_s
+    out[O_BUBBLE, i] = bubble
+    out[O_OPT, i] = optimizer_time_s
+    out[O_OVERHEAD, i] = overhead_s
+    out[O_PARAMS, i] = totals[T_PARAMS]
+    out[O_MICRO, i] = m
+    out[O_STEPS, i] = steps
+    out[O_DAYS, i] = train_s * (1.0 / SECONDS_PER_DAY)
+    out[O_GPU_HOURS, i] = gpu_hours
+    out[O_COST, i] = gpu_hours * hw[H_USD_PER_GPU_HOUR]
+    out[O_ENERGY, i] = gpu_hours * hw[H_TDP_W] * 1e-3 * hw[H_PUE]
+    out[O_LOSS, i] = totals[T_LOSS]
+    return status
+
+
+@jit
 def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
     """Evaluate one configuration and write its outputs into column ``i`` of ``out``.
+
+    Composition: :func:`validate_shape`, then :func:`micro_batch_costs`, :func:`split_costs`
+    and :func:`model_totals`, then :func:`schedule`. The sweep drivers call the same parts but
+    reuse the first three across the points that share them.
 
     Parameters
     ----------
@@ -124,122 +390,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
         return status
     L = float(L); h = float(h); a = float(a); g = float(g); f = float(f); v = float(v)
     s = float(s); B = float(B); b = float(b); t = float(t); p = float(p); d = float(d)
-    m = B / (d * b)
-    Lp = L / p
-    rc = 1.0 if recompute != 0 else 0.0
-    num_gpus = t * p * d
-
-    # ---- per micro-batch compute and TP communication, per stage type
-    fwd = ops.layer_forward_s(b, s, h, a, g, f, t, hw)
-    bwd = ops.layer_backward_s(b, s, h, a, g, f, t, hw)
-    ar_act = comm.group_allreduce_s(2.0 * b * s * h, t, 1.0, hw)
-    ar_ce = comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw)
-    body_compute = Lp * (fwd + bwd + rc * fwd)
-    body_tp = Lp * (4.0 + 2.0 * rc) * ar_act
-    emb_compute = ops.embedding_s(b, s, h, v, t, hw)
-    emb_tp = ar_act
-    head_compute = ops.head_s(b, s, h, v, t, hw)
-    head_tp = ar_act + 3.0 * ar_ce
-
-    # ---- pipeline point-to-point per micro-batch (activation forward, gradient backward);
-    # scatter-gather: each TP rank sends 1/t, then an intra-node all-gather (Megatron-LM).
-    pp_mb = 0.0
-    if p > 1.0:
-        crosses = t * d * p > hw[H_GPUS_PER_NODE]
-        send = comm.p2p_s(2.0 * b * s * h / t, crosses, hw)
-        gather = comm.intra_allgather_s(2.0 * b * s * h, t, hw)
-        pp_mb = 2.0 * (send + gather)
-
-    # ---- parameters per GPU, per stage type
-    p_body = Lp * memory.layer_params_per_rank(h, a, g, f, t)
-    p_first = p_body + v * h / t + s * h
-    p_last = p_body + v * h / t + 2.0 * h
-    if p == 1.0:
-        p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
-        p_last = p_first
-
-    # ---- schedule
-    if p == 1.0:
-        c_slow = body_compute + emb_compute + head_compute
-        tp_slow = body_tp + emb_tp + head_tp
-        pp_slow = 0.0
-        bubble = 0.0
-    else:
-        t_first = body_compute + emb_compute + body_tp + emb_tp + pp_mb
-        t_last = body_compute + head_compute + body_tp + head_tp + pp_mb
-        t_mid = body_compute + body_tp + pp_mb
-        total = t_first + t_last + (p - 2.0) * t_mid
-        if t_last >= t_first:
-            c_slow = body_compute + head_compute
-            tp_slow = body_tp + head_tp
-            t_slow = t_last
-        else:
-            c_slow = body_compute + emb_compute
-            tp_slow = body_tp + emb_tp
-            t_slow = t_first
-        pp_slow = pp_mb
-        bubble = total - t_slow
-    compute_s = m * c_slow
-    tp_comm_s = m * tp_slow
-    pp_comm_s = m * pp_slow
-    params_max = max(p_first, p_last)
-    dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
-                    comm.group_allreduce_s(2.0 * p_last, d, t, hw))
-    optimizer_time_s = ops.optimizer_s(params_max, hw)
-    overhead_s = hw[H_ITER_OVERHEAD_S]
-    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
-
-    # ---- memory per GPU (the fuller of first and last stage)
-    if p == 1.0:
-        act_first = (memory.stage_activation_bytes(L, 1.0, b, s, h, a, g, f, t, rc)
-                     + s * b * h * 3.0 + s * b * v / t * 6.0)
-        act_last = act_first
-    else:
-        act_first = (memory.stage_activation_bytes(Lp, min(p, m), b, s, h, a, g, f, t, rc)
-                     + min(p, m) * s * b * h)
-        act_last = (memory.stage_activation_bytes(Lp, 1.0, b, s, h, a, g, f, t, rc)
-                    + 2.0 * s * b * h + s * b * v / t * 6.0)
-    mem_first = memory.STATE_BYTES_PER_PARAM * p_first + act_first
-    mem_last = memory.STATE_BYTES_PER_PARAM * p_last + act_last
-    if mem_first >= mem_last:
-        states, act = memory.STATE_BYTES_PER_PARAM * p_first, act_first
-    else:
-        states, act = memory.STATE_BYTES_PER_PARAM * p_last, act_last
-    mem_total = states + act + hw[H_RESERVED_BYTES]
-    if mem_total > hw[H_HBM_BYTES]:
-        status = OUT_OF_MEMORY
-
-    # ---- throughput, utilisation, totals
-    n_params = memory.model_params(L, h, a, g, f, v, s)
-    tokens_iter = B * s
-    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s)
-    model_flops = 3.0 * tokens_iter * fwd_flops
-    hw_flops = model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
-    steps = math.ceil(num_tokens / tokens_iter)
-    train_s = steps * iteration
-    gpu_hours = num_gpus * train_s / 3600.0
-
-    out[O_ITER, i] = iteration
-    out[O_TOKENS_PER_S, i] = tokens_iter / iteration
-    out[O_TFLOPS, i] = model_flops / iteration / num_gpus / 1e12
-    out[O_MFU, i] = model_flops / iteration / (num_gpus * hw[H_PEAK_FLOPS])
-    out[O_HFU, i] = hw_flops / iteration / (num_gpus * hw[H_PEAK_FLOPS])
-    out[O_MEM, i] = mem_total / GiB
-    out[O_STATES, i] = states / GiB
-    out[O_ACT, i] = act / GiB
-    out[O_COMPUTE, i] = compute_s
-    out[O_TP, i] = tp_comm_s
-    out[O_PP, i] = pp_comm_s
-    out[O_DP, i] = dp_comm_s
-    out[O_BUBBLE, i] = bubble
-    out[O_OPT, i] = optimizer_time_s
-    out[O_OVERHEAD, i] = overhead_s
-    out[O_PARAMS, i] = n_params
-    out[O_MICRO, i] = m
-    out[O_STEPS, i] = steps
-    out[O_DAYS, i] = train_s / SECONDS_PER_DAY
-    out[O_GPU_HOURS, i] = gpu_hours
-    out[O_COST, i] = gpu_hours * hw[H_USD_PER_GPU_HOUR]
-    out[O_ENERGY, i] = gpu_hours * hw[H_TDP_W] / 1000.0 * hw[H_PUE]
-    out[O_LOSS, i] = chinchilla_loss(n_params, num_tokens)
-    return status
+    return schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw,
+                    micro_batch_costs(b, s, h, a, g, f, v, t, hw),
+                    split_costs(L, h, a, g, f, v, s, t, p, d, hw),
+                    model_totals(L, h, a, g, f, v, s, num_tokens), out, i)

@@ -5,12 +5,16 @@ last axis fastest; no Cartesian product is ever built) and writes one full row p
 :func:`sweep_points` does the same for an explicit list of flat indices; :func:`scan_chunk`
 evaluates a range but keeps only the indices (and objective values) of feasible points that may
 survive a reduction (all feasible points, a Pareto frontier, or a top-K); :func:`evaluate_rows`
-walks explicit configurations. All of them call :func:`vtrain_fast.kernels.step.step` for each
-point; every thread writes only its own columns.
+walks explicit configurations with :func:`vtrain_fast.kernels.step.step`. Every thread writes
+only its own columns.
 
 The range drivers split their range into blocks of ``BLOCK`` consecutive points (one ``prange``
 iteration each). A block decodes its first index once and then steps an odometer over the axis
-digits, so the per-point cost is the cost model plus a handful of loads.
+digits. The grid drivers evaluate the same parts as ``step`` (``micro_batch_costs``,
+``split_costs``, ``model_totals``, ``schedule``) but keep the first three in block caches
+(:func:`refresh_prefix`, :func:`grid_point`): consecutive points differ mostly in the batch axes
+and recompute, which only the schedule reads, so a point costs the schedule plus a handful of
+loads, and its outputs are bit-for-bit those of ``step``.
 """
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ from numba import prange
 
 from .._jit import jit, pjit
 from .params import H_GPUS_PER_NODE
-from .step import BAD_NUM_GPUS, NUM_OUTPUTS, NUM_STATUS, OK, fill_nan, step, validate_shape
+from .step import (BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
+                   micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
+                   validate_split)
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
@@ -112,11 +118,58 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
     return gi, num_gpus, (num_gpus + gpn - 1) // gpn, t, p, d, ok
 
 
+# Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
+# budget, :func:`~vtrain_fast.kernels.step.split_costs` and
+# :func:`~vtrain_fast.kernels.step.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
+# ``CTX_FILLED``), and for the current (model, gpu, tp) a table of
+# :func:`~vtrain_fast.kernels.step.micro_batch_costs` over the micro_batch_size axis. Both are
+# filled by the first point that passes the shape rules. The points that share them differ only
+# in the batch axes and recompute, so the full model costs them only the schedule.
+NUM_CTX = NUM_SPLIT + NUM_TOTALS
+CTX_FILLED = NUM_CTX
+if NUM_MICRO != 11 or NUM_SPLIT != 5 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
+    raise ImportError("kernels.sweep.grid_point is out of date with kernels.step's tuple layouts")
+
+
 @jit
-def write_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, b, B, rc, tok, models, hw, inputs,
-                token_col, out, status, j):
-    """Write the inputs of one point into column ``j``, evaluate it (unless ``ok`` is False:
-    ``BAD_NUM_GPUS`` and NaN outputs) and return its status code."""
+def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                   micro_key, micro_ok):
+    """Recompute what a block caches for the prefix of ``digits`` (see ``NUM_CTX``).
+
+    Marks ``ctx`` (``float64``, shape ``(NUM_CTX + 1,)``) empty, and clears ``micro_ok``
+    (``uint8``, one per micro_batch_size value) when (model, gpu, tp) differs from
+    ``micro_key`` (``int64``, shape ``(3,)``, updated). Returns
+    ``(gpu_index, num_gpus, num_nodes, tp, pp, dp, ok, split_status)``, the first seven as
+    :func:`prefix_values`; ``split_status`` is
+    :func:`~vtrain_fast.kernels.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``).
+    """
+    gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
+                                                     sizes_in_nodes, tps, pps)
+    mi = digits[A_MODEL]
+    split_status = BAD_NUM_GPUS
+    if ok:
+        split_status = validate_split(models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3],
+                                      models[mi, 4], models[mi, 5], models[mi, 6], t, p, d)
+    ctx[CTX_FILLED] = 0.0
+    if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != t:
+        micro_key[0] = mi
+        micro_key[1] = gi
+        micro_key[2] = t
+        micro_ok[:] = 0
+    return gi, num_gpus, nodes, t, p, d, ok, split_status
+
+
+@jit
+def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B, rc, tok, models,
+               hw, ctx, micro, micro_ok, inputs, token_col, out, status, j):
+    """Write the inputs of one point into column ``j``, evaluate it and return its status.
+
+    ``ok``/``split_status`` come from :func:`refresh_prefix` for this point's prefix and
+    ``ctx`` is its cache (filled here if empty); ``micro`` (``float64``, shape
+    ``(radices[A_MBS], NUM_MICRO)``) and ``micro_ok`` are the block's micro-batch table, whose
+    row ``db`` (this point's micro_batch_size digit) is filled here if empty. Not ``ok``: ``BAD_NUM_GPUS``; a shape error: NaN outputs; otherwise the same
+    numbers as :func:`~vtrain_fast.kernels.step.step`.
+    """
     inputs[I_MODEL, j] = mi
     inputs[I_GPU, j] = gi
     for k in range(7):
@@ -134,23 +187,32 @@ def write_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, b, B, rc, tok, models,
         fill_nan(out, j)
         status[j] = BAD_NUM_GPUS
         return BAD_NUM_GPUS
-    s = step(models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3], models[mi, 4],
-             models[mi, 5], models[mi, 6], B, b, t, p, d, rc, tok, hw, out, j)
-    status[j] = s
-    return s
-
-
-@jit
-def eval_point(digits, models, tokens, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, mbss,
-               gbss, recomputes, inputs, token_col, out, status, j):
-    """Evaluate the grid point with axis ``digits`` into column ``j`` of the output arrays
-    (layouts as in :func:`sweep_chunk`) and return its status code."""
-    gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
-                                                     sizes_in_nodes, tps, pps)
-    return write_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, mbss[digits[A_MBS]],
-                       gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]],
-                       tokens[digits[A_TOKENS]], models, hw_table[gi], inputs, token_col, out,
-                       status, j)
+    st = validate_batch(split_status, B, b, d)
+    if st != OK:
+        fill_nan(out, j)
+        status[j] = st
+        return st
+    L, h, a, g = float(models[mi, 0]), float(models[mi, 1]), float(models[mi, 2]), float(models[mi, 3])
+    f, v, s = float(models[mi, 4]), float(models[mi, 5]), float(models[mi, 6])
+    if ctx[CTX_FILLED] == 0.0:
+        sc = split_costs(L, h, a, g, f, v, s, float(t), float(p), float(d), hw)
+        for k in range(NUM_SPLIT):
+            ctx[k] = sc[k]
+        mt = model_totals(L, h, a, g, f, v, s, tok)
+        for k in range(NUM_TOTALS):
+            ctx[NUM_SPLIT + k] = mt[k]
+        ctx[CTX_FILLED] = 1.0
+    if micro_ok[db] == 0:
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(t), hw)
+        for k in range(NUM_MICRO):
+            micro[db, k] = mc[k]
+        micro_ok[db] = 1
+    mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
+          micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10])
+    st = schedule(L, h, s, v, float(B), float(b), float(t), float(p), float(d), rc, tok, hw, mb,
+                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4]), (ctx[5], ctx[6], ctx[7]), out, j)
+    status[j] = st
+    return st
 
 
 @pjit
@@ -195,21 +257,28 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
         tk = np.empty(SCRATCH, dtype=np.float64)
         res = np.empty((NUM_OUTPUTS, SCRATCH), dtype=np.float64)
         st = np.empty(SCRATCH, dtype=np.int8)
+        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
+        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
+        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        micro_key = np.full(3, -1, dtype=np.int64)
         decode_index(start + lo, radices, digits)
-        gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
-                                                         sizes_in_nodes, tps, pps)
+        gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+            micro_key, micro_ok)
         mi = digits[A_MODEL]
         tok = tokens[digits[A_TOKENS]]
         hw = hw_table[gi]
         for s0 in range(lo, hi, SCRATCH):
             m = min(SCRATCH, hi - s0)
             for j in range(m):
-                write_point(mi, gi, num_gpus, nodes, t, p, d, ok, mbss[digits[A_MBS]],
-                            gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]], tok, models,
-                            hw, ins, tk, res, st, j)
+                db = digits[A_MBS]
+                grid_point(mi, gi, num_gpus, nodes, t, p, d, ok, split_status, db, mbss[db],
+                           gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]], tok, models,
+                           hw, ctx, micro, micro_ok, ins, tk, res, st, j)
                 if advance_digits(digits, radices) <= A_PP:
-                    gi, num_gpus, nodes, t, p, d, ok = prefix_values(
-                        digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps)
+                    gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+                        digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps,
+                        ctx, micro_key, micro_ok)
                     mi = digits[A_MODEL]
                     tok = tokens[digits[A_TOKENS]]
                     hw = hw_table[gi]
@@ -232,7 +301,14 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
     nblocks = (n + SCRATCH - 1) // SCRATCH
     for bi in prange(nblocks):
         digits = np.empty(NUM_AXES, dtype=np.int64)
+        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
+        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
+        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        micro_key = np.full(3, -1, dtype=np.int64)
         prev = -1
+        prev_prefix = -1
+        prev_tok = -1
+        gi, num_gpus, nodes, t, p, d, ok, split_status = 0, 0, 0, 0, 0, 0, False, BAD_NUM_GPUS
         for j in range(bi * SCRATCH, min(n, bi * SCRATCH + SCRATCH)):
             gap = indices[j] - prev
             if prev >= 0 and 0 <= gap <= 8:
@@ -241,8 +317,18 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
             else:
                 decode_index(indices[j], radices, digits)
             prev = indices[j]
-            eval_point(digits, models, tokens, gpus, hw_table, sizes, sizes_in_nodes, tps, pps,
-                       mbss, gbss, recomputes, inputs, token_col, out, status, j)
+            pre = prefix_index(digits, radices)
+            if pre != prev_prefix or digits[A_TOKENS] != prev_tok:
+                gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                    micro_key, micro_ok)
+                prev_prefix = pre
+                prev_tok = digits[A_TOKENS]
+            db = digits[A_MBS]
+            grid_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, split_status, db,
+                       mbss[db], gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]],
+                       tokens[digits[A_TOKENS]], models, hw_table[gi], ctx, micro, micro_ok,
+                       inputs, token_col, out, status, j)
 
 
 @jit
@@ -346,13 +432,18 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
         res = np.empty((NUM_OUTPUTS, 1), dtype=np.float64)
         st = np.empty(1, dtype=np.int8)
         vals = np.empty(k, dtype=np.float64)
+        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
+        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
+        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        micro_key = np.full(3, -1, dtype=np.int64)
         for q in range(NUM_STATUS):
             block_status[bi, q] = 0
         fill = 0
         pruned = 0
         decode_index(start + lo, radices, digits)
-        gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
-                                                         sizes_in_nodes, tps, pps)
+        gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+            micro_key, micro_ok)
         live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
         j = lo
         while j < hi:
@@ -365,10 +456,11 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 decode_index(start + j, radices, digits)
                 changed = 0
             else:
-                s = write_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok,
-                                mbss[digits[A_MBS]], gbss[digits[A_GBS]],
-                                recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
-                                models, hw_table[gi], ins, tok, res, st, 0)
+                db = digits[A_MBS]
+                s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, split_status,
+                               db, mbss[db], gbss[digits[A_GBS]],
+                               recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
+                               models, hw_table[gi], ctx, micro, micro_ok, ins, tok, res, st, 0)
                 block_status[bi, s] += 1
                 if s == OK:
                     keep = True
@@ -391,8 +483,9 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 j += 1
                 changed = advance_digits(digits, radices)
             if changed <= A_PP:
-                gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
-                                                                 sizes_in_nodes, tps, pps)
+                gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                    micro_key, micro_ok)
                 live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
         block_fill[bi] = fill
         block_pruned[bi] = pruned
@@ -477,9 +570,9 @@ def integer_column(col, values, valid):
 def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, table):
     """Fill the pruning table of :func:`scan_chunk` (``uint8``, shape
     ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
-    ``tp * pp * dp`` and :func:`~vtrain_fast.kernels.step.validate_shape` accepts the model with
-    that split for some batch (it is called with ``global_batch_size = dp`` and
-    ``micro_batch_size = 1``, which satisfy the batch rule), else 0."""
+    ``tp * pp * dp`` and the model passes
+    :func:`~vtrain_fast.kernels.step.validate_split` with that split (the shape rules that do
+    not involve the batch sizes, so some batch is valid), else 0."""
     r = 0
     for mi in range(radices[A_MODEL]):
         L, h, a, g = models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3]
@@ -495,7 +588,7 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
                         d = num_gpus // (t * p)
                         ok = d > 0 and num_gpus % (t * p) == 0
                         if ok:
-                            ok = validate_shape(L, h, a, g, f, v, s, d, 1, t, p, d) == OK
+                            ok = validate_split(L, h, a, g, f, v, s, t, p, d) == OK
                         table[r] = 1 if ok else 0
                         r += 1
 
