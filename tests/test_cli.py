@@ -101,10 +101,12 @@ def test_sweep_cli_prints_summary(tiny_spec_path, tmp_path, cli):
 def test_sweep_overwrite_replaces_result(tiny_spec_path, tmp_path, cli):
     out = tmp_path / "r"
     assert cli("sweep", tiny_spec_path, "-o", out).exit_code == 0
-    (out / "stray.txt").write_text("left over")
+    (out / "notes.txt").write_text("the user's own file")
+    (out / "part-999999.parquet").write_text("a stale part of an older, larger sweep")
     res = cli("sweep", tiny_spec_path, "-o", out, "--overwrite")
     assert res.exit_code == 0, res.output
-    assert not (out / "stray.txt").exists()
+    assert (out / "notes.txt").read_text() == "the user's own file"     # not ours: kept
+    assert not (out / "part-999999.parquet").exists()                   # ours: replaced
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["num_rows"] == manifest["num_points"]
 

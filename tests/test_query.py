@@ -52,3 +52,25 @@ def test_frontier_folder_refuses_other_objectives(tiny_spec_path, tmp_path):
 def test_pareto_mask_keeps_first_of_ties():
     v = np.array([[1.0, 2.0], [1.0, 2.0], [0.5, 3.0]])
     assert pareto_mask(v).tolist() == [True, False, True]
+
+
+def test_reduced_folders_refuse_queries_they_cannot_answer(tiny_spec_path, tmp_path):
+    spec = load_spec(tiny_spec_path)
+    front, top = tmp_path / "front", tmp_path / "top"
+    engine.run_sweep(spec, front, keep="frontier", minimize=["cost_usd", "train_days"])
+    engine.run_sweep(spec, top, keep="top:5:cost_usd")
+    with pytest.raises(InputError, match="--by"):
+        pareto(front, ["cost_usd", "train_days"], by=["gpu"])
+    with pytest.raises(InputError, match="top"):
+        pareto(top, ["cost_usd", "train_days"])
+
+
+def test_shard_resume_leaves_other_shards_temporary_files_alone(tiny_spec_path, tmp_path):
+    from vtrain_fast.writer import part_name, remove_leftovers
+    folder = tmp_path / "f"
+    folder.mkdir()
+    mine, theirs = folder / (part_name(0) + ".tmp"), folder / (part_name(5) + ".tmp")
+    mine.write_text("x")
+    theirs.write_text("y")
+    remove_leftovers(folder, range(0, 3))
+    assert not mine.exists() and theirs.exists()

@@ -17,10 +17,11 @@ from .errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM training time, memory, cost and energy for millions of plans.")
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)
 # Tables fit the terminal; when the output is not a terminal (a pipe, a file, CI) they get 160
 # columns, or $COLUMNS when set.
-console = Console() if Console().is_terminal or os.environ.get("COLUMNS") else Console(width=160)
+console = (Console(emoji=False) if Console().is_terminal or os.environ.get("COLUMNS")
+           else Console(width=160, emoji=False))
 
 
 def _status_line(counts: dict) -> str:
@@ -73,9 +74,11 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json.
 
     Rerunning the same command after an interruption resumes it."""
-    from .engine import run_sweep
+    from .engine import _parse_shard, parse_keep, run_sweep
     from .spec import load_spec
     s = load_spec(spec, _calibration(calibration))
+    parse_keep(keep, minimize)          # bad options fail before the progress bar starts
+    _parse_shard(shard)
     folder = output or Path("results") / s.name
     n = s.num_points
     where = f" (shard {shard})" if shard else ""

@@ -695,9 +695,13 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool)
             for p in [folder / MANIFEST, path] + _chunk_files(folder, chunks):
                 if p.exists():
                     p.unlink()
-            remove_leftovers(folder)
+            remove_leftovers(folder, chunks)
     elif path.exists():
         old = read_json(path)
+        if old.get("complete") and old.get("sweep_key") != header["sweep_key"]:
+            raise InputError(str(folder), "output folder", str(folder), "an empty or new folder",
+                             f"it holds a different, finished sweep ({old.get('name')}); pass --overwrite "
+                             "to replace it, or choose another -o")
         if old.get("sweep_key") != header["sweep_key"]:
             raise InputError(str(path), "sweep", old.get("name"),
                              "the same spec, calibration, --keep and chunking as the interrupted run",
@@ -707,7 +711,7 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool)
             raise InputError(str(folder), "output folder", str(folder),
                              "an unfinished sweep to resume, or an empty or new folder",
                              "it already holds this finished sweep; pass --overwrite to recompute it")
-        remove_leftovers(folder)
+        remove_leftovers(folder, None if shard is None else chunks)
         done = set(old.get("chunks", {}))
         stale = [c for c in chunks if str(c) not in done]
         for p in _chunk_files(folder, stale):

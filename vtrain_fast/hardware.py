@@ -113,14 +113,16 @@ class GPUPreset:
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
 # (calibrate-nccl: busbw efficiency 0.726 of 300 GB/s NVLink, fit MAPE 4.2%) and a least-squares
 # fit to vTrain's 1,440 single-node Megatron-DeepSpeed iteration times only (MAPE 6.67% after the fit).
-# The multi-node set was not used: its error is a held-out result.
+# The multi-node set was not used: its error is a held-out result. Values are the fit's, unrounded,
+# so `--calibration results/calibration-a100.toml` after `make calibrate` gives identical rows.
 A100_CALIBRATION = Calibration(
-    gemm_efficiency=0.9411, hbm_efficiency=0.7604, kernel_overhead_s=22.45e-6,
-    intra_node_efficiency=0.7263, inter_node_efficiency=0.80,
-    intra_node_latency_s=0.00e-6, inter_node_latency_s=30e-6,
-    intra_node_step_latency_s=8.402e-6, inter_node_step_latency_s=5e-6,
-    host_launch_s=59.15e-6, iteration_overhead_s=0.000e-3,
-    p2p_overhead_s=986.6e-6,
+    gemm_efficiency=0.9411330951271666, hbm_efficiency=0.7603897660546501,
+    kernel_overhead_s=2.244682029977058e-05,
+    intra_node_efficiency=0.7263400082650625, inter_node_efficiency=0.80,
+    intra_node_latency_s=3.4095206577505246e-17, inter_node_latency_s=30e-6,
+    intra_node_step_latency_s=8.401780573964492e-06, inter_node_step_latency_s=5e-6,
+    host_launch_s=5.914615143444962e-05, iteration_overhead_s=3.7591254721624847e-19,
+    p2p_overhead_s=0.0009865731722926599,
 )
 # Other GPUs: no measurements here. Software-stack terms (host launch, per-kernel gap,
 # per-iteration overhead, pipeline send/receive overhead, NCCL latencies) come from the A100 fit;

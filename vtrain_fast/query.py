@@ -102,6 +102,14 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
             raise InputError(str(folder), "--by", b, "input columns: " + ", ".join(GROUP_COLUMNS))
     manifest = read_manifest(folder)
     stored = manifest.get("keep", "all")
+    if stored.startswith("top"):
+        raise InputError(str(folder), "keep", stored, "a folder with every row or every feasible row",
+                         "this folder kept only the top rows of one column, so it cannot give a Pareto "
+                         "frontier; rerun the sweep with --keep all or --keep feasible")
+    if stored.startswith("frontier") and by:
+        raise InputError(str(folder), "--by", " ".join(by), "no --by on a folder reduced to one frontier",
+                         "a global frontier does not hold the frontier of each group; rerun the sweep "
+                         "with --keep all or --keep feasible")
     if stored.startswith("frontier") and set(manifest.get("objectives") or []) != set(minimize):
         raise InputError(str(folder), "--minimize", " ".join(minimize),
                          "the objectives this folder was reduced with: " + " ".join(manifest.get("objectives") or []),

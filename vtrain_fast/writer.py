@@ -125,14 +125,24 @@ class FolderLock:
         self.release()
 
 
+_OWNED_RE = re.compile(r"^(manifest(-shard-\d+-of-\d+)?\.json(\.tmp)?|part-\d+\.parquet(\.tmp)?)$")
+
+
+def is_sweep_file(name: str) -> bool:
+    """True for the entries a sweep writes into its folder: manifests, part files, their
+    temporary names, and the ``reduce/`` folder of candidates."""
+    return name == CANDIDATE_DIR or bool(_OWNED_RE.match(name))
+
+
 def clear_folder(folder: Path) -> None:
-    """Delete everything in ``folder`` except lock files; the manifest goes first so that the
-    old result is visibly incomplete at every moment."""
+    """Delete the sweep's own files in ``folder`` (see :func:`is_sweep_file`); anything else
+    (other files, other sweeps' folders) is left alone. The manifest goes first so that the old
+    result is visibly incomplete at every moment."""
     manifest = folder / MANIFEST
     if manifest.exists():
         manifest.unlink()
     for p in folder.iterdir():
-        if p.name.startswith(LOCK):
+        if not is_sweep_file(p.name):
             continue
         if p.is_dir():
             shutil.rmtree(p)
@@ -148,7 +158,7 @@ def prepare_folder(folder: Path, overwrite: bool) -> None:
     InputError
         If the folder holds results (or leftovers) and ``overwrite`` is false.
     """
-    if folder.exists() and any(not p.name.startswith(LOCK) for p in folder.iterdir()):
+    if folder.exists() and any(is_sweep_file(p.name) for p in folder.iterdir()):
         if not overwrite:
             raise InputError(str(folder), "output folder", str(folder), "an empty or new folder",
                              "pass --overwrite to replace its contents, or choose another -o")
@@ -203,10 +213,16 @@ class PartWriter:
         return self.name
 
 
-def remove_leftovers(folder: Path) -> None:
-    """Delete temporary files of an interrupted run (``*.tmp``, also under ``reduce/``)."""
-    for pattern in ("*.tmp", f"{CANDIDATE_DIR}/*.tmp"):
-        for p in folder.glob(pattern):
+def remove_leftovers(folder: Path, chunks=None) -> None:
+    """Delete temporary files of an interrupted run: of ``chunks`` only (a shard must not touch
+    the files other shards are writing), or every sweep ``*.tmp`` when ``chunks`` is None."""
+    if chunks is None:
+        paths = [p for p in folder.glob("*.tmp") if is_sweep_file(p.name)]
+        paths += list(folder.glob(f"{CANDIDATE_DIR}/*.tmp"))
+    else:
+        paths = [folder / (name + ".tmp") for c in chunks for name in (part_name(c), candidate_name(c))]
+    for p in paths:
+        if p.exists():
             p.unlink()
 
 
