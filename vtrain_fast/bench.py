@@ -109,6 +109,8 @@ def frontier_spec_text(num_sizes: int = 128) -> str:
 
 
 def default_spec_text(name: str, num_tokens: int, num_sizes: int = 32) -> str:
+    """The default sweep's axes with ``num_tokens`` token budgets and ``num_sizes`` cluster
+    sizes (multiples of 256 GPUs), as spec text; used to size the end-to-end benchmark."""
     tokens = ", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens))
     sizes = ", ".join(str(256 * (i + 1)) for i in range(num_sizes))
     return _DEFAULT_TEXT.format(name=name, tokens=tokens, sizes=sizes)
@@ -279,6 +281,8 @@ def bench_reference(grid, samples: int) -> dict | None:
 
 
 def bench_end_to_end(spec_text: str, folder: Path, writer_threads: int | None) -> dict:
+    """Run ``spec_text`` with ``--keep all`` into ``folder``; return rows, seconds, rows/s,
+    bytes per row on disk and the number of part files."""
     from .engine import run_sweep
     from .spec import parse_spec
     spec = parse_spec(spec_text, "bench-e2e.toml")
@@ -323,6 +327,7 @@ def _frontier_child(num_sizes: int, folder: Path) -> None:
 
 
 def main(argv=None) -> int:
+    """Command line of ``make bench``; returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m vtrain_fast.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the bench")

@@ -275,7 +275,8 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
                   f"over {res['rows']} rows; wrote {output}")
 
 
-def main():  # console script entry point
+def main():
+    """Console-script entry point (``vtrain-fast``)."""
     app()
 
 

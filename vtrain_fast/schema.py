@@ -15,6 +15,8 @@ from .kernels import step
 
 @dataclass(frozen=True)
 class Column:
+    """One output column: name, Arrow type, unit (empty when dimensionless) and meaning."""
+
     name: str
     type: pa.DataType
     unit: str
