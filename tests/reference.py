@@ -430,6 +430,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     tp_comm_s = m * stages[slow]["tp"]
     pp_comm_s = m * stages[slow]["pp"]
     dp_comm_s = max(group_allreduce_s(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
+    # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
+    backward_window = layers_per_stage * (bwd + rc * fwd)
+    dp_comm_s -= hw_get(hw, "dp_overlap") * min(dp_comm_s, backward_window)
     adam_s = optimizer_s(max(st["params"] for st in stages), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s

@@ -108,6 +108,7 @@ class GPUPreset:
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
     calibrated: bool = False    # True when ``calibration`` was fitted to this GPU's measurements
+    overlap_grad_reduce: bool = False   # software setting: DP all-reduce overlapped with backward
 
 
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
@@ -241,6 +242,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "usd_per_gpu_hour": preset.usd_per_gpu_hour,
         "pue": preset.pue,
         "reserved_bytes": preset.reserved_GiB * GiB,
+        "dp_overlap": 1.0 if preset.overlap_grad_reduce else 0.0,
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

@@ -6,7 +6,9 @@ times ``T_i`` (forward + backward of one micro-batch, including its TP and pipel
 communication), the pipeline flushes after ``(m - 1) * max_i T_i + sum_i T_i``; for equal stages
 this is the paper's ``(m + p - 1) * T`` with bubble ``(p - 1) * T``. At ``pp = 1`` it reduces to
 gradient accumulation, ``m * T``. The data-parallel gradient all-reduce and the Adam step follow
-the flush (no overlap, as in Megatron-LM's local DDP). The first stage carries the embeddings,
+the flush (no overlap, as in Megatron-LM's local DDP); with ``overlap_grad_reduce`` (machine
+vector field ``dp_overlap``) the all-reduce hides behind the backward of the last micro-batch
+and only the longer part is exposed (Megatron-LM's distributed DDP, ``--overlap-grad-reduce``). The first stage carries the embeddings,
 the last the final layer norm, LM head and cross-entropy.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -282,7 +284,11 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     compute_s = m * c_slow
     tp_comm_s = m * tp_slow
     pp_comm_s = m * pp_slow
-    dp_comm_s = split[S_DP]
+    # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
+    # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
+    # recomputation) runs on each stage, so only the part longer than that backward is exposed.
+    window = Lp * (mb[M_BWD] + rc * fwd)
+    dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s

@@ -1,0 +1,52 @@
+"""Optional bucketed overlap of the data-parallel all-reduce with backward (issue 3)."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from vtrain_fast.errors import InputError
+from vtrain_fast.evaluate import evaluate_frame
+from vtrain_fast.spec import parse_spec
+
+PLANS = pl.DataFrame({
+    "num_layers": [30, 96, 40, 24], "hidden_size": [3072, 12288, 6144, 2048],
+    "num_attention_heads": [32, 96, 48, 16], "seq_length": [2048, 2048, 2048, 1024],
+    "global_batch_size": [512, 1536, 1024, 64], "micro_batch_size": [8, 1, 2, 4],
+    "tp": [1, 8, 4, 1], "pp": [1, 8, 2, 1], "dp": [64, 8, 32, 8], "gpu": ["a100-sxm4-80gb"] * 4,
+    "recompute": ["full", "full", "none", "none"],
+})
+
+
+def test_overlap_hides_part_of_the_dp_allreduce_and_nothing_else():
+    off = evaluate_frame(PLANS)
+    on = evaluate_frame(PLANS.with_columns(overlap_grad_reduce=pl.lit("true")))
+    assert (on["dp_comm_s"] <= off["dp_comm_s"]).all()
+    assert (on["dp_comm_s"] < off["dp_comm_s"]).any()
+    assert (on["dp_comm_s"] >= 0).all()
+    saved = off["iteration_time_s"] - on["iteration_time_s"]
+    assert (saved - (off["dp_comm_s"] - on["dp_comm_s"])).abs().max() < 1e-9
+    for col in ("compute_s", "tp_comm_s", "pp_comm_s", "bubble_s", "optimizer_s", "memory_per_gpu_GiB"):
+        assert (on[col] == off[col]).all(), col
+
+
+def test_overlap_is_a_boolean_spec_key():
+    base = """
+[model]
+presets = ["gpt3-125m"]
+[training]
+num_tokens = 1e9
+global_batch_size = 8
+micro_batch_size = 1
+{extra}
+[cluster]
+gpu = "a100-sxm4-80gb"
+num_gpus = 8
+[parallel]
+tp = 1
+pp = 1
+"""
+    spec = parse_spec(base.format(extra="overlap_grad_reduce = true"), "s.toml")
+    assert all(g.overlap_grad_reduce for g in spec.gpus)
+    assert not any(g.overlap_grad_reduce for g in parse_spec(base.format(extra=""), "s.toml").gpus)
+    with pytest.raises(InputError, match="overlap_grad_reduce"):
+        parse_spec(base.format(extra='overlap_grad_reduce = "yes"'), "s.toml")
