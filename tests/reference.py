@@ -417,7 +417,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
             act += in_flight * sbh                 # embedding output per in-flight micro-batch
         if last:
             act += 2.0 * sbh + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
-        states = ADAM_STATE_BYTES_PER_PARAM * params
+        # ZeRO-1 / distributed optimizer: the 12 bytes of fp32 master + Adam m, v over d ranks
+        shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)    # d when sharded, else 1
+        states = params * (4.0 + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / shards)
         stages.append(dict(compute=compute, tp=tp, pp=pp, time=compute + tp + pp,
                            params=params, states=states, act=act, mem=states + act))
 
@@ -433,7 +435,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
     backward_window = layers_per_stage * (bwd + rc * fwd)
     dp_comm_s -= hw_get(hw, "dp_overlap") * min(dp_comm_s, backward_window)
-    adam_s = optimizer_s(max(st["params"] for st in stages), hw)
+    shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)
+    adam_s = optimizer_s(max(st["params"] for st in stages) / shards, hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s
 

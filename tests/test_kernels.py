@@ -43,7 +43,7 @@ HW_RANGES = {
     "inter_node_latency_s": (0.0, 1e-4), "reserved_bytes": (0.0, 4 * GiB),
     "intra_node_step_latency_s": (0.0, 1e-5), "inter_node_step_latency_s": (0.0, 2e-5),
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
-    "dp_overlap": (0.0, 1.0),
+    "dp_overlap": (0.0, 1.0), "optimizer_sharding": (0.0, 1.0),
 }
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]

@@ -50,3 +50,23 @@ pp = 1
     assert not any(g.overlap_grad_reduce for g in parse_spec(base.format(extra=""), "s.toml").gpus)
     with pytest.raises(InputError, match="overlap_grad_reduce"):
         parse_spec(base.format(extra='overlap_grad_reduce = "yes"'), "s.toml")
+
+
+def test_distributed_optimizer_shards_adam_states_and_step():
+    off = evaluate_frame(PLANS)
+    on = evaluate_frame(PLANS.with_columns(distributed_optimizer=pl.lit("true")))
+    dp = PLANS["dp"].cast(pl.Float64)
+    params_per_gpu = off["model_states_GiB"] / 16.0
+    expected = params_per_gpu * (4.0 + 12.0 / dp)          # ZeRO-1: 2 + 2 + 12/dp bytes/param
+    assert ((on["model_states_GiB"] - expected).abs() / expected).max() < 1e-12
+    assert (on["optimizer_s"] < off["optimizer_s"]).all()
+    for col in ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "activations_GiB"):
+        assert ((on[col] - off[col]).abs() <= 1e-12 * off[col].abs().max()).all(), col
+
+
+def test_distributed_optimizer_lets_a_data_parallel_plan_fit():
+    plan = pl.DataFrame({"num_layers": [32], "hidden_size": [4096], "num_attention_heads": [32],
+                         "seq_length": [2048], "global_batch_size": [256], "micro_batch_size": [1],
+                         "tp": [1], "pp": [1], "dp": [256], "gpu": ["h100-sxm-80gb"], "recompute": ["full"]})
+    assert evaluate_frame(plan)["status"][0] == "out_of_memory"
+    assert evaluate_frame(plan.with_columns(distributed_optimizer=pl.lit("true")))["status"][0] == "ok"

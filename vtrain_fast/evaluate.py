@@ -22,7 +22,8 @@ from .spec import RECOMPUTE_VALUES
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
-            "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce")
+            "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce",
+            "distributed_optimizer")
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 INT_RANGES = {**_SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"]}
 PRECISIONS = ("fp16", "bf16")
@@ -136,16 +137,18 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     tokens = _float_column(df, "num_tokens", where, DEFAULT_NUM_TOKENS, 1.0, 1e16)
     overlap = [v in ("true", "1") for v in
                _str_column(df, "overlap_grad_reduce", where, ("true", "false", "1", "0"), "false")]
+    sharded = [v in ("true", "1") for v in
+               _str_column(df, "distributed_optimizer", where, ("true", "false", "1", "0"), "false")]
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, len(machine_vector(PRESETS["a100-sxm4-80gb"]))), dtype=np.float64)
     for i in range(n):
-        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i])
+        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i], sharded[i])
         if key not in cache:
             ov = dict(gpus_per_node=int(gpn[i]) or None,
                       intra_node_GBps=None if np.isnan(intra[i]) else float(intra[i]),
                       inter_node_Gbps=None if np.isnan(inter[i]) else float(inter[i]),
-                      overlap_grad_reduce=overlap[i])
+                      overlap_grad_reduce=overlap[i], distributed_optimizer=sharded[i])
             cache[key] = machine_vector(with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov))
         hw_rows[i] = cache[key]
     cols = np.stack([ints["num_layers"], h, a, groups, ffn, vocab, ints["seq_length"],

@@ -109,6 +109,7 @@ class GPUPreset:
     calibration: Calibration = field(default_factory=Calibration)
     calibrated: bool = False    # True when ``calibration`` was fitted to this GPU's measurements
     overlap_grad_reduce: bool = False   # software setting: DP all-reduce overlapped with backward
+    distributed_optimizer: bool = False  # software setting: Adam states sharded over DP (ZeRO-1)
 
 
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
@@ -243,6 +244,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "pue": preset.pue,
         "reserved_bytes": preset.reserved_GiB * GiB,
         "dp_overlap": 1.0 if preset.overlap_grad_reduce else 0.0,
+        "optimizer_sharding": 1.0 if preset.distributed_optimizer else 0.0,
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

@@ -14,6 +14,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     micro_batch_size = [1, 2, 4]
     recompute = ["none", "full"]
     overlap_grad_reduce = false     # true: DP all-reduce hidden behind the last backward
+    distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
     [cluster]
     gpu = ["a100-sxm4-80gb"]
     num_gpus = [1024, 1536]
@@ -49,7 +50,8 @@ _INT_RANGES = {
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "seq_length", "vocab_size"},
-    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", "overlap_grad_reduce"},
+    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", "overlap_grad_reduce",
+                 "distributed_optimizer"},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
     "parallel": {"tp", "pp"},
     "output": {"chunk_size"},
@@ -236,11 +238,14 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                     raise InputError(path, f"cluster.{k}", v, f"one number from {lo:g} to {hi:g}")
                 overrides[k] = float(v)
-    overlap = tr.get("overlap_grad_reduce", False)
-    if not isinstance(overlap, bool):
-        raise InputError(path, "training.overlap_grad_reduce", overlap, "true or false",
-                         "true overlaps the data-parallel all-reduce with backward (Megatron --overlap-grad-reduce)")
-    overrides["overlap_grad_reduce"] = overlap
+    for key, meaning in (("overlap_grad_reduce", "true overlaps the data-parallel all-reduce with backward "
+                                                  "(Megatron --overlap-grad-reduce)"),
+                         ("distributed_optimizer", "true shards the Adam states over data-parallel ranks "
+                                                   "(Megatron --use-distributed-optimizer, ZeRO-1)")):
+        flag = tr.get(key, False)
+        if not isinstance(flag, bool):
+            raise InputError(path, f"training.{key}", flag, "true or false", meaning)
+        overrides[key] = flag
     calibration = calibration or {}
     gpus = tuple(with_overrides(get_preset(n), calibration.get(n), **overrides)
                  for n in _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)))

@@ -12,6 +12,24 @@ from __future__ import annotations
 from .._jit import jit
 
 STATE_BYTES_PER_PARAM = 16.0
+WEIGHT_AND_GRAD_BYTES_PER_PARAM = 4.0    # fp16 weight + fp16 gradient, never sharded here
+
+
+@jit
+def optimizer_shards(d, sharding):
+    """Ranks the Adam states are spread over: ``d`` with a sharded (distributed, ZeRO-1)
+    optimizer (``sharding = 1``), else 1."""
+    return 1.0 + sharding * (d - 1.0)
+
+
+@jit
+def model_state_bytes(params, d, sharding):
+    """Model-state bytes of ``params`` parameters on one GPU: fp16 weight and gradient
+    (4 bytes) plus fp32 master weight, Adam momentum and variance (12 bytes) divided over
+    :func:`optimizer_shards` (Rajbhandari et al. 2020, "ZeRO", Sec. 5.1: ``(2 + 2 + K/N_d)``
+    per parameter with ``K = 12`` for stage 1). Without sharding: 16 bytes per parameter."""
+    return params * (WEIGHT_AND_GRAD_BYTES_PER_PARAM
+                     + (STATE_BYTES_PER_PARAM - WEIGHT_AND_GRAD_BYTES_PER_PARAM) / optimizer_shards(d, sharding))
 
 
 @jit

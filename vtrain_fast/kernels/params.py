@@ -32,13 +32,14 @@ HW_FIELDS = (
     "iteration_overhead_s",   # fixed host time per iteration (loss scaling, clipping, logging), s
     "p2p_overhead_s",         # host/synchronisation time of one pipeline send or receive, s
     "dp_overlap",             # fraction of the last backward that hides the DP all-reduce (0 = off)
+    "optimizer_sharding",     # 1: Adam states sharded over data-parallel ranks (ZeRO-1), 0: not
 )
 NUM_HW_FIELDS = len(HW_FIELDS)
 
 (H_PEAK_FLOPS, H_HBM_BYTES, H_HBM_BPS, H_INTRA_BPS, H_INTER_BPS, H_GPUS_PER_NODE, H_NUM_SMS,
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
- H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_DP_OVERLAP) = range(NUM_HW_FIELDS)
+ H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_DP_OVERLAP, H_OPT_SHARD) = range(NUM_HW_FIELDS)
 
 # Fields a calibration may change (a handful of global numbers per GPU type).
 CALIBRATION_FIELDS = (

@@ -17,7 +17,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -198,7 +198,9 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
         p_last = p_first
     dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
                     comm.group_allreduce_s(2.0 * p_last, d, t, hw))
-    optimizer_time_s = ops.optimizer_s(max(p_first, p_last), hw)
+    # a sharded (distributed) optimizer updates only its 1/d of the parameters; the gradient
+    # reduce-scatter + parameter all-gather move the same bytes as the all-reduce above
+    optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, hw[H_OPT_SHARD]), hw)
     crosses = 1.0 if t * d * p > hw[H_GPUS_PER_NODE] else 0.0
     return p_first, p_last, dp_comm_s, optimizer_time_s, crosses
 
@@ -307,12 +309,14 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
                     + 2.0 * s * b * h + mb[M_LOGITS])
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
-    mem_first = memory.STATE_BYTES_PER_PARAM * p_first + act_first
-    mem_last = memory.STATE_BYTES_PER_PARAM * p_last + act_last
+    state_first = memory.model_state_bytes(p_first, d, hw[H_OPT_SHARD])
+    state_last = memory.model_state_bytes(p_last, d, hw[H_OPT_SHARD])
+    mem_first = state_first + act_first
+    mem_last = state_last + act_last
     if mem_first >= mem_last:
-        states, act = memory.STATE_BYTES_PER_PARAM * p_first, act_first
+        states, act = state_first, act_first
     else:
-        states, act = memory.STATE_BYTES_PER_PARAM * p_last, act_last
+        states, act = state_last, act_last
     mem_total = states + act + hw[H_RESERVED_BYTES]
     if mem_total > hw[H_HBM_BYTES]:
         status = OUT_OF_MEMORY
