@@ -43,6 +43,24 @@ chunk_size = 100
 """
 
 
+# One valid point; tests add keys under [training] with ONE_POINT_SPEC.format(training="...").
+ONE_POINT_SPEC = """\
+[model]
+presets = ["gpt3-125m"]
+[training]
+num_tokens = 1e9
+global_batch_size = 8
+micro_batch_size = 1
+{training}
+[cluster]
+gpu = "a100-sxm4-80gb"
+num_gpus = 8
+[parallel]
+tp = 1
+pp = 1
+"""
+
+
 @pytest.fixture
 def write_spec(tmp_path):
     """Factory: write TOML text (dedented) to ``tmp_path/<name>`` and return the path."""

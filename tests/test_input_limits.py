@@ -1,13 +1,13 @@
 """Input limits and odd-but-valid inputs found by adversarial review (exit 2, one message)."""
 from __future__ import annotations
 
-import textwrap
 
 import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from conftest import ONE_POINT_SPEC
 from vtrain_fast.cli import app
 from vtrain_fast.errors import InputError
 from vtrain_fast.evaluate import evaluate_frame
@@ -69,20 +69,7 @@ def test_spec_that_is_not_utf8_or_has_a_bom(tmp_path, ):
     spec.write_bytes(b"\xff\xfe\x00garbage")
     r = run("sweep", spec, "-o", tmp_path / "o")
     assert r.exit_code == 2 and "UTF-8" in r.output
-    spec.write_text("\ufeff" + textwrap.dedent("""
-        [model]
-        presets = ["gpt3-125m"]
-        [training]
-        num_tokens = 1e9
-        global_batch_size = 8
-        micro_batch_size = 1
-        [cluster]
-        gpu = "a100-sxm4-80gb"
-        num_gpus = 8
-        [parallel]
-        tp = 1
-        pp = 1
-    """), encoding="utf-8")
+    spec.write_text("\ufeff" + ONE_POINT_SPEC.format(training=""), encoding="utf-8")
     r = run("sweep", spec, "-o", tmp_path / "o2")
     assert r.exit_code == 0, r.output
 

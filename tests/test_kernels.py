@@ -15,7 +15,7 @@ from vtrain_fast import schema
 from vtrain_fast.hardware import PRESETS, machine_vector
 from vtrain_fast.kernels import comm, memory, ops, step
 from vtrain_fast.kernels import sweep as ksweep
-from vtrain_fast.kernels.params import HW_FIELDS, NUM_HW_FIELDS
+from vtrain_fast.kernels.params import HW_FIELDS
 from vtrain_fast.models import MODEL_PRESETS
 from vtrain_fast.spec import parse_spec
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from conftest import ONE_POINT_SPEC
 from vtrain_fast.errors import InputError
 from vtrain_fast.evaluate import evaluate_frame
 from vtrain_fast.spec import parse_spec
@@ -30,26 +31,11 @@ def test_overlap_hides_part_of_the_dp_allreduce_and_nothing_else():
 
 
 def test_overlap_is_a_boolean_spec_key():
-    base = """
-[model]
-presets = ["gpt3-125m"]
-[training]
-num_tokens = 1e9
-global_batch_size = 8
-micro_batch_size = 1
-{extra}
-[cluster]
-gpu = "a100-sxm4-80gb"
-num_gpus = 8
-[parallel]
-tp = 1
-pp = 1
-"""
-    spec = parse_spec(base.format(extra="overlap_grad_reduce = true"), "s.toml")
+    spec = parse_spec(ONE_POINT_SPEC.format(training="overlap_grad_reduce = true"), "s.toml")
     assert all(g.overlap_grad_reduce for g in spec.gpus)
-    assert not any(g.overlap_grad_reduce for g in parse_spec(base.format(extra=""), "s.toml").gpus)
+    assert not any(g.overlap_grad_reduce for g in parse_spec(ONE_POINT_SPEC.format(training=""), "s.toml").gpus)
     with pytest.raises(InputError, match="overlap_grad_reduce"):
-        parse_spec(base.format(extra='overlap_grad_reduce = "yes"'), "s.toml")
+        parse_spec(ONE_POINT_SPEC.format(training='overlap_grad_reduce = "yes"'), "s.toml")
 
 
 def test_distributed_optimizer_shards_adam_states_and_step():

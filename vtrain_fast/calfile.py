@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from datetime import date
 from pathlib import Path
 
 from .errors import InputError, check_output_file
@@ -20,7 +21,8 @@ def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict
     """Set ``values`` in table ``[gpu]`` of the calibration file at ``path`` (created if
     missing; other tables and keys are kept) and write it atomically.
 
-    ``meta`` (strings and numbers) is stored under ``[meta.<gpu>]`` for provenance.
+    ``meta`` (strings and numbers) is stored under ``[meta.<gpu>]`` for provenance, with
+    today's ``date``.
     """
     check_output_file(path)
     p = Path(path)
@@ -33,8 +35,7 @@ def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict
                              "a missing file or a valid calibration TOML to update",
                              "choose another -o or delete the file") from None
     doc.setdefault(gpu, {}).update({k: float(v) for k, v in values.items()})
-    if meta:
-        doc.setdefault("meta", {}).setdefault(gpu, {}).update(meta)
+    doc.setdefault("meta", {}).setdefault(gpu, {}).update({**(meta or {}), "date": date.today().isoformat()})
     lines = ["# vtrain_fast calibration: one table per GPU preset (see `vtrain-fast calibrate`)."]
     for name, table in doc.items():
         if name == "meta":

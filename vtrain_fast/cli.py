@@ -214,15 +214,13 @@ def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate colum
               param: List[str] = typer.Option(None, "--param", help="parameter to fit (repeat); default: the standard set"),
               calibration: Optional[Path] = CalibrationOpt):
     """Least-squares fit of a few global efficiencies of one GPU type to measured iteration times."""
-    from datetime import date
-
     from .calfile import update_calibration_file
     from .calibrate import DEFAULT_FIT, calibration_values, fit
     from .evaluate import read_csv
     start = (_calibration(calibration) or {}).get(gpu)
     cal, report = fit(read_csv(measurements), gpu, tuple(param) if param else DEFAULT_FIT, start, str(measurements))
     update_calibration_file(output, gpu, calibration_values(cal), meta={
-        "fitted_on": str(measurements), "rows": report["rows"], "date": date.today().isoformat(),
+        "fitted_on": str(measurements), "rows": report["rows"],
         "mape_before_pct": round(report["mape_before_pct"], 3), "mape_after_pct": round(report["mape_after_pct"], 3)})
     console.print(f"{gpu}: {report['rows']} rows, MAPE {report['mape_before_pct']:.2f}% -> "
                   f"{report['mape_after_pct']:.2f}%; wrote {output}")
@@ -242,8 +240,6 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
                    inter_node_gbps: Optional[float] = typer.Option(None, "--inter-node-Gbps", help="NIC bandwidth per GPU of the measured cluster [preset]"),
                    calibration: Optional[Path] = CalibrationOpt):
     """Fit latency, per-step latency and bus-bandwidth efficiency to nccl-tests measurements."""
-    from datetime import date
-
     from .calfile import update_calibration_file
     from .hardware import PRESETS, machine_vector, with_overrides
     from .nccl import fit_tables, read_table
@@ -269,7 +265,7 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
                                           f"{side}_step_latency_s": res["step_latency_s"],
                                           f"{side}_efficiency": res["efficiency"]},
                             meta={f"nccl_{side}_files": len(files), f"nccl_{side}_rows": res["rows"],
-                                  f"nccl_{side}_mape_pct": round(res["mape_pct"], 3), "date": date.today().isoformat()})
+                                  f"nccl_{side}_mape_pct": round(res["mape_pct"], 3)})
     console.print(f"{gpu} {side}: latency {res['latency_s'] * 1e6:.2f} us, step {res['step_latency_s'] * 1e6:.2f} us, "
                   f"busbw efficiency {res['efficiency']:.3f} of {link:g} GB/s; fit MAPE {res['mape_pct']:.2f}% "
                   f"over {res['rows']} rows; wrote {output}")

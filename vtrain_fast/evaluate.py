@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 from .engine import output_arrays
 from .errors import InputError, check_output_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
+from .kernels.params import NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
 from .schema import OUTPUT_NAMES
-from .spec import _INT_RANGES as _SPEC_INT_RANGES
+from .spec import INT_RANGES as SPEC_INT_RANGES
 from .spec import RECOMPUTE_VALUES
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
@@ -25,17 +26,17 @@ OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "p
             "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce",
             "distributed_optimizer")
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
-INT_RANGES = {**_SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"]}
+CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"]}
 PRECISIONS = ("fp16", "bf16")
 DEFAULT_NUM_TOKENS = 300e9
 
 
 def _int_column(df: pl.DataFrame, name: str, where: str, default=None) -> np.ndarray:
-    """Whole numbers within :data:`INT_RANGES`; empty cells (or a missing column) take
+    """Whole numbers within :data:`CSV_INT_RANGES`; empty cells (or a missing column) take
     ``default`` (0 means "derive from the model"); with ``default=None`` a value is required."""
     if name not in df.columns:
         return np.full(df.height, default, dtype=np.int64)
-    lo, hi = INT_RANGES[name]
+    lo, hi = CSV_INT_RANGES[name]
     col = df[name]
     empty = col.is_null().to_numpy()
     if col.dtype == pl.Boolean:
@@ -141,7 +142,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                _str_column(df, "distributed_optimizer", where, ("true", "false", "1", "0"), "false")]
     calibration = calibration or {}
     cache: dict = {}
-    hw_rows = np.empty((n, len(machine_vector(PRESETS["a100-sxm4-80gb"]))), dtype=np.float64)
+    hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
     for i in range(n):
         key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i], sharded[i])
         if key not in cache:

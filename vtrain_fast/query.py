@@ -8,25 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from .errors import InputError
 from .kernels.sweep import pareto_sorted
-from .schema import COLUMNS, OUTPUT_NAMES
+from .schema import COLUMNS
 from .writer import PART_GLOB, read_manifest
 
-NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (
-    __import__("pyarrow").int64(), __import__("pyarrow").float64()))
+NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.float64()))
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
                  "seq_length")
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
-
-
-def scan_results(folder: str | Path) -> pl.LazyFrame:
-    """Lazy frame over a finished results folder (raises InputError if unfinished)."""
-    read_manifest(folder)
-    return pl.scan_parquet(str(Path(folder) / PART_GLOB))
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:

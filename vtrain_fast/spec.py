@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .errors import InputError
-from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration, GPUPreset,
+from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        get_preset, with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
 
@@ -39,7 +39,7 @@ RECOMPUTE_VALUES = ("none", "full")
 MAX_INT = 2 ** 31 - 1
 
 # key -> (low, high) for integer axes
-_INT_RANGES = {
+INT_RANGES = {
     "num_layers": (1, 100_000), "hidden_size": (1, 1_000_000),
     "num_attention_heads": (1, 100_000), "num_query_groups": (1, 100_000),
     "ffn_hidden_size": (1, 10_000_000), "seq_length": (1, 100_000_000),
@@ -116,7 +116,7 @@ def _as_list(where, key, value):
 
 
 def _ints(where, key, value):
-    lo, hi = _INT_RANGES[key]
+    lo, hi = INT_RANGES[key]
     out = []
     for v in _as_list(where, key, value):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:

@@ -150,22 +150,6 @@ def clear_folder(folder: Path) -> None:
             p.unlink()
 
 
-def prepare_folder(folder: Path, overwrite: bool) -> None:
-    """Create ``folder`` for a new sweep (kept for callers of the one-shot API).
-
-    Raises
-    ------
-    InputError
-        If the folder holds results (or leftovers) and ``overwrite`` is false.
-    """
-    if folder.exists() and any(is_sweep_file(p.name) for p in folder.iterdir()):
-        if not overwrite:
-            raise InputError(str(folder), "output folder", str(folder), "an empty or new folder",
-                             "pass --overwrite to replace its contents, or choose another -o")
-        clear_folder(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-
-
 def storage_schema(schema: pa.Schema, nullable: tuple[str, ...]) -> pa.Schema:
     """``schema`` with every field outside ``nullable`` marked non-nullable. Parquet then
     stores no definition levels for those columns (NaN is a value, not a null), which makes
