@@ -68,15 +68,14 @@ GEMM_TILE = 128.0   # output tile edge (128 x 128 tensor-core tiles)
 def gemm_time_s(m, n, k, batch, hw):
     """``batch`` GEMMs (m x k) @ (k x n): max(compute, HBM traffic) + one launch.
 
-    Wave quantization: the ``ceil(m/128) * ceil(n/128) * batch`` output tiles run in waves of
-    ``num_sms`` tiles; the last, partial wave costs a full one, so the achievable FLOP rate is
-    scaled by ``tiles / (waves * num_sms)``."""
+    SM occupancy: with fewer ``ceil(m/128) * ceil(n/128) * batch`` output tiles than SMs, only
+    ``tiles`` SMs work, so the achievable FLOP rate is scaled by ``tiles / num_sms``; from one full
+    wave up the rate is the full one."""
     flops = 2.0 * m * n * k * batch
     nbytes = BYTES_FP16 * (m * k + k * n + m * n) * batch        # read A, read B, write C
     sms = hw_get(hw, "num_sms")
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
-    waves = math.ceil(tiles / sms)
-    busy_fraction = tiles / (waves * sms)
+    busy_fraction = min(1.0, tiles / sms)
     compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "gemm_efficiency") * busy_fraction)
     memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
     return max(compute_s, memory_s) + hw_get(hw, "kernel_overhead_s")

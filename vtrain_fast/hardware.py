@@ -112,24 +112,36 @@ class GPUPreset:
     distributed_optimizer: bool = False  # software setting: Adam states sharded over DP (ZeRO-1)
 
 
+# Achievable large-GEMM fraction of the dense bf16 peak, measured by a matmul shape search
+# (Maximum Achievable Matmul FLOPS): A100 SXM 267.9 of 312 TFLOPS = 85.9% (CUDA 12.1), H100 SXM
+# 792.1 of 989 TFLOPS = 80.1% (CUDA 12.1). Source: S. Bekman, "Machine Learning Engineering",
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
+# (github.com/stas00/ml-engineering, table as of 2024). Pinned, not fitted: vTrain's single-node
+# set (h <= 2048, s = 1024) cannot separate GEMM efficiency from per-kernel overheads; fitting it
+# there gave 0.94, which over-predicts large models.
+A100_GEMM_EFFICIENCY = 0.859
+H100_GEMM_EFFICIENCY = 0.801
+
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
 # (calibrate-nccl: busbw efficiency 0.726 of 300 GB/s NVLink, fit MAPE 4.2%) and a least-squares
-# fit to vTrain's 1,440 single-node Megatron-DeepSpeed iteration times only (MAPE 6.67% after the fit).
+# fit of seven parameters (gemm_efficiency pinned above) to vTrain's 1,440 single-node
+# Megatron-DeepSpeed iteration times only (MAPE 6.52% after the fit).
 # The multi-node set was not used: its error is a held-out result. Values are the fit's, unrounded,
 # so `--calibration results/calibration-a100.toml` after `make calibrate` gives identical rows.
 A100_CALIBRATION = Calibration(
-    gemm_efficiency=0.9411330951271666, hbm_efficiency=0.7603897660546501,
-    kernel_overhead_s=2.244682029977058e-05,
+    gemm_efficiency=A100_GEMM_EFFICIENCY, hbm_efficiency=0.8550685164020374,
+    kernel_overhead_s=2.884865870534776e-05,
     intra_node_efficiency=0.7263400082650625, inter_node_efficiency=0.80,
-    intra_node_latency_s=3.4095206577505246e-17, inter_node_latency_s=30e-6,
-    intra_node_step_latency_s=8.401780573964492e-06, inter_node_step_latency_s=5e-6,
-    host_launch_s=5.914615143444962e-05, iteration_overhead_s=3.7591254721624847e-19,
-    p2p_overhead_s=0.0009865731722926599,
+    intra_node_latency_s=2.67410446489726e-22, inter_node_latency_s=30e-6,
+    intra_node_step_latency_s=7.752825119659687e-06, inter_node_step_latency_s=5e-6,
+    host_launch_s=5.957091401417891e-05, iteration_overhead_s=1.9686969544689092e-21,
+    p2p_overhead_s=0.0009971128402050827,
 )
 # Other GPUs: no measurements here. Software-stack terms (host launch, per-kernel gap,
 # per-iteration overhead, pipeline send/receive overhead, NCCL latencies) come from the A100 fit;
-# the efficiencies are typical published fractions (assumptions, not fits) until
-# `vtrain-fast calibrate` is run on the GPU's own measurements.
+# the efficiencies are typical published fractions (assumptions, not fits; the H100's GEMM
+# efficiency is its published matmul benchmark above) until `vtrain-fast calibrate` is run on the
+# GPU's own measurements.
 _UNCALIBRATED = Calibration(
     kernel_overhead_s=A100_CALIBRATION.kernel_overhead_s, host_launch_s=A100_CALIBRATION.host_launch_s,
     iteration_overhead_s=A100_CALIBRATION.iteration_overhead_s,
@@ -167,7 +179,7 @@ PRESETS: dict[str, GPUPreset] = {
         GPUPreset("a100-sxm4-80gb", 312.0, 80.0, 2039.0, 300.0, 200.0, 8, 108, 400.0, 1.79,
                   _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
         GPUPreset("h100-sxm-80gb", 989.4, 80.0, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
-                  _H100_SRC, calibration=_UNCALIBRATED),
+                  _H100_SRC, calibration=replace(_UNCALIBRATED, gemm_efficiency=H100_GEMM_EFFICIENCY)),
         GPUPreset("v100-sxm2-32gb", 125.0, 32.0, 900.0, 150.0, 25.0, 8, 80, 300.0, 0.80,
                   _V100_SRC, calibration=_UNCALIBRATED),
     )

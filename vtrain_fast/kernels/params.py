@@ -14,7 +14,7 @@ HW_FIELDS = (
     "intra_node_Bps",         # NVLink bandwidth per GPU per direction, bytes/s
     "inter_node_Bps",         # NIC bandwidth per GPU per direction, bytes/s
     "gpus_per_node",          # GPUs sharing one NVLink/NVSwitch domain
-    "num_sms",                # streaming multiprocessors (GEMM wave quantization)
+    "num_sms",                # streaming multiprocessors (GEMM SM occupancy)
     "tdp_W",                  # board power, watts
     "usd_per_gpu_hour",       # price, US dollars per GPU-hour
     "pue",                    # data-centre power usage effectiveness (energy multiplier)
