@@ -239,6 +239,15 @@ def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s)
     return latency_s + steps * step_latency_s + steps / n * nbytes / (link_Bps * efficiency)
 
 
+def tree_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
+    """Double binary tree: up and down a tree of depth ceil(log2 n), so 2*ceil(log2 n) latency
+    steps; the same 2(n-1)/n of the buffer through each link as the ring; free for n <= 1."""
+    if n <= 1:
+        return 0.0
+    depth = math.ceil(math.log2(n))
+    return latency_s + 2.0 * depth * step_latency_s + 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency)
+
+
 def members_per_node(stride, n, gpus_per_node):
     """Ranks of an n-rank group with spacing ``stride`` that land on one node (at least 1)."""
     if stride >= gpus_per_node:
@@ -262,7 +271,7 @@ def intra_allgather_s(nbytes, n, hw):
 
 def group_allreduce_s(nbytes, n, stride, hw):
     """All-reduce over n ranks spaced ``stride``: NVLink ring inside one node; otherwise
-    hierarchical (intra reduce-scatter + inter ring all-reduce of the 1/g shard per NIC +
+    hierarchical (intra reduce-scatter + inter tree all-reduce of the 1/g shard per NIC +
     intra all-gather)."""
     if n <= 1:
         return 0.0
@@ -270,7 +279,7 @@ def group_allreduce_s(nbytes, n, stride, hw):
     nodes = math.ceil(n / per_node)
     if nodes <= 1:
         return intra_allreduce_s(nbytes, n, hw)
-    inter_s = ring_allreduce_s(nbytes / per_node, nodes, *_link(hw, "inter"))
+    inter_s = tree_allreduce_s(nbytes / per_node, nodes, *_link(hw, "inter"))
     reduce_scatter_s = intra_allgather_s(nbytes, per_node, hw)
     allgather_s = intra_allgather_s(nbytes, per_node, hw)
     return inter_s + (reduce_scatter_s + allgather_s)

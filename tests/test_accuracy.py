@@ -81,6 +81,28 @@ def test_nccl_fit_recovers_known_parameters(tmp_path):
     assert res["step_latency_s"] == pytest.approx(step, rel=1e-2)
 
 
+def test_nccl_inter_node_fit_recovers_tree_parameters():
+    """Multi-node all-reduce times made by the kernel's hierarchical tree model (known NIC
+    latency, per-step latency and efficiency) are fitted back by the inter-node mode."""
+    from vtrain_fast.hardware import machine_vector
+    from vtrain_fast.kernels.comm import group_allreduce_s
+    from vtrain_fast.nccl import Table
+    preset = PRESETS["a100-sxm4-80gb"]
+    truth = replace(preset.calibration, inter_node_latency_s=20e-6, inter_node_step_latency_s=6e-6,
+                    inter_node_efficiency=0.7)
+    hw = machine_vector(replace(preset, calibration=truth))
+    sizes = (2.0 ** np.arange(16, 31)).astype(np.int64)
+    tables = []
+    for nodes in (2, 3, 4, 16, 64):
+        n = 8 * nodes
+        times = np.array([group_allreduce_s(float(b), float(n), 1.0, hw) for b in sizes])
+        tables.append(Table(f"synthetic_{n}.txt", "all_reduce", n, sizes, times))
+    res = fit_tables(tables, preset.inter_node_Gbps / 8.0, gpus_per_node=8, hw=hw)
+    assert res["efficiency"] == pytest.approx(0.7, rel=1e-3)
+    assert res["latency_s"] == pytest.approx(20e-6, rel=1e-2)
+    assert res["step_latency_s"] == pytest.approx(6e-6, rel=1e-2)
+
+
 def test_nccl_bad_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "all_reduce_4gpu.txt"
     bad.write_text("nothing useful\n")

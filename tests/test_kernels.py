@@ -89,6 +89,9 @@ SCALAR_CASES = {
     "ring_allreduce_s": (comm.ring_allreduce_s, ref.ring_allreduce_s,
                          st.tuples(big, frac_count, st.floats(1e8, 1e12), st.floats(0.01, 1.0),
                                    st.floats(0.0, 1e-3), st.floats(0.0, 1e-4))),
+    "tree_allreduce_s": (comm.tree_allreduce_s, ref.tree_allreduce_s,
+                         st.tuples(big, frac_count, st.floats(1e8, 1e12), st.floats(0.01, 1.0),
+                                   st.floats(0.0, 1e-3), st.floats(0.0, 1e-4))),
     "ring_allgather_s": (comm.ring_allgather_s, ref.ring_allgather_s,
                          st.tuples(big, frac_count, st.floats(1e8, 1e12), st.floats(0.01, 1.0),
                                    st.floats(0.0, 1e-3), st.floats(0.0, 1e-4))),
@@ -452,6 +455,15 @@ def _pairs(build, seed, n=200):
     s0, o0 = run_rows(base)
     s1, o1 = run_rows(bigger)
     return base, bigger, o0, o1
+
+
+@given(st.floats(1e3, 1e10), st.integers(1, 4096), st.floats(0.0, 1e-3), st.floats(0.0, 1e-4))
+def test_tree_allreduce_never_slower_than_ring(nbytes, n, latency_s, step_latency_s):
+    args = (nbytes, float(n), 25e9, 0.8, latency_s, step_latency_s)
+    tree, ring = comm.tree_allreduce_s(*args), comm.ring_allreduce_s(*args)
+    assert tree <= ring * (1 + 1e-12)
+    if n <= 3:       # a tree of 2-3 ranks has as many steps as the ring
+        assert tree == pytest.approx(ring, rel=1e-12)
 
 
 def test_iteration_time_grows_with_num_layers():

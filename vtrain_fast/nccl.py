@@ -12,6 +12,8 @@ definitions, ``doc/PERFORMANCE.md``).
 """
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,11 @@ class Table:
     time_s: np.ndarray
 
 
-def _factors(collective: str, n: int) -> tuple[float, float]:
+def _factors(collective: str, n: int, tree: bool = False) -> tuple[float, float]:
+    """(latency steps, bytes-through-each-link factor) of one collective over ``n`` ranks; with
+    ``tree``, the all-reduce's double binary tree (``2 * ceil(log2 n)`` steps)."""
+    if collective == "all_reduce" and tree:
+        return 2.0 * math.ceil(math.log2(n)), 2.0 * (n - 1) / n
     if collective == "all_reduce":
         return 2.0 * (n - 1), 2.0 * (n - 1) / n
     if collective == "sendrecv":
@@ -135,7 +141,7 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
         ``g = min(n, gpus_per_node)`` per node. The model is then the kernel's hierarchical
         all-reduce (:func:`vtrain_fast.kernels.comm.group_allreduce_s`): the intra-node
         reduce-scatter and all-gather, priced with the machine vector ``hw``, are subtracted and
-        the inter-node ring all-reduce of ``size / g`` over ``nodes`` ranks is fitted to the
+        the inter-node tree all-reduce of ``size / g`` over ``nodes`` ranks is fitted to the
         rest (rows where the rest is not positive are left out).
     hw : numpy.ndarray, optional
         Machine vector for the intra-node part (inter-node mode only).
@@ -163,7 +169,7 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
             if nodes < 2 or t.n % g:
                 raise InputError(t.path, "ranks", t.n, f"a multiple of {gpus_per_node} spanning 2 or more nodes",
                                  "give --gpus-per-node or use tables measured across nodes")
-            steps, factor = _factors("all_reduce", nodes)
+            steps, factor = _factors("all_reduce", nodes, tree=True)
             for s, y in zip(t.size_bytes, t.time_s):
                 intra = 2.0 * intra_allgather_s(float(s), float(g), hw)
                 if y > intra:

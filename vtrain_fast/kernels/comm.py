@@ -1,4 +1,4 @@
-"""Collective-communication cost formulas (alpha-beta model, ring algorithms).
+"""Collective-communication cost formulas (alpha-beta model, ring and tree algorithms).
 
 Semantics follow nccl-tests (NVIDIA, ``doc/PERFORMANCE.md``): for an all-reduce of ``S`` bytes
 over ``n`` ranks, ``algbw = S / time`` and ``busbw = algbw * 2(n-1)/n``; a ring all-reduce moves
@@ -9,7 +9,8 @@ Link bandwidth is per GPU per direction; ``*_efficiency`` is the large-message
 
 Latency: a fixed ``latency_s`` per collective plus ``step_latency_s`` per ring step (``2(n-1)``
 steps for an all-reduce, ``n-1`` for an all-gather or reduce-scatter), fitted to nccl-tests
-tables by :mod:`vtrain_fast.nccl`.
+tables by :mod:`vtrain_fast.nccl`. Across nodes the all-reduce runs on NCCL's double binary tree
+(:func:`tree_allreduce_s`): ``2 * ceil(log2 n)`` steps instead of ``2(n-1)``.
 
 Rank layout (Megatron-LM): tensor-parallel ranks innermost, then data-parallel, then pipeline,
 so a TP group has stride 1, a DP group stride ``tp`` and pipeline neighbours are ``tp*dp`` apart.
@@ -50,6 +51,24 @@ def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s)
 
 
 @jit
+def tree_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
+    """Seconds of a double-binary-tree all-reduce of ``nbytes`` over ``n`` ranks.
+
+    ``latency_s + 2 * ceil(log2 n) * step_latency_s + 2(n-1)/n * nbytes / (link_Bps * efficiency)``;
+    0 when ``n <= 1``. Reduce up and broadcast down a tree of depth ``ceil(log2 n)``; the two
+    complementary trees each carry half of the buffer, so every rank sends and receives about
+    ``2 * nbytes`` like the ring and reaches the same bus bandwidth (Sanders, Speck, Traeff 2009,
+    "Two-tree algorithms for full bandwidth broadcast, reduction and scan", Parallel Computing
+    35(12); Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA 2019).
+    Only the latency term differs from :func:`ring_allreduce_s`; it is never slower than it.
+    """
+    if n <= 1.0:
+        return 0.0
+    return (latency_s + 2.0 * math.ceil(math.log2(n)) * step_latency_s
+            + 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency))
+
+
+@jit
 def members_per_node(stride, n, gpus_per_node):
     """How many of a group's ``n`` ranks, spaced ``stride`` apart, share one node (>= 1)."""
     if stride >= gpus_per_node:
@@ -62,10 +81,10 @@ def group_allreduce_s(nbytes, n, stride, hw):
     """Seconds of an all-reduce of ``nbytes`` over a group of ``n`` ranks spaced ``stride``.
 
     Inside one node: ring on NVLink. Across nodes with ``g > 1`` members per node:
-    hierarchical (intra-node reduce-scatter, inter-node ring all-reduce of ``nbytes / g`` on each
-    member's NIC, intra-node all-gather), as NCCL does with its tree/ring over nodes
+    hierarchical (intra-node reduce-scatter, inter-node tree all-reduce of ``nbytes / g`` on each
+    member's NIC, intra-node all-gather), as NCCL does with its trees over nodes
     (Jeaugey, NCCL 2.4 "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019).
-    One member per node: ring over the NICs.
+    One member per node: tree over the NICs (:func:`tree_allreduce_s`).
     """
     if n <= 1.0:
         return 0.0
@@ -73,7 +92,7 @@ def group_allreduce_s(nbytes, n, stride, hw):
     nodes = math.ceil(n / g)
     if nodes <= 1.0:
         return intra_allreduce_s(nbytes, n, hw)
-    inter = ring_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
+    inter = tree_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
                              hw[H_INTER_STEP_S])
     return inter + 2.0 * intra_allgather_s(nbytes, g, hw)
 
