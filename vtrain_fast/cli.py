@@ -80,13 +80,26 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     parse_keep(keep, minimize)          # bad options fail before the progress bar starts
     _parse_shard(shard)
     folder = output or Path("results") / s.name
+    if not overwrite and shard is None and (folder / "manifest.json").is_file():
+        import json
+        try:
+            done = json.loads((folder / "manifest.json").read_text())
+        except (OSError, ValueError):
+            done = {}
+        if isinstance(done, dict) and done.get("complete"):
+            raise InputError(str(folder), "output folder", str(folder), "a new folder or an unfinished sweep",
+                             f"it already holds the finished sweep {done.get('name')!r}: read it with "
+                             f"`vtrain-fast pareto {folder}`, pass --overwrite to recompute it, or choose "
+                             "another -o")
     n = s.num_points
     where = f" (shard {shard})" if shard else ""
     console.print(f"sweep [bold]{s.name}[/]{where}: {n:,} points, keep {keep} -> {folder}")
     for g in s.gpus:
         if not g.calibrated:
-            console.print(f"note: {g.name} has no calibration fitted to its own measurements (efficiencies are "
-                          "typical published values); its numbers are less certain than the A100's", style="yellow")
+            console.print(f"note: {g.name} has no calibration fitted to its own measurements: published GEMM "
+                          "efficiency, A100 software-stack timings (60 us host time per kernel), so small "
+                          "micro-batches and large tp come out host-bound and its MFU low; see README "
+                          "'What the model does not cover'", style="yellow", markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:
@@ -114,8 +127,24 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                   + (f"; pruned without evaluation: {manifest['pruned_points']:,}" if manifest.get('pruned_points') else ""))
     if shard:
         console.print(f"shard {shard} finished; when every shard has, run `vtrain-fast merge {folder}`")
+    elif keep.startswith("top"):
+        import polars as pl
+        from .report import print_frame
+        from .writer import PART_GLOB
+        from .query import CONFIG_COLUMNS
+        column = keep.split(":")[-1]
+        metric = column.lstrip("-")
+        cols = list(dict.fromkeys(CONFIG_COLUMNS + (metric, "iteration_time_s", "mfu", "memory_per_gpu_GiB",
+                                                    "train_days", "cost_usd")))
+        rows = (pl.read_parquet(str(folder / PART_GLOB)).select(cols)
+                .sort(metric, descending=column.startswith("-"), nulls_last=True))
+        print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,))
     elif show_pareto:
-        pareto(folder, list(minimize or ["cost_usd", "train_days"]), [], 20, None)
+        by = []
+        if not keep.startswith("frontier"):
+            from .query import varying_job_columns
+            by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None)
 
 
 @app.command()
@@ -135,7 +164,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
            minimize: List[str] = typer.Option(["cost_usd", "train_days"], "--minimize",
                                               help="objective column (repeat; '-col' maximises)"),
            by: List[str] = typer.Option([], "--by", help="one frontier per value of this input column (repeat), e.g. model"),
-           top: int = typer.Option(20, "--top", help="rows to print"),
+           top: int = typer.Option(20, "--top", help="rows to print (per group with --by)"),
            output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the frontier to Parquet")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import write_parquet_atomic
@@ -148,7 +177,25 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         console.print(f"{folder}: no feasible plan (status ok) to rank; see the status counts in its "
                       "manifest.json: try larger tp/pp, recompute = full or more GPUs")
         return
-    print_frame(front, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize))
+    import polars as pl
+    from .writer import read_manifest
+    if not by and not read_manifest(folder).get("keep", "all").startswith("frontier"):
+        from .query import varying_job_columns
+        mixed = varying_job_columns(folder)
+        if mixed:
+            console.print(f"note: the rows train different jobs ({', '.join(mixed)} vary), so shorter or smaller "
+                          f"runs dominate this frontier; add {' '.join('--by ' + c for c in mixed)} for one "
+                          "frontier per job", style="yellow", markup=False)
+    shown = front
+    if by and front.height > top:
+        # --top rows of each group (the frontier is sorted by the groups, then the objective)
+        shown = front.with_row_index("_i").filter(pl.col("_i").rank("ordinal").over(by) <= top).drop("_i")
+        title += f"; first {top} of each group"
+        top = shown.height
+    print_frame(shown, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize))
+    if shown.height < front.height:
+        console.print(f"({front.height - shown.height:,} more frontier rows not shown; raise --top or "
+                      "write them all with -o FILE.parquet)")
     if output:
         write_parquet_atomic(front, output)
         console.print(f"wrote {output}")
@@ -211,7 +258,9 @@ def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o
 def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate columns + measured_iteration_time_s"),
               gpu: str = typer.Option(..., "--gpu", help="GPU preset to calibrate"),
               output: Path = typer.Option(..., "-o", "--output", help="calibration TOML (created or updated)"),
-              param: List[str] = typer.Option(None, "--param", help="parameter to fit (repeat); default: the standard set"),
+              param: List[str] = typer.Option(None, "--param", help="parameter to fit (repeat); default: hbm_efficiency, kernel_overhead_s, "
+                                                      "host_launch_s, iteration_overhead_s; the others keep "
+                                                      "--calibration's (or the preset's) values"),
               calibration: Optional[Path] = CalibrationOpt):
     """Least-squares fit of a few global efficiencies of one GPU type to measured iteration times."""
     from .calfile import update_calibration_file

@@ -118,7 +118,7 @@ class GPUPreset:
 # compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
 # (github.com/stas00/ml-engineering, table as of 2024). Pinned, not fitted: vTrain's single-node
 # set (h <= 2048, s = 1024) cannot separate GEMM efficiency from per-kernel overheads; fitting it
-# there gave 0.94, which over-predicts large models.
+# there gave 0.94 (former wave-sawtooth GEMM model) or 0.878 (current), values the data do not pin.
 A100_GEMM_EFFICIENCY = 0.859
 H100_GEMM_EFFICIENCY = 0.801
 
@@ -132,9 +132,9 @@ A100_CALIBRATION = Calibration(
     gemm_efficiency=A100_GEMM_EFFICIENCY, hbm_efficiency=0.8550685164020374,
     kernel_overhead_s=2.884865870534776e-05,
     intra_node_efficiency=0.7263400082650625, inter_node_efficiency=0.80,
-    intra_node_latency_s=2.67410446489726e-22, inter_node_latency_s=30e-6,
+    intra_node_latency_s=0.0, inter_node_latency_s=30e-6,
     intra_node_step_latency_s=7.752825119659687e-06, inter_node_step_latency_s=5e-6,
-    host_launch_s=5.957091401417891e-05, iteration_overhead_s=1.9686969544689092e-21,
+    host_launch_s=5.957091401417891e-05, iteration_overhead_s=0.0,
     p2p_overhead_s=0.0009971128402050827,
 )
 # Other GPUs: no measurements here. Software-stack terms (host launch, per-kernel gap,

@@ -99,7 +99,8 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
     if stored.startswith("top"):
         raise InputError(str(folder), "keep", stored, "a folder with every row or every feasible row",
                          "this folder kept only the top rows of one column, so it cannot give a Pareto "
-                         "frontier; rerun the sweep with --keep all or --keep feasible")
+                         "frontier; read those rows with polars (pl.read_parquet('" + str(Path(folder) / PART_GLOB)
+                         + "')) or rerun the sweep with --keep all or --keep feasible")
     if stored.startswith("frontier") and by:
         raise InputError(str(folder), "--by", " ".join(by), "no --by on a folder reduced to one frontier",
                          "a global frontier does not hold the frontier of each group; rerun the sweep "
@@ -129,3 +130,21 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
     keep = obj["_row"].to_numpy()[mask]
     frontier = (lf.select([row] + cols).filter(pl.col("_row").is_in(keep.tolist())).collect().drop("_row"))
     return frontier.sort(by + [names[0]], descending=[False] * len(by) + [objectives[0][1]])
+
+
+JOB_COLUMNS = ("model", "num_tokens")
+
+
+def varying_job_columns(folder: str | Path) -> list[str]:
+    """Of the columns that define the training job (``model``, ``num_tokens``), those with more
+    than one value among the feasible rows of ``folder``: a frontier across them compares plans
+    for different jobs (a shorter run is always cheaper), so ``pareto --by`` them is usually meant.
+
+    Returns
+    -------
+    list of str
+        Column names, in :data:`JOB_COLUMNS` order (empty when every row trains the same job).
+    """
+    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    counts = lf.select([pl.col(c).n_unique() for c in JOB_COLUMNS]).collect().row(0)
+    return [c for c, n in zip(JOB_COLUMNS, counts) if n > 1]

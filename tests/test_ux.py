@@ -1,0 +1,100 @@
+"""What a new user sees: per-job frontiers, --top per group, top:K folders, reruns of a finished
+sweep, and calibration values that sit on a bound. Each check compares with an independent
+computation (pareto itself, a brute-force sort) or with the absence/presence of a message."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import polars as pl
+import pytest
+
+from conftest import TINY_SPEC
+from vtrain_fast.calibrate import fit
+from vtrain_fast.hardware import PRESETS
+from vtrain_fast.query import pareto, varying_job_columns
+from vtrain_fast.validate import load_measurements
+
+
+def _flat(text: str) -> str:
+    """Console output with rich's line wrapping undone (words joined by single spaces)."""
+    return " ".join(text.split())
+
+
+def test_varying_job_columns(tiny_sweep):
+    # the tiny spec has two model presets and one token budget
+    assert varying_job_columns(tiny_sweep) == ["model"]
+
+
+def test_sweep_pareto_gives_one_frontier_per_job(write_spec, tmp_path, cli):
+    spec = write_spec(TINY_SPEC.replace("num_tokens = [1e9]", "num_tokens = [1e9, 2e9]"), "jobs.toml")
+    out = tmp_path / "jobs"
+    res = cli("sweep", spec, "-o", out, "--pareto")
+    assert res.exit_code == 0, res.output
+    assert "per model, num_tokens" in _flat(res.output)
+    per_job = pareto(out, ["cost_usd", "train_days"], ["model", "num_tokens"])
+    assert per_job["num_tokens"].n_unique() == 2 and per_job["model"].n_unique() == 2
+    # the plain pareto command warns instead of grouping silently
+    res = cli("pareto", out)
+    assert res.exit_code == 0 and "--by model --by num_tokens" in _flat(res.output)
+    assert "train different jobs" not in _flat(cli("pareto", out, "--by", "model", "--by", "num_tokens").output)
+
+
+def test_pareto_top_is_per_group(tiny_sweep, cli):
+    front = pareto(tiny_sweep, ["cost_usd", "train_days"], ["model"])
+    sizes = front.group_by("model").len()["len"].to_list()
+    assert min(sizes) >= 2, "the tiny sweep must have two frontier rows per model for this test"
+    res = cli("pareto", tiny_sweep, "--by", "model", "--top", "1", "-o", tiny_sweep.parent / "f.parquet")
+    assert res.exit_code == 0, res.output
+    assert "first 1 of each group" in _flat(res.output)
+    assert f"({front.height - 2:,} more frontier rows not shown" in _flat(res.output)
+    # -o still writes the whole frontier
+    assert pl.read_parquet(tiny_sweep.parent / "f.parquet").height == front.height
+
+
+def test_top_k_sweep_prints_its_rows(tiny_spec_path, tmp_path, cli, tiny_sweep):
+    out = tmp_path / "top"
+    res = cli("sweep", tiny_spec_path, "-o", out, "--keep", "top:3:-mfu")
+    assert res.exit_code == 0, res.output
+    assert "the 3 rows kept (top:3:-mfu)" in _flat(res.output)
+    best = (pl.scan_parquet(str(tiny_sweep / "part-*.parquet")).filter(pl.col("status") == "ok")
+            .select(pl.col("mfu").max()).collect().item())
+    assert f"{best:.3f}" in res.output
+    res = cli("pareto", out)
+    assert res.exit_code == 2 and "pl.read_parquet" in _flat(res.output)
+
+
+def test_rerun_of_finished_sweep_fails_before_any_output(tiny_spec_path, tmp_path, cli):
+    out = tmp_path / "again"
+    assert cli("sweep", tiny_spec_path, "-o", out).exit_code == 0
+    res = cli("sweep", tiny_spec_path, "-o", out)
+    assert res.exit_code == 2
+    assert "already holds the finished sweep 'tiny'" in _flat(res.output)
+    assert "points" not in res.output.split("error")[0]          # no header, no progress bar
+    assert cli("sweep", tiny_spec_path, "-o", out, "--overwrite").exit_code == 0
+
+
+def test_calibration_writes_exact_zero_for_a_term_the_data_do_not_need():
+    """Times made by the model with no per-iteration overhead: the fitted overhead lands on its
+    lower bound and is reported as exactly 0.0, not as round-off."""
+    from vtrain_fast.evaluate import evaluate_frame
+    truth = replace(PRESETS["a100-sxm4-80gb"].calibration, iteration_overhead_s=0.0)
+    df = load_measurements("single").sample(60, seed=3)
+    measured = evaluate_frame(df, "synthetic", {"a100-sxm4-80gb": truth})["iteration_time_s"]
+    df = df.with_columns(measured_iteration_time_s=measured)
+    start = replace(truth, iteration_overhead_s=0.05)
+    cal, report = fit(df, "a100-sxm4-80gb", ["iteration_overhead_s"], base=start)
+    assert cal.iteration_overhead_s == 0.0
+    assert report["mape_after_pct"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_calibrate_without_param_keeps_gemm_efficiency_pinned(tmp_path, cli):
+    from vtrain_fast.spec import load_calibration
+    df = load_measurements("single").sample(40, seed=5)
+    csv = tmp_path / "meas.csv"
+    df.write_csv(csv)
+    out = tmp_path / "cal.toml"
+    res = cli("calibrate", csv, "--gpu", "a100-sxm4-80gb", "-o", out)
+    assert res.exit_code == 0, res.output
+    fitted = load_calibration(out)["a100-sxm4-80gb"]
+    assert fitted.gemm_efficiency == PRESETS["a100-sxm4-80gb"].calibration.gemm_efficiency
+    assert "gemm_efficiency" not in res.output
