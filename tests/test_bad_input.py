@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -107,6 +108,20 @@ CSV_CASES = {
     "unknown recompute": (HEADER + ",recompute\n" + ROW + ",selective\n", ["column recompute, row 2", "selective"]),
     "bad override": (HEADER + ",inter_node_Gbps\n" + ROW + ",-3\n", ["column inter_node_Gbps, row 2", "-3"]),
     "bad tokens": (HEADER + ",num_tokens\n" + ROW + ",lots\n", ["column num_tokens, row 2", "lots"]),
+    # near misses of input columns would silently take the defaults
+    "misspelled recompute": (HEADER + ",recomputation\n" + ROW + ",full\n", ["'recomputation'", "recompute"]),
+    "misspelled num_tokens": (HEADER + ",num_token\n" + ROW + ",1e12\n", ["'num_token'", "num_tokens"]),
+    "capitalised column": (HEADER + ",Recompute\n" + ROW + ",full\n", ["'Recompute'", "recompute"]),
+    "spaced column": (HEADER + ",Num Tokens\n" + ROW + ",1e12\n", ["'Num Tokens'", "num_tokens"]),
+    "misspelled required column": (HEADER.replace("seq_length", "seq_len") + "\n" + ROW + "\n",
+                                   ["'seq_len'", "seq_length"]),
+    "misspelled gpu count": (HEADER + ",num_gpu\n" + ROW + ",8\n", ["'num_gpu'", "num_gpus"]),
+    # num_gpus / num_nodes are checked against tp x pp x dp, not passed through unchecked
+    "num_gpus not tp x pp x dp": (HEADER + ",num_gpus\n" + ROW + ",16\n", ["column num_gpus, row 2", "16", "8"]),
+    "num_nodes not ceil(num_gpus / gpus_per_node)": (HEADER + ",gpus_per_node,num_nodes\n" + ROW + ",4,1\n",
+                                                     ["column num_nodes, row 2", "1", "2"]),
+    "more GPUs than a spec allows": (HEADER + "\n" + ROW.replace(",1,1,8,", ",1000,1000,1000,") + "\n",
+                                     ["row 2", "1000000000", "100000000"]),
 }
 
 
@@ -125,6 +140,20 @@ def test_csv_base_row_is_valid(tmp_path, cli):
     csv = tmp_path / "configs.csv"
     csv.write_text(HEADER + "\n" + ROW + "\n")
     assert cli("evaluate", csv, "-o", tmp_path / "out.parquet").exit_code == 0
+
+
+def test_csv_label_columns_pass_through(tmp_path, cli):
+    """Columns that are not near an input column are labels: kept unchanged in the output, even
+    one near an input column that the file also has (gpus next to gpu)."""
+    labels = {"name": "run-a", "model": "mine", "notes": "x", "id": 7, "gpus": 8, "owner": "me",
+              "params_billion": 0.1, "measured_iteration_time_s": 1.5, "set": "single"}
+    csv = tmp_path / "configs.csv"
+    csv.write_text(HEADER + "," + ",".join(labels) + "\n" + ROW + "," + ",".join(map(str, labels.values())) + "\n")
+    out = tmp_path / "out.parquet"
+    res = cli("evaluate", csv, "-o", out)
+    assert res.exit_code == 0, res.output
+    df = pl.read_parquet(out)
+    assert {k: df[k][0] for k in labels} == labels
 
 
 def test_missing_csv(tmp_path, cli):

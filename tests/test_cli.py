@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import reference as ref
+from conftest import ONE_POINT_SPEC
+from vtrain_fast import engine
+from vtrain_fast.evaluate import evaluate_frame
 from vtrain_fast.grid import build_grid
 from vtrain_fast.hardware import PRESETS, machine_vector, with_overrides
 from vtrain_fast.schema import SCHEMA, STATUS_LABELS
-from vtrain_fast.spec import load_spec
+from vtrain_fast.spec import RECOMPUTE_DEFAULT, load_spec, parse_spec
 
 
 def _parts(folder: Path, manifest: dict) -> list[Path]:
@@ -186,17 +190,76 @@ def test_evaluate_csv(tmp_path, cli):
         status, expected = ref.step(
             row["num_layers"], h, a, a, 4 * h, 50257, row["seq_length"],
             row["global_batch_size"], row["micro_batch_size"], row["tp"], row["pp"], row["dp"],
-            1 if row["recompute"] == "full" else 0, row["num_tokens"] or 300e9, hw)
+            1 if row["recompute"] == "full" else 0, row["num_tokens"], hw)
         assert row["status"] == STATUS_LABELS[status], row["name"]
         for name, value in expected.items():
             if math.isnan(value):
                 assert row[name] is None or math.isnan(row[name]), (row["name"], name)
             else:
                 assert math.isclose(row[name], value, rel_tol=1e-12), (row["name"], name)
+        gpn = preset.gpus_per_node
+        assert row["num_gpus"] == row["tp"] * row["pp"] * row["dp"], row["name"]
+        assert row["num_nodes"] == -(-row["num_gpus"] // gpn), row["name"]
+    # empty cells come back as the values used, not as nulls
+    gqa = df.row(2, named=True)
+    assert (gqa["recompute"], gqa["num_tokens"], gqa["ffn_hidden_size"]) == ("none", 300e9, 4 * 1024)
     by_name = dict(zip(df["name"], df["status"]))
     assert by_name["small"] == "ok" and by_name["bad-heads"] == "bad_heads"
     assert by_name["bad-batch"] == "bad_batch" and by_name["huge"] == "out_of_memory"
     assert "wrote 6 rows" in res.output
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
+def test_evaluate_rows_equal_sweep_rows(tiny_sweep):
+    """A sweep row's inputs, evaluated as a CSV row, give the sweep row back: every column of
+    the sweep schema but ``model`` (num_gpus and num_nodes included)."""
+    _, df = _read_results(tiny_sweep)
+    df = df.with_columns(pl.col(c).cast(pl.String) for c in ("model", "gpu", "recompute", "status"))
+    rows = df.filter(pl.col("status") != "bad_num_gpus").sample(60, seed=5)
+    inputs = rows.select("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+                         "micro_batch_size", "tp", "pp", "dp", "gpu", "recompute", "num_tokens")
+    got = evaluate_frame(inputs)
+    for name in SCHEMA.names:
+        if name == "model":
+            continue
+        for a, b in zip(got[name].to_list(), rows[name].to_list()):
+            assert _same(a, b), (name, a, b)
+
+
+def test_sweep_and_evaluate_share_defaults(tmp_path):
+    """A spec and a CSV row that leave out the same optional keys describe the same run."""
+    spec = parse_spec(ONE_POINT_SPEC.format(training=""), "one.toml")
+    engine.run_sweep(spec, tmp_path / "r")
+    _, swept = _read_results(tmp_path / "r")
+    swept = swept.with_columns(pl.col(c).cast(pl.String) for c in ("model", "gpu", "recompute", "status"))
+    row = swept.select("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+                       "micro_batch_size", "tp", "pp", "dp", "gpu", "num_tokens")
+    got = evaluate_frame(row)
+    assert got["recompute"][0] == swept["recompute"][0] == RECOMPUTE_DEFAULT
+    for name in SCHEMA.names:
+        if name != "model":
+            assert _same(got[name][0], swept[name][0]), name
+
+
+def test_custom_shape_names_are_distinct_and_not_gpu_like():
+    """Shapes from [model] lists get one name each; names never read like a GPU (L40, H100)."""
+    spec = parse_spec(ONE_POINT_SPEC.format(training="").replace(
+        'presets = ["gpt3-125m"]',
+        "num_layers = [40, 100]\nhidden_size = 5120\nnum_attention_heads = 40\nseq_length = 2048\n"
+        "ffn_hidden_size = [13824, 20480]\nnum_query_groups = [8, 40]"), "shapes.toml")
+    names = [m.name for m in spec.models]
+    assert len(names) == 8 == len(set(names))
+    for name in names:
+        assert name.startswith("custom-")
+        assert not re.search(r"(^|-)[lhab]\d", name, re.IGNORECASE), name     # L40-, H100-, A100-
+    m = spec.models[0]
+    assert m.name == "custom-40L-5120h-40a-2048s-8kv-13824ffn"
+    assert (m.num_layers, m.num_query_groups, m.ffn_hidden_size) == (40, 8, 13824)
 
 
 # ------------------------------------------------------------------------------ validate

@@ -1,6 +1,7 @@
 """Evaluate explicit configurations (one per CSV row) with the same kernel as sweeps."""
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
@@ -12,19 +13,26 @@ import pyarrow.parquet as pq
 from .engine import output_arrays
 from .errors import InputError, check_output_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
-from .kernels.params import NUM_HW_FIELDS
+from .kernels.params import H_GPUS_PER_NODE, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
-from .schema import OUTPUT_NAMES
+from .schema import INPUT_COLUMNS, OUTPUT_NAMES
 from .spec import INT_RANGES as SPEC_INT_RANGES
-from .spec import RECOMPUTE_VALUES
+from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
             "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce",
             "distributed_optimizer")
+# Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
+CHECKED = ("num_gpus", "num_nodes")
+INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
+# A column this close to an input column (difflib ratio, after lower-casing) is taken for a
+# misspelling of it rather than for a label: "recomputation" (0.73), "num_token", "seq_len".
+# Labels such as name, model, notes, id stay below it.
+NEAR_MISS_CUTOFF = 0.7
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"]}
 PRECISIONS = ("fp16", "bf16")
@@ -81,14 +89,58 @@ def _str_column(df, name, where, allowed, default) -> list[str]:
     return out
 
 
+def _normalised(name: str) -> str:
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def check_column_names(columns, where: str) -> None:
+    """Refuse a column that looks like a misspelt input column, which would otherwise pass
+    through as a label while its input silently takes the default.
+
+    A column is refused when, lower-cased with spaces and hyphens as underscores, it equals an
+    input column (``Recompute``, ``Num Tokens``), or when :func:`difflib.get_close_matches`
+    finds an input column the file lacks at ratio >= :data:`NEAR_MISS_CUTOFF`
+    (``recomputation``, ``num_token``). Other columns pass through unchanged.
+
+    Parameters
+    ----------
+    columns : sequence of str
+        The file's column names.
+    where : str
+        File name for error messages.
+
+    Raises
+    ------
+    InputError
+        Naming the file, the column and the input column it is close to.
+    """
+    known = {_normalised(k): k for k in INPUT_NAMES}
+    present = set(columns)
+    for col in columns:
+        if col in INPUT_NAMES:
+            continue
+        norm = _normalised(col)
+        target = known.get(norm)
+        if target is None:
+            close = difflib.get_close_matches(norm, [k for k in known if known[k] not in present],
+                                              n=1, cutoff=NEAR_MISS_CUTOFF)
+            target = known[close[0]] if close else None
+        if target is not None:
+            raise InputError(where, "column", col,
+                             f"the input column {target}, or a label not close to an input column name "
+                             "(labels pass through unchanged)",
+                             f"rename the column {col!r} to {target!r}")
+
+
 def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None) -> pl.DataFrame:
     """Evaluate every row of ``df`` (columns as in the ``evaluate`` command).
 
     Parameters
     ----------
     df : polars.DataFrame
-        One configuration per row; required columns :data:`REQUIRED`, optional :data:`OPTIONAL`.
-        Extra columns are passed through.
+        One configuration per row; required columns :data:`REQUIRED`, optional :data:`OPTIONAL`
+        and :data:`CHECKED`. Other columns (labels such as ``name``) are passed through, unless
+        their name is close to an input column's (:func:`check_column_names`).
     where : str
         File name for error messages.
     calibration : dict, optional
@@ -97,22 +149,26 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     Returns
     -------
     polars.DataFrame
-        ``df`` plus ``status`` and every output column.
+        The label columns of ``df``, then the sweep schema's input columns (all but ``model``,
+        which passes through if given) with the values used (defaults filled in, ``num_gpus``
+        and ``num_nodes`` added), ``status`` and every output column.
 
     Raises
     ------
     InputError
-        Missing column, bad value, unknown GPU preset.
+        Missing or misspelt column, bad value, unknown GPU preset, num_gpus / num_nodes that
+        disagree with tp x pp x dp, more than 100,000,000 GPUs.
     """
+    dup = [c for c in df.columns if "_duplicated_" in c]
+    if dup:
+        raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
+                         "each column once", "remove the repeated column from the header")
+    check_column_names(df.columns, where)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(where, "missing column(s)", ", ".join(missing),
                          "a header with the required columns " + ", ".join(REQUIRED),
                          "add the missing column(s) to the header")
-    dup = [c for c in df.columns if "_duplicated_" in c]
-    if dup:
-        raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
-                         "each column once", "remove the repeated column from the header")
     clash = [c for c in df.columns if c in OUTPUT_NAMES or c == "status"]
     if clash:
         raise InputError(where, "column", clash[0], "input columns; output column names are reserved: "
@@ -127,7 +183,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     groups = _int_column(df, "num_query_groups", where, 0)
     groups = np.where(groups == 0, a, groups)
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
-    recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, "none")
+    recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     _str_column(df, "precision", where, PRECISIONS, "bf16")
     gpu = _str_column(df, "gpu", where, tuple(PRESETS), "")
     gpn = _int_column(df, "gpus_per_node", where, 0)
@@ -152,6 +208,26 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                       overlap_grad_reduce=overlap[i], distributed_optimizer=sharded[i])
             cache[key] = machine_vector(with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov))
         hw_rows[i] = cache[key]
+    # tp x pp x dp as floats first: each may be up to 10^8, their int64 product would wrap
+    hi = CSV_INT_RANGES["num_gpus"][1]
+    too_many = ints["tp"].astype(np.float64) * ints["pp"] * ints["dp"] > hi
+    if too_many.any():
+        i = int(np.argmax(too_many))
+        raise InputError(where, f"columns tp x pp x dp, row {i + 2}",
+                         int(ints["tp"][i]) * int(ints["pp"][i]) * int(ints["dp"][i]),
+                         f"at most {hi} GPUs", "check tp, pp and dp")
+    num_gpus = ints["tp"] * ints["pp"] * ints["dp"]
+    gpn_used = hw_rows[:, H_GPUS_PER_NODE].astype(np.int64)
+    num_nodes = -(-num_gpus // gpn_used)
+    for name, value, rule in (("num_gpus", num_gpus, "tp x pp x dp"),
+                              ("num_nodes", num_nodes, "ceil(num_gpus / gpus_per_node)")):
+        given = _int_column(df, name, where, 0)
+        bad = (given != 0) & (given != value)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(where, f"column {name}, row {i + 2}", int(given[i]),
+                             f"{rule} = {int(value[i])}, or an empty cell",
+                             f"fix {name} or tp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
     cols = np.stack([ints["num_layers"], h, a, groups, ffn, vocab, ints["seq_length"],
                      ints["global_batch_size"], ints["micro_batch_size"], ints["tp"], ints["pp"],
                      ints["dp"], np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64)])
@@ -161,8 +237,17 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     evaluate_rows(cols, np.ascontiguousarray(tokens), hw_rows, out, status)
     result = pl.from_arrow(pa.table(output_arrays(out, status)))
     result = result.with_columns(pl.col("status").cast(pl.String))
-    drop = [c for c in result.columns if c in df.columns]
-    return pl.concat([df.drop(drop), result], how="horizontal")
+    used = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
+                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], num_tokens=tokens,
+                gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
+                micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
+                recompute=recompute)
+    names = [c.name for c in INPUT_COLUMNS if c.name in used]
+    used_df = pl.DataFrame({k: used[k] for k in names},
+                           schema={k: pl.String if k in ("gpu", "recompute")
+                                   else pl.Float64 if k == "num_tokens" else pl.Int64 for k in names})
+    labels = df.drop([c for c in df.columns if c in used or c in result.columns])
+    return pl.concat([labels, used_df, result], how="horizontal")
 
 
 def read_csv(path: str | Path) -> pl.DataFrame:

@@ -36,6 +36,9 @@ from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
 
 RECOMPUTE_VALUES = ("none", "full")
+# Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
+# evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
+RECOMPUTE_DEFAULT = "none"
 MAX_INT = 2 ** 31 - 1
 
 # key -> (low, high) for integer axes
@@ -153,6 +156,28 @@ def _check_keys(where, table_name, table, allowed):
                              "keys " + ", ".join(sorted(allowed)), "remove or rename the key")
 
 
+_NAME_PARTS = (("num_layers", "L"), ("hidden_size", "h"), ("num_attention_heads", "a"),
+               ("seq_length", "s"), ("num_query_groups", "kv"), ("ffn_hidden_size", "ffn"),
+               ("vocab_size", "vocab"))
+
+
+def shape_name(shape: dict, given=None) -> str:
+    """Name of a shape from ``[model]`` lists, e.g. ``custom-40L-5120h-40a-2048s``: numbers
+    first, so that no part reads like a GPU (``L40``, ``H100``, ``A100``).
+
+    Parameters
+    ----------
+    shape : dict
+        ``num_layers``, ``hidden_size``, ``num_attention_heads``, ``seq_length`` and optionally
+        ``num_query_groups`` (``kv``), ``ffn_hidden_size`` (``ffn``), ``vocab_size`` (``vocab``).
+    given : iterable of str, optional
+        Keys the spec gives; the optional ones are named only when given (so shapes that
+        differ only in them get different names). Default: every key of ``shape``.
+    """
+    given = set(shape if given is None else given)
+    return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given])
+
+
 def _models(where, t: dict) -> tuple:
     models: list[ModelShape] = []
     if "presets" in t:
@@ -172,8 +197,7 @@ def _models(where, t: dict) -> tuple:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
             kw = dict(zip(keys, combo))
-            name = "L{num_layers}-h{hidden_size}-a{num_attention_heads}-s{seq_length}".format(**kw)
-            models.append(ModelShape(name=name, **kw).resolved())
+            models.append(ModelShape(name=shape_name(kw, given=shape_keys), **kw).resolved())
     if not models:
         raise InputError(where, "model", t, "model.presets and/or model shape lists",
                          "add e.g. presets = [\"gpt3-175b\"]; presets: " + ", ".join(MODEL_PRESETS))
@@ -268,7 +292,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         pp=_ints(path, "pp", pa_["pp"]),
         micro_batch_size=_ints(path, "micro_batch_size", tr["micro_batch_size"]),
         global_batch_size=_ints(path, "global_batch_size", tr["global_batch_size"]),
-        recompute=_strings(path, "training.recompute", tr.get("recompute", "full"), RECOMPUTE_VALUES),
+        recompute=_strings(path, "training.recompute", tr.get("recompute", RECOMPUTE_DEFAULT), RECOMPUTE_VALUES),
         chunk_size=chunk,
         source=text,
         path=path,
