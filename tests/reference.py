@@ -110,59 +110,112 @@ LAYER_FWD_MEMORY_BOUND_LAUNCHES = 8.0
 LAYER_BWD_MEMORY_BOUND_LAUNCHES = 12.0
 
 
+# FlashAttention replaces scores GEMM, softmax, dropout and context GEMM by fused kernels:
+# 1 forward launch, 3 backward launches (dO.O preprocessing, main kernel, dQ conversion).
+FLASH_FWD_LAUNCHES = 1.0
+FLASH_BWD_LAUNCHES = 3.0
+
+
+def _flash_on(hw):
+    return hw_get(hw, "flash_attn") != 0.0
+
+
+def flash_attention_forward_s(b, s, h, a, g, t, hw):
+    """Causal FlashAttention-2 forward: 4 b heads s^2 d FLOPs halved by the causal mask, at the
+    fused kernels' efficiency; bytes = Q, K, V in, O out, fp32 log-sum-exp per row; 1 launch."""
+    tokens, head_dim, heads, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+    flops = 4.0 * b * heads * s * s * head_dim / 2.0
+    q_bytes = BYTES_FP16 * tokens * heads * head_dim
+    kv_bytes = BYTES_FP16 * tokens * (qkv_cols - heads * head_dim)      # K and V together
+    nbytes = q_bytes + kv_bytes + q_bytes + 4.0 * b * heads * s
+    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency"))
+    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+    return max(compute_s, memory_s) + FLASH_FWD_LAUNCHES * hw_get(hw, "kernel_overhead_s")
+
+
+def flash_attention_backward_s(b, s, h, a, g, t, hw):
+    """Backward: 2.5x the forward FLOPs; reads Q, K, V, O, dO, LSE, writes dQ, dK, dV, and an
+    fp32 dQ accumulator is written and read back; 3 launches."""
+    tokens, head_dim, heads, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+    flops = 2.5 * (4.0 * b * heads * s * s * head_dim / 2.0)
+    q_bytes = BYTES_FP16 * tokens * heads * head_dim
+    kv_bytes = BYTES_FP16 * tokens * (qkv_cols - heads * head_dim)
+    reads = q_bytes + kv_bytes + q_bytes + q_bytes + 4.0 * b * heads * s
+    writes = q_bytes + kv_bytes
+    accumulator = 2.0 * (4.0 / BYTES_FP16) * q_bytes
+    nbytes = reads + writes + accumulator
+    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency"))
+    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+    return max(compute_s, memory_s) + FLASH_BWD_LAUNCHES * hw_get(hw, "kernel_overhead_s")
+
+
 def layer_forward_s(b, s, h, a, g, f, t, hw):
     """Forward of one transformer layer, one micro-batch, one TP rank (no TP communication)."""
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
-    gemms = (                                   # (m, n, k, batch)
+    flash = _flash_on(hw)
+    gemms = [                                   # (m, n, k, batch)
         (tokens, qkv_cols, h, 1.0),             # QKV projection (column parallel)
-        (s, s, head_dim, attn_batch),           # scores Q K^T
-        (s, head_dim, s, attn_batch),           # context softmax(QK^T) V
         (tokens, h, h / t, 1.0),                # output projection (row parallel)
         (tokens, f / t, h, 1.0),                # FC1 (column parallel)
         (tokens, h, f / t, 1.0),                # FC2 (row parallel)
-    )
-    streaming_bytes = (
+    ]
+    streaming_bytes = [
         2.0 * (2.0 + 2.0) * tokens * h,         # LN1, LN2: read x, write y
-        (2.0 + 2.0) * score_elems,              # fused scale-mask-softmax: read, write
-        (2.0 + 2.0 + 1.0) * score_elems,        # attention dropout: read, write, 1-byte mask
         (2.0 + 2.0) * tokens * h / t,           # context permute copy
         2.0 * (2.0 + 2.0 + 2.0 + 1.0) * tokens * h,  # 2 bias-dropout-adds: x, residual, out, mask
         (2.0 + 2.0) * tokens * f / t,           # bias-GeLU
-    )
+    ]
+    launches = LAYER_FWD_MEMORY_BOUND_LAUNCHES
+    if not flash:
+        gemms += [(s, s, head_dim, attn_batch),         # scores Q K^T
+                  (s, head_dim, s, attn_batch)]         # context softmax(QK^T) V
+        streaming_bytes += [(2.0 + 2.0) * score_elems,  # fused scale-mask-softmax: read, write
+                            (2.0 + 2.0 + 1.0) * score_elems]  # attention dropout + 1-byte mask
+    else:
+        launches -= 2.0                         # no softmax, no dropout kernel
     time_s = 0.0
     for m, n, k, batch in gemms:
         time_s += gemm_time_s(m, n, k, batch, hw)
-    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), LAYER_FWD_MEMORY_BOUND_LAUNCHES, hw)
-    return phase_s(gpu_s, len(gemms) + LAYER_FWD_MEMORY_BOUND_LAUNCHES, hw)
+    if flash:
+        time_s += flash_attention_forward_s(b, s, h, a, g, t, hw)
+    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), launches, hw)
+    return phase_s(gpu_s, len(gemms) + launches + (FLASH_FWD_LAUNCHES if flash else 0.0), hw)
 
 
 def layer_backward_s(b, s, h, a, g, f, t, hw):
     """Backward of one layer: every forward GEMM becomes a data- and a weight-gradient GEMM."""
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
-    gemms = (
+    flash = _flash_on(hw)
+    gemms = [
         (tokens, h, qkv_cols, 1.0), (h, qkv_cols, tokens, 1.0),      # QKV: dX, dW
-        (s, head_dim, s, attn_batch), (head_dim, s, s, attn_batch),  # scores: dQ, dK
-        (s, s, head_dim, attn_batch), (s, head_dim, s, attn_batch),  # context: dP, dV
         (tokens, h / t, h, 1.0), (h / t, h, tokens, 1.0),            # output projection
         (tokens, h, f / t, 1.0), (h, f / t, tokens, 1.0),            # FC1
         (tokens, f / t, h, 1.0), (f / t, h, tokens, 1.0),            # FC2
-    )
-    streaming_bytes = (
+    ]
+    streaming_bytes = [
         2.0 * (2.0 + 2.0 + 2.0) * tokens * h,   # 2 LN backwards: x, dy -> dx
-        (2.0 + 2.0 + 2.0) * score_elems,        # softmax backward: y, dy -> dx
-        (2.0 + 1.0 + 2.0) * score_elems,        # dropout backward: dy, mask -> dx
         (2.0 + 2.0) * tokens * h / t,           # context permute copy
         2.0 * (2.0 + 1.0 + 2.0) * tokens * h,   # 2 bias-dropout-add backwards: dy, mask -> dx
         2.0 * (2.0 + 2.0 + 2.0) * tokens * h,   # 2 residual-gradient accumulations
         (2.0 + 2.0 + 2.0) * tokens * f / t,     # bias-GeLU backward: x, dy -> dx
-    )
+    ]
+    launches = LAYER_BWD_MEMORY_BOUND_LAUNCHES
+    if not flash:
+        gemms += [(s, head_dim, s, attn_batch), (head_dim, s, s, attn_batch),  # scores: dQ, dK
+                  (s, s, head_dim, attn_batch), (s, head_dim, s, attn_batch)]  # context: dP, dV
+        streaming_bytes += [(2.0 + 2.0 + 2.0) * score_elems,   # softmax backward: y, dy -> dx
+                            (2.0 + 1.0 + 2.0) * score_elems]   # dropout backward: dy, mask -> dx
+    else:
+        launches -= 2.0
     time_s = 0.0
     for m, n, k, batch in gemms:
         time_s += gemm_time_s(m, n, k, batch, hw)
-    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), LAYER_BWD_MEMORY_BOUND_LAUNCHES, hw)
-    return phase_s(gpu_s, len(gemms) + LAYER_BWD_MEMORY_BOUND_LAUNCHES, hw)
+    if flash:
+        time_s += flash_attention_backward_s(b, s, h, a, g, t, hw)
+    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), launches, hw)
+    return phase_s(gpu_s, len(gemms) + launches + (FLASH_BWD_LAUNCHES if flash else 0.0), hw)
 
 
 def embedding_forward_s(b, s, h, hw):
@@ -318,17 +371,19 @@ def model_params(num_layers, h, a, g, f, v, s):
     return num_layers * layer_params(h, a, g, f) + v * h + s * h + 2.0 * h + v * h
 
 
-def layer_activation_bytes(b, s, h, a, g, f, t):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash):
     """Korthikanti et al. 2022 Sec. 4.1 without sequence parallelism, generalised to GQA and
-    any FFN width: sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t."""
+    any FFN width: sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with FlashAttention the
+    s^2 term (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row."""
     tp_split = 4.0 + 4.0 * g / a + 4.0 * f / h
-    return s * b * h * (10.0 + tp_split / t) + 5.0 * a * s * s * b / t
+    attention_core = 4.0 * b * (a / t) * s if flash else 5.0 * a * s * s * b / t
+    return s * b * h * (10.0 + tp_split / t) + attention_core
 
 
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute):
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash):
     """A stage holding ``in_flight`` micro-batches; full recompute keeps each layer's fp16
     input plus one layer rebuilt at a time."""
-    per_layer = layer_activation_bytes(b, s, h, a, g, f, t)
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash)
     if recompute:
         return in_flight * layers_on_stage * BYTES_FP16 * s * b * h + per_layer
     return in_flight * layers_on_stage * per_layer
@@ -420,7 +475,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         if last:
             params += v * h / t + 2.0 * h          # LM head shard + final layer norm
         in_flight = min(p - i, m)                  # 1F1B: stage i holds min(p - i, m) micro-batches
-        act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc)
+        act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc,
+                                     hw_get(hw, "flash_attn") != 0.0)
         if first:
             act += in_flight * sbh                 # embedding output per in-flight micro-batch
         if last:

@@ -43,9 +43,11 @@ HW_RANGES = {
     "inter_node_latency_s": (0.0, 1e-4), "reserved_bytes": (0.0, 4 * GiB),
     "intra_node_step_latency_s": (0.0, 1e-5), "inter_node_step_latency_s": (0.0, 2e-5),
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
-    "dp_overlap": (0.0, 1.0), "optimizer_sharding": (0.0, 1.0),
+    "dp_overlap": (0.0, 1.0), "optimizer_sharding": (0.0, 1.0), "flash_attn": None,
+    "flash_attention_efficiency": (0.05, 1.0),
 }
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
+SAMPLED = {"gpus_per_node": GPUS_PER_NODE, "flash_attn": (0.0, 1.0)}   # fields drawn from a set
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
 
@@ -54,10 +56,12 @@ def _vec(d):
 
 
 random_hw = st.fixed_dictionaries({
-    name: (st.sampled_from(GPUS_PER_NODE) if rng is None else st.floats(*rng))
+    name: (st.sampled_from(SAMPLED[name]) if rng is None else st.floats(*rng))
     for name, rng in HW_RANGES.items()
 }).map(_vec)
 hw_st = st.one_of(st.sampled_from(PRESET_VECTORS), random_hw)
+# machine vectors whose GPU has FlashAttention kernels (use_flash_attn is refused for the others)
+flash_hw_st = hw_st.filter(lambda v: v[HW_FIELDS.index("flash_attention_efficiency")] > 0.0)
 dim = st.floats(1.0, 1e5)
 big = st.floats(1.0, 1e12)
 count = st.integers(1, 4096).map(float)
@@ -74,6 +78,10 @@ SCALAR_CASES = {
                         st.tuples(dim, dim, dim, dim, dim, dim, dim, hw_st)),
     "layer_backward_s": (ops.layer_backward_s, ref.layer_backward_s,
                          st.tuples(dim, dim, dim, dim, dim, dim, dim, hw_st)),
+    "flash_attention_forward_s": (ops.flash_attention_forward_s, ref.flash_attention_forward_s,
+                                  st.tuples(dim, dim, dim, dim, dim, dim, flash_hw_st)),
+    "flash_attention_backward_s": (ops.flash_attention_backward_s, ref.flash_attention_backward_s,
+                                   st.tuples(dim, dim, dim, dim, dim, dim, flash_hw_st)),
     "embedding_forward_s": (ops.embedding_forward_s, ref.embedding_forward_s,
                             st.tuples(dim, dim, dim, hw_st)),
     "embedding_backward_s": (ops.embedding_backward_s, ref.embedding_backward_s,
@@ -106,9 +114,9 @@ SCALAR_CASES = {
     "model_params": (memory.model_params, ref.model_params,
                      st.tuples(dim, dim, dim, dim, dim, dim, dim)),
     "layer_activation_bytes": (memory.layer_activation_bytes, ref.layer_activation_bytes,
-                               st.tuples(dim, dim, dim, dim, dim, dim, dim)),
+                               st.tuples(dim, dim, dim, dim, dim, dim, dim, rc_st)),
     "stage_activation_bytes": (memory.stage_activation_bytes, ref.stage_activation_bytes,
-                               st.tuples(dim, dim, dim, dim, dim, dim, dim, dim, dim, rc_st)),
+                               st.tuples(dim, dim, dim, dim, dim, dim, dim, dim, dim, rc_st, rc_st)),
     "chinchilla_loss": (step.chinchilla_loss, ref.chinchilla_loss,
                         st.tuples(st.floats(1e3, 1e13), st.floats(1.0, 1e16))),
     "forward_flops_per_token": (step.forward_flops_per_token, ref.forward_flops_per_token,
@@ -132,6 +140,9 @@ def test_phase_launch_counts_match_the_modelled_kernels():
     """ops.*_KERNELS must equal the launches the formulas charge (GEMMs + memory-bound)."""
     assert ops.LAYER_FORWARD_KERNELS == 6 + ref.LAYER_FWD_MEMORY_BOUND_LAUNCHES
     assert ops.LAYER_BACKWARD_KERNELS == 12 + ref.LAYER_BWD_MEMORY_BOUND_LAUNCHES
+    # FlashAttention: 4 and 8 GEMMs, no softmax or dropout kernels, the fused kernels
+    assert ops.FLASH_LAYER_FORWARD_KERNELS == 4 + (ref.LAYER_FWD_MEMORY_BOUND_LAUNCHES - 2) + ref.FLASH_FWD_LAUNCHES
+    assert ops.FLASH_LAYER_BACKWARD_KERNELS == 8 + (ref.LAYER_BWD_MEMORY_BOUND_LAUNCHES - 2) + ref.FLASH_BWD_LAUNCHES
     assert ops.EMBEDDING_KERNELS == ref.EMBEDDING_LAUNCHES
     assert ops.HEAD_KERNELS == ref.HEAD_LAUNCHES
 
@@ -205,7 +216,7 @@ def random_config(rng, invalid_fraction=0.4):
     if rng.random() < 0.5:
         hw = PRESET_VECTORS[rng.integers(len(PRESET_VECTORS))].copy()
     else:
-        vals = {n: (float(rng.choice(GPUS_PER_NODE)) if r is None else float(rng.uniform(*r)))
+        vals = {n: (float(rng.choice(SAMPLED[n])) if r is None else float(rng.uniform(*r)))
                 for n, r in HW_RANGES.items()}
         hw = _vec(vals)
     return (*sizes, rc, tokens, hw)

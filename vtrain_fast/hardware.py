@@ -45,6 +45,10 @@ class Calibration:
     p2p_overhead_s : float
         Host and synchronisation time of one pipeline send or receive (the framework waits for
         each blocking point-to-point call), seconds.
+    flash_attention_efficiency : float
+        Achievable fraction of the dense tensor-core peak of the fused FlashAttention kernels,
+        forward and backward together, [0, 1]; 0 means the GPU has no such kernel, and
+        ``use_flash_attn`` is refused for it.
     """
 
     gemm_efficiency: float = 0.70
@@ -59,6 +63,7 @@ class Calibration:
     host_launch_s: float = 0.0
     iteration_overhead_s: float = 0.0
     p2p_overhead_s: float = 0.0
+    flash_attention_efficiency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class GPUPreset:
     calibrated: bool = False    # True when ``calibration`` was fitted to this GPU's measurements
     overlap_grad_reduce: bool = False   # software setting: DP all-reduce overlapped with backward
     distributed_optimizer: bool = False  # software setting: Adam states sharded over DP (ZeRO-1)
+    use_flash_attn: bool = False        # software setting: fused FlashAttention-2 attention core
 
 
 # Achievable large-GEMM fraction of the dense bf16 peak, measured by a matmul shape search
@@ -121,6 +127,16 @@ class GPUPreset:
 # there gave 0.94 (former wave-sawtooth GEMM model) or 0.878 (current), values the data do not pin.
 A100_GEMM_EFFICIENCY = 0.859
 H100_GEMM_EFFICIENCY = 0.801
+
+# FlashAttention-2 kernels, forward + backward, as a fraction of the dense bf16 peak. Source: T. Dao,
+# "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", arXiv:2307.08691
+# (2023-07): 50-73% of the A100's peak (abstract); we take 0.55, near the low end, because the
+# backward pass carries 2.5 of every 3.5 FLOPs and is the slower one. H100: the same kernels reach up
+# to 335 TFLOPS forward + backward (Sec. 4.1), 0.34 of 989; newer kernels (FlashAttention-3, cuDNN)
+# are faster: set flash_attention_efficiency in a calibration file. Not fitted: vTrain's
+# measurements do not use FlashAttention. V100: no FlashAttention-2 kernel (Ampere or newer), 0.
+A100_FLASH_ATTENTION_EFFICIENCY = 0.55
+H100_FLASH_ATTENTION_EFFICIENCY = 0.34
 
 # A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
 # (calibrate-nccl: busbw efficiency 0.726 of 300 GB/s NVLink, fit MAPE 4.2%) and a least-squares
@@ -135,7 +151,7 @@ A100_CALIBRATION = Calibration(
     intra_node_latency_s=0.0, inter_node_latency_s=30e-6,
     intra_node_step_latency_s=7.752825119659687e-06, inter_node_step_latency_s=5e-6,
     host_launch_s=5.957091401417891e-05, iteration_overhead_s=0.0,
-    p2p_overhead_s=0.0009971128402050827,
+    p2p_overhead_s=0.0009971128402050827, flash_attention_efficiency=A100_FLASH_ATTENTION_EFFICIENCY,
 )
 # Other GPUs: no measurements here. Software-stack terms (host launch, per-kernel gap,
 # per-iteration overhead, pipeline send/receive overhead, NCCL latencies) come from the A100 fit;
@@ -179,7 +195,8 @@ PRESETS: dict[str, GPUPreset] = {
         GPUPreset("a100-sxm4-80gb", 312.0, 80.0, 2039.0, 300.0, 200.0, 8, 108, 400.0, 1.79,
                   _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
         GPUPreset("h100-sxm-80gb", 989.4, 80.0, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
-                  _H100_SRC, calibration=replace(_UNCALIBRATED, gemm_efficiency=H100_GEMM_EFFICIENCY)),
+                  _H100_SRC, calibration=replace(_UNCALIBRATED, gemm_efficiency=H100_GEMM_EFFICIENCY,
+                                                      flash_attention_efficiency=H100_FLASH_ATTENTION_EFFICIENCY)),
         GPUPreset("v100-sxm2-32gb", 125.0, 32.0, 900.0, 150.0, 25.0, 8, 80, 300.0, 0.80,
                   _V100_SRC, calibration=_UNCALIBRATED),
     )
@@ -206,6 +223,7 @@ CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
     "host_launch_s": (0.0, 1e-3),
     "iteration_overhead_s": (0.0, 10.0),
     "p2p_overhead_s": (0.0, 0.1),
+    "flash_attention_efficiency": (0.0, 1.0),
 }
 
 
@@ -257,6 +275,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "reserved_bytes": preset.reserved_GiB * GiB,
         "dp_overlap": 1.0 if preset.overlap_grad_reduce else 0.0,
         "optimizer_sharding": 1.0 if preset.distributed_optimizer else 0.0,
+        "flash_attn": 1.0 if preset.use_flash_attn else 0.0,
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

@@ -15,6 +15,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     recompute = ["none", "full"]
     overlap_grad_reduce = false     # true: DP all-reduce hidden behind the last backward
     distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
+    use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
     [cluster]
     gpu = ["a100-sxm4-80gb"]
     num_gpus = [1024, 1536]
@@ -54,7 +55,7 @@ _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "seq_length", "vocab_size"},
     "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", "overlap_grad_reduce",
-                 "distributed_optimizer"},
+                 "distributed_optimizer", "use_flash_attn"},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
     "parallel": {"tp", "pp"},
     "output": {"chunk_size"},
@@ -145,6 +146,22 @@ def _strings(where, key, value, allowed):
             raise InputError(where, key, v, "one of " + ", ".join(allowed))
         out.append(v)
     return tuple(dict.fromkeys(out))
+
+
+def check_flash_attention(preset, where: str, key: str) -> None:
+    """Refuse ``use_flash_attn`` for a GPU preset without FlashAttention kernels
+    (``flash_attention_efficiency`` 0, e.g. the V100: FlashAttention-2 needs Ampere or newer).
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, ``key``, the GPU and the fix.
+    """
+    if preset.use_flash_attn and not preset.calibration.flash_attention_efficiency > 0.0:
+        raise InputError(where, key, True, f"false for {preset.name}, which has no FlashAttention kernel "
+                         "(flash_attention_efficiency = 0; FlashAttention-2 needs an Ampere or newer GPU)",
+                         f"drop {preset.name} or set use_flash_attn = false, or give its "
+                         "flash_attention_efficiency in a calibration file")
 
 
 def _check_keys(where, table_name, table, allowed):
@@ -265,7 +282,9 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     for key, meaning in (("overlap_grad_reduce", "true overlaps the data-parallel all-reduce with backward "
                                                   "(Megatron --overlap-grad-reduce)"),
                          ("distributed_optimizer", "true shards the Adam states over data-parallel ranks "
-                                                   "(Megatron --use-distributed-optimizer, ZeRO-1)")):
+                                                   "(Megatron --use-distributed-optimizer, ZeRO-1)"),
+                         ("use_flash_attn", "true runs the attention core as fused FlashAttention-2 kernels "
+                                            "(Megatron --use-flash-attn)")):
         flag = tr.get(key, False)
         if not isinstance(flag, bool):
             raise InputError(path, f"training.{key}", flag, "true or false", meaning)
@@ -273,6 +292,8 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     calibration = calibration or {}
     gpus = tuple(with_overrides(get_preset(n), calibration.get(n), **overrides)
                  for n in _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)))
+    for g in gpus:
+        check_flash_attention(g, path, "training.use_flash_attn")
     size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
     chunk = doc.get("output", {}).get("chunk_size", 1 << 18)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:

@@ -55,21 +55,29 @@ def model_params(num_layers, h, a, g, f, v, s):
 
 
 @jit
-def layer_activation_bytes(b, s, h, a, g, f, t):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
-    (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring)."""
-    return s * b * h * (10.0 + (4.0 + 4.0 * g / a + 4.0 * f / h) / t) + 5.0 * a * s * s * b / t
+    (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
+
+    With FlashAttention (``flash`` non-zero) the ``5 a s^2 b / t`` bytes of softmax output,
+    dropout mask and dropout output are not stored; the kernel keeps Q, K, V and the output
+    (already counted) plus an fp32 log-sum-exp per query row, ``4 b (a/t) s`` bytes
+    (Dao 2023, "FlashAttention-2")."""
+    base = s * b * h * (10.0 + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
+    if flash != 0.0:
+        return base + 4.0 * b * a / t * s
+    return base + 5.0 * a * s * s * b / t
 
 
 @jit
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute):
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash):
     """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches.
 
     With full recomputation each layer keeps only its 2-byte input (``2sbh``) and one layer's
     full activations are rebuilt at a time during backward.
     """
     return stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h,
-                                             layer_activation_bytes(b, s, h, a, g, f, t), recompute)
+                                             layer_activation_bytes(b, s, h, a, g, f, t, flash), recompute)
 
 
 @jit

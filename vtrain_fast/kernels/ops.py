@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 
 from .._jit import jit
-from .params import H_NUM_SMS, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_PEAK_FLOPS
+from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S,
+                     H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS)
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -33,6 +34,15 @@ GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLA
 LAYER_FORWARD_MEMORY_KERNELS = 8.0
 LAYER_BACKWARD_MEMORY_KERNELS = 12.0
 LAYER_FORWARD_KERNELS = 6.0 + LAYER_FORWARD_MEMORY_KERNELS
+# With FlashAttention (machine-vector field ``flash_attn``) the scores and context GEMMs, the
+# softmax and the attention dropout become one fused kernel forward and three backward
+# (FlashAttention-2: dO.O preprocessing, the main kernel, the fp32 dQ conversion).
+FLASH_LAYER_FORWARD_MEMORY_KERNELS = LAYER_FORWARD_MEMORY_KERNELS - 2.0
+FLASH_LAYER_BACKWARD_MEMORY_KERNELS = LAYER_BACKWARD_MEMORY_KERNELS - 2.0
+FLASH_FORWARD_KERNELS = 1.0
+FLASH_BACKWARD_KERNELS = 3.0
+FLASH_LAYER_FORWARD_KERNELS = 4.0 + FLASH_FORWARD_KERNELS + FLASH_LAYER_FORWARD_MEMORY_KERNELS
+FLASH_LAYER_BACKWARD_KERNELS = 8.0 + FLASH_BACKWARD_KERNELS + FLASH_LAYER_BACKWARD_MEMORY_KERNELS
 LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
 EMBEDDING_KERNELS = 3.0 + 4.0
 HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
@@ -103,8 +113,9 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     Operators (Megatron-LM GPT layer, fused kernels as in Megatron-LM 2021): LN1, QKV GEMM,
     attention scores (batched GEMM), fused scale-mask-softmax, attention dropout, context
     (batched GEMM), context permute copy, output projection GEMM, bias-dropout-add, LN2, FC1
-    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. Tensor-parallel communication is not included
-    (see :mod:`vtrain_fast.kernels.comm`).
+    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. With ``flash_attn`` set in ``hw`` the scores,
+    softmax, dropout and context are one :func:`flash_attention_forward_s`. Tensor-parallel
+    communication is not included (see :mod:`vtrain_fast.kernels.comm`).
 
     Returns
     -------
@@ -116,19 +127,23 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     qkv_out = (h + 2.0 * h * g / a) / t
     score_elems = b * heads * s * s
     time = gemm_time_s(tokens, qkv_out, h, 1.0, hw)
-    time += gemm_time_s(s, s, h / a, b * heads, hw)          # Q K^T
-    time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
     time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
     time += gemm_time_s(tokens, f / t, h, 1.0, hw)           # FC1
     time += gemm_time_s(tokens, h, f / t, 1.0, hw)           # FC2
     nbytes = (
         2.0 * 4.0 * tokens * h          # two layer norms: read 2 + write 2 bytes / element
-        + 4.0 * score_elems             # scale-mask-softmax: read + write
-        + 5.0 * score_elems             # dropout: read + write + 1-byte mask
         + 4.0 * tokens * h / t          # context permute copy
         + 2.0 * 7.0 * tokens * h        # two bias-dropout-adds: x, residual, out, mask
         + 4.0 * tokens * f / t          # bias-GeLU
     )
+    if hw[H_FLASH_ATTN] != 0.0:
+        time += flash_attention_forward_s(b, s, h, a, g, t, hw)
+        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS, hw),
+                       FLASH_LAYER_FORWARD_KERNELS, hw)
+    time += gemm_time_s(s, s, h / a, b * heads, hw)          # Q K^T
+    time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
+    nbytes += (4.0 * score_elems        # scale-mask-softmax: read + write
+               + 5.0 * score_elems)     # dropout: read + write + 1-byte mask
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_FORWARD_MEMORY_KERNELS, hw),
                    LAYER_FORWARD_KERNELS, hw)
 
@@ -139,7 +154,8 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
 
     Each forward GEMM becomes a data-gradient and a weight-gradient GEMM of the same FLOPs;
     memory-bound kernels read the saved input and the incoming gradient and write the outgoing
-    one. Recomputation is added by the caller. TP communication is not included.
+    one; with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`.
+    Recomputation is added by the caller. TP communication is not included.
 
     Returns
     -------
@@ -151,22 +167,67 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
     qkv_out = (h + 2.0 * h * g / a) / t
     score_elems = b * heads * s * s
     time = gemm_time_s(tokens, h, qkv_out, 1.0, hw) + gemm_time_s(h, qkv_out, tokens, 1.0, hw)
-    time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
-    time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
     time += gemm_time_s(tokens, h / t, h, 1.0, hw) + gemm_time_s(h / t, h, tokens, 1.0, hw)
     time += gemm_time_s(tokens, h, f / t, 1.0, hw) + gemm_time_s(h, f / t, tokens, 1.0, hw)
     time += gemm_time_s(tokens, f / t, h, 1.0, hw) + gemm_time_s(f / t, h, tokens, 1.0, hw)
     nbytes = (
         2.0 * 6.0 * tokens * h          # two layer-norm backwards: x, dy -> dx
-        + 6.0 * score_elems             # softmax backward: y, dy -> dx
-        + 5.0 * score_elems             # dropout backward: dy, mask -> dx
         + 4.0 * tokens * h / t          # context permute copy
         + 2.0 * 5.0 * tokens * h        # two bias-dropout-add backwards: dy, mask -> dx
         + 2.0 * 6.0 * tokens * h        # two residual-gradient accumulations
         + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
     )                                   # (+ 2 bias-gradient reductions: launches, bytes negligible)
+    if hw[H_FLASH_ATTN] != 0.0:
+        time += flash_attention_backward_s(b, s, h, a, g, t, hw)
+        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS, hw),
+                       FLASH_LAYER_BACKWARD_KERNELS, hw)
+    time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
+    time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
+    nbytes += (6.0 * score_elems        # softmax backward: y, dy -> dx
+               + 5.0 * score_elems)     # dropout backward: dy, mask -> dx
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS, hw),
                    LAYER_BACKWARD_KERNELS, hw)
+
+
+@jit
+def flash_attention_forward_s(b, s, h, a, g, t, hw):
+    """Seconds of the fused causal attention forward (FlashAttention-2) of one layer, one
+    micro-batch, one TP rank.
+
+    FLOPs: the two attention matmuls over the causal half of the ``s x s`` scores,
+    ``4 * b * (a/t) * s^2 * (h/a) / 2`` (Dao 2023, "FlashAttention-2", arXiv:2307.08691, and its
+    benchmark script's FLOP count), at ``peak_flops * flash_attention_efficiency``. Bytes: read
+    Q, K, V (K and V with ``g`` query groups), write the output and the fp32 log-sum-exp per
+    row; no ``s x s`` tensor reaches HBM. Roofline of the two, plus one kernel overhead.
+    """
+    heads = a / t
+    flops = 2.0 * b * s * s * h / t
+    q = BYTES_PER_ELEMENT * b * s * h / t
+    kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
+    nbytes = q + 2.0 * kv + q + 4.0 * b * heads * s
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF])
+    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return max(t_compute, t_memory) + FLASH_FORWARD_KERNELS * hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def flash_attention_backward_s(b, s, h, a, g, t, hw):
+    """Seconds of the fused causal attention backward (FlashAttention-2) of one layer, one
+    micro-batch, one TP rank.
+
+    FLOPs: 2.5 times the forward's (five matmuls, the scores recomputed from Q and K; Dao 2023).
+    Bytes: read Q, K, V, the output, its gradient and the log-sum-exp, write dQ, dK, dV, and
+    write and read the fp32 dQ accumulator. Roofline plus three kernel overheads
+    (preprocessing, main kernel, dQ conversion).
+    """
+    heads = a / t
+    flops = 2.5 * 2.0 * b * s * s * h / t
+    q = BYTES_PER_ELEMENT * b * s * h / t
+    kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
+    nbytes = (3.0 * q + 2.0 * kv + 4.0 * b * heads * s) + (q + 2.0 * kv) + 2.0 * 2.0 * q
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF])
+    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return max(t_compute, t_memory) + FLASH_BACKWARD_KERNELS * hw[H_KERNEL_OVERHEAD_S]
 
 
 @jit

@@ -33,18 +33,21 @@ HW_FIELDS = (
     "p2p_overhead_s",         # host/synchronisation time of one pipeline send or receive, s
     "dp_overlap",             # fraction of the last backward that hides the DP all-reduce (0 = off)
     "optimizer_sharding",     # 1: Adam states sharded over data-parallel ranks (ZeRO-1), 0: not
+    "flash_attn",             # 1: fused FlashAttention-2 kernels for the attention core, 0: unfused
+    "flash_attention_efficiency",  # achievable fraction of peak_flops of the FlashAttention kernels
 )
 NUM_HW_FIELDS = len(HW_FIELDS)
 
 (H_PEAK_FLOPS, H_HBM_BYTES, H_HBM_BPS, H_INTRA_BPS, H_INTER_BPS, H_GPUS_PER_NODE, H_NUM_SMS,
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
- H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_DP_OVERLAP, H_OPT_SHARD) = range(NUM_HW_FIELDS)
+ H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_DP_OVERLAP, H_OPT_SHARD, H_FLASH_ATTN,
+ H_FLASH_EFF) = range(NUM_HW_FIELDS)
 
 # Fields a calibration may change (a handful of global numbers per GPU type).
 CALIBRATION_FIELDS = (
     "gemm_efficiency", "hbm_efficiency", "kernel_overhead_s", "intra_node_efficiency",
     "inter_node_efficiency", "intra_node_latency_s", "inter_node_latency_s",
     "intra_node_step_latency_s", "inter_node_step_latency_s", "host_launch_s",
-    "iteration_overhead_s", "p2p_overhead_s",
+    "iteration_overhead_s", "p2p_overhead_s", "flash_attention_efficiency",
 )

@@ -17,7 +17,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_FLASH_ATTN, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -162,7 +162,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             comm.intra_allgather_s(sbh2, t, hw),
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN]),
             s * b * v / t * 6.0)
 
 

@@ -1,0 +1,84 @@
+"""FlashAttention (training setting use_flash_attn): fused attention core, no s x s activations."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+import pytest
+
+import reference as ref
+from conftest import ONE_POINT_SPEC
+from vtrain_fast.errors import InputError
+from vtrain_fast.evaluate import evaluate_frame
+from vtrain_fast.hardware import PRESETS, machine_vector
+from vtrain_fast.kernels import step
+from vtrain_fast.spec import parse_spec
+
+PLANS = pl.DataFrame({
+    "num_layers": [32, 96, 40, 24], "hidden_size": [4096, 12288, 6144, 2048],
+    "num_attention_heads": [32, 96, 48, 16], "num_query_groups": [8, 96, 48, 16],
+    "seq_length": [8192, 2048, 4096, 1024],
+    "global_batch_size": [256, 1536, 1024, 64], "micro_batch_size": [1, 1, 2, 4],
+    "tp": [4, 8, 4, 1], "pp": [2, 8, 2, 1], "dp": [16, 8, 32, 8], "gpu": ["h100-sxm-80gb"] + ["a100-sxm4-80gb"] * 3,
+    "recompute": ["none", "full", "none", "full"],
+})
+
+
+def test_flash_drops_the_quadratic_activations_and_nothing_else():
+    off = evaluate_frame(PLANS)
+    on = evaluate_frame(PLANS.with_columns(use_flash_attn=pl.lit("true")))
+    assert (on["activations_GiB"] < off["activations_GiB"]).all()
+    # without recomputation every layer kept its 5 a s^2 b / t bytes of softmax/dropout tensors
+    norc = PLANS["recompute"] == "none"
+    rows = PLANS.filter(norc)
+    a, s, b, t, p = (rows[c].cast(pl.Float64).to_numpy() for c in
+                     ("num_attention_heads", "seq_length", "micro_batch_size", "tp", "pp"))
+    layers = rows["num_layers"].to_numpy() / p
+    in_flight = np.minimum(p, rows["global_batch_size"].to_numpy() / (rows["dp"].to_numpy() * b))
+    s2_bytes = layers * in_flight * (5.0 * a * s * s * b / t - 4.0 * b * a / t * s)
+    saved = (off["activations_GiB"] - on["activations_GiB"]).filter(norc).to_numpy() * 2.0 ** 30
+    np.testing.assert_allclose(saved, s2_bytes, rtol=1e-9)
+    for col in ("tp_comm_s", "dp_comm_s", "optimizer_s", "model_states_GiB", "num_parameters"):
+        assert (on[col] == off[col]).all(), col
+
+
+def test_flash_is_faster_at_long_sequences():
+    """At s >= 4096 the unfused path moves 9-11 bytes per score element through HBM forward
+    and backward; the fused kernel moves none, so the layer is faster despite its lower
+    FLOP efficiency."""
+    long = PLANS.filter(pl.col("seq_length") >= 4096)
+    off = evaluate_frame(long)
+    on = evaluate_frame(long.with_columns(use_flash_attn=pl.lit("true")))
+    assert (on["compute_s"] < off["compute_s"]).all()
+
+
+def test_step_with_flash_matches_twin():
+    hw = machine_vector(replace(PRESETS["a100-sxm4-80gb"], use_flash_attn=True))
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        b = int(rng.choice([1, 2, 4]))
+        t = int(rng.choice([1, 2, 4, 8]))
+        p = int(rng.choice([1, 2, 4]))
+        d = int(rng.choice([1, 2, 8]))
+        cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 8192])), d * b * 8, b, t, p, d,
+               int(rng.integers(0, 2)), 1e12, hw)
+        out = np.empty((step.NUM_OUTPUTS, 1))
+        code = step.step(*[float(x) for x in cfg[:12]], cfg[12], cfg[13], cfg[14], out, 0)
+        r_code, r_out = ref.step(*cfg)
+        assert code == r_code
+        for k, name in enumerate(step.OUTPUT_NAMES):
+            assert out[k, 0] == pytest.approx(r_out[name], rel=1e-12, nan_ok=True), name
+
+
+def test_use_flash_attn_is_a_boolean_spec_key_refused_for_gpus_without_kernels():
+    spec = parse_spec(ONE_POINT_SPEC.format(training="use_flash_attn = true"), "s.toml")
+    assert all(g.use_flash_attn for g in spec.gpus)
+    assert not any(g.use_flash_attn for g in parse_spec(ONE_POINT_SPEC.format(training=""), "s.toml").gpus)
+    with pytest.raises(InputError, match="use_flash_attn"):
+        parse_spec(ONE_POINT_SPEC.format(training='use_flash_attn = "yes"'), "s.toml")
+    v100 = ONE_POINT_SPEC.format(training="use_flash_attn = true").replace("a100-sxm4-80gb", "v100-sxm2-32gb")
+    with pytest.raises(InputError, match="v100-sxm2-32gb.*no FlashAttention kernel"):
+        parse_spec(v100, "s.toml")
+    with pytest.raises(InputError, match="row 2, column use_flash_attn"):
+        evaluate_frame(PLANS.head(1).with_columns(gpu=pl.lit("v100-sxm2-32gb"), use_flash_attn=pl.lit("true")))
