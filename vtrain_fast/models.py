@@ -1,5 +1,6 @@
 """Model presets: dense decoder-only transformers (GPT-2/3 style layer: LayerNorm, GeLU MLP,
-learned position embedding, untied output layer).
+learned position embedding, untied output layer); Llama 2/3 shapes with their SwiGLU MLP as an
+equivalent 1.5x-wide GeLU MLP (see the note above the Llama sources).
 
 Names follow Megatron-LM's arguments. ``ffn_hidden_size`` defaults to ``4 * hidden_size``,
 ``num_query_groups`` to ``num_attention_heads`` (multi-head attention) and ``vocab_size`` to
@@ -56,6 +57,16 @@ class ModelShape:
 _GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
 _VTRAIN = "Bang et al. 2024, vTrain (MICRO 2024), multi-node validation models"
 _MEGATRON = "Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters', Table 1"
+_LLAMA2 = ("Touvron et al. 2023, 'Llama 2', Table 1 (context, GQA) and the released config.json "
+           "(dims, vocab 32,000)")
+_LLAMA3 = ("Dubey et al. 2024, 'The Llama 3 Herd of Models', Table 3 (layers, dims, heads, KV heads) "
+           "and the released config.json (vocab 128,256); pre-training context 8,192")
+# Llama's SwiGLU MLP has three h x f matrices; the layer here has two (GeLU). A two-matrix MLP of
+# width 1.5 f has the same FLOPs (6 h f per token), the same weights (3 h f) and the same
+# activation bytes (FC1 output 2 x 1.5f + activation output 1.5f = gate/up 2f + SwiGLU output f,
+# and the elementwise op moves 4 x 1.5f = 6f bytes like SwiGLU's read 2f, write f), so these
+# presets give ffn_hidden_size = 1.5 x Llama's. Not modelled: RoPE instead of learned positions
+# (s x h extra parameters here, < 0.1%), RMSNorm, no biases.
 
 MODEL_PRESETS: dict[str, ModelShape] = {
     m.name: m.resolved()
@@ -73,5 +84,17 @@ MODEL_PRESETS: dict[str, ModelShape] = {
         ModelShape("vtrain-18.4b", 40, 6144, 48, 2048, source=_VTRAIN),
         ModelShape("vtrain-39.1b", 48, 8192, 64, 2048, source=_VTRAIN),
         ModelShape("megatron-1t", 128, 25600, 160, 2048, source=_MEGATRON),
+        ModelShape("llama2-7b", 32, 4096, 32, 4096, ffn_hidden_size=11008 * 3 // 2, vocab_size=32000,
+                   source=_LLAMA2),
+        ModelShape("llama2-13b", 40, 5120, 40, 4096, ffn_hidden_size=13824 * 3 // 2, vocab_size=32000,
+                   source=_LLAMA2),
+        ModelShape("llama2-70b", 80, 8192, 64, 4096, num_query_groups=8, ffn_hidden_size=28672 * 3 // 2,
+                   vocab_size=32000, source=_LLAMA2),
+        ModelShape("llama3-8b", 32, 4096, 32, 8192, num_query_groups=8, ffn_hidden_size=14336 * 3 // 2,
+                   vocab_size=128256, source=_LLAMA3),
+        ModelShape("llama3-70b", 80, 8192, 64, 8192, num_query_groups=8, ffn_hidden_size=28672 * 3 // 2,
+                   vocab_size=128256, source=_LLAMA3),
+        ModelShape("llama3-405b", 126, 16384, 128, 8192, num_query_groups=8, ffn_hidden_size=53248 * 3 // 2,
+                   vocab_size=128256, source=_LLAMA3),
     )
 }
