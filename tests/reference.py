@@ -120,6 +120,12 @@ def _flash_on(hw):
     return hw_get(hw, "flash_attn") != 0.0
 
 
+def _seq_split(t, hw):
+    """Sequence parallelism splits the token-wise work and tensors outside the TP regions
+    (layer norms, dropouts, residuals) over the t ranks; without it every rank repeats it."""
+    return t if hw_get(hw, "sequence_parallel") != 0.0 else 1.0
+
+
 def flash_attention_forward_s(b, s, h, a, g, t, hw):
     """Causal FlashAttention-2 forward: 4 b heads s^2 d FLOPs halved by the causal mask, at the
     fused kernels' efficiency; bytes = Q, K, V in, O out, fp32 log-sum-exp per row; 1 launch."""
@@ -160,10 +166,11 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
         (tokens, f / t, h, 1.0),                # FC1 (column parallel)
         (tokens, h, f / t, 1.0),                # FC2 (row parallel)
     ]
+    sp = _seq_split(t, hw)
     streaming_bytes = [
-        2.0 * (2.0 + 2.0) * tokens * h,         # LN1, LN2: read x, write y
+        2.0 * (2.0 + 2.0) * tokens * h / sp,    # LN1, LN2: read x, write y
         (2.0 + 2.0) * tokens * h / t,           # context permute copy
-        2.0 * (2.0 + 2.0 + 2.0 + 1.0) * tokens * h,  # 2 bias-dropout-adds: x, residual, out, mask
+        2.0 * (2.0 + 2.0 + 2.0 + 1.0) * tokens * h / sp,  # 2 bias-dropout-adds: x, residual, out, mask
         (2.0 + 2.0) * tokens * f / t,           # bias-GeLU
     ]
     launches = LAYER_FWD_MEMORY_BOUND_LAUNCHES
@@ -194,11 +201,12 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
         (tokens, h, f / t, 1.0), (h, f / t, tokens, 1.0),            # FC1
         (tokens, f / t, h, 1.0), (f / t, h, tokens, 1.0),            # FC2
     ]
+    sp = _seq_split(t, hw)
     streaming_bytes = [
-        2.0 * (2.0 + 2.0 + 2.0) * tokens * h,   # 2 LN backwards: x, dy -> dx
+        2.0 * (2.0 + 2.0 + 2.0) * tokens * h / sp,   # 2 LN backwards: x, dy -> dx
         (2.0 + 2.0) * tokens * h / t,           # context permute copy
-        2.0 * (2.0 + 1.0 + 2.0) * tokens * h,   # 2 bias-dropout-add backwards: dy, mask -> dx
-        2.0 * (2.0 + 2.0 + 2.0) * tokens * h,   # 2 residual-gradient accumulations
+        2.0 * (2.0 + 1.0 + 2.0) * tokens * h / sp,   # 2 bias-dropout-add backwards: dy, mask -> dx
+        2.0 * (2.0 + 2.0 + 2.0) * tokens * h / sp,   # 2 residual-gradient accumulations
         (2.0 + 2.0 + 2.0) * tokens * f / t,     # bias-GeLU backward: x, dy -> dx
     ]
     launches = LAYER_BWD_MEMORY_BOUND_LAUNCHES
@@ -371,21 +379,24 @@ def model_params(num_layers, h, a, g, f, v, s):
     return num_layers * layer_params(h, a, g, f) + v * h + s * h + 2.0 * h + v * h
 
 
-def layer_activation_bytes(b, s, h, a, g, f, t, flash):
-    """Korthikanti et al. 2022 Sec. 4.1 without sequence parallelism, generalised to GQA and
-    any FFN width: sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with FlashAttention the
-    s^2 term (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row."""
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
+    """Korthikanti et al. 2022 Sec. 4.1, generalised to GQA and any FFN width:
+    sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with sequence parallelism (Sec. 4.2.2) the
+    10 sbh outside the TP regions is divided by t as well; with FlashAttention the s^2 term
+    (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row."""
     tp_split = 4.0 + 4.0 * g / a + 4.0 * f / h
+    outside = 10.0 / t if sp else 10.0
     attention_core = 4.0 * b * (a / t) * s if flash else 5.0 * a * s * s * b / t
-    return s * b * h * (10.0 + tp_split / t) + attention_core
+    return s * b * h * (outside + tp_split / t) + attention_core
 
 
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash):
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp):
     """A stage holding ``in_flight`` micro-batches; full recompute keeps each layer's fp16
-    input plus one layer rebuilt at a time."""
-    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash)
+    input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time."""
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp)
     if recompute:
-        return in_flight * layers_on_stage * BYTES_FP16 * s * b * h + per_layer
+        kept_input = BYTES_FP16 * s * b * h / (t if sp else 1.0)
+        return in_flight * layers_on_stage * kept_input + per_layer
     return in_flight * layers_on_stage * per_layer
 
 
@@ -460,6 +471,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         crosses_node = t * d * p > hw_get(hw, "gpus_per_node")
         send = p2p_s(BYTES_FP16 * sbh / t, crosses_node, hw)
         gather = intra_allgather_s(BYTES_FP16 * sbh, t, hw)
+        if hw_get(hw, "sequence_parallel") != 0.0:
+            gather = 0.0                           # the activation stays split over the TP ranks
         pp_per_mb = 2.0 * (send + gather)
 
     # --- every stage: time per micro-batch, parameters, activations
@@ -475,12 +488,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         if last:
             params += v * h / t + 2.0 * h          # LM head shard + final layer norm
         in_flight = min(p - i, m)                  # 1F1B: stage i holds min(p - i, m) micro-batches
+        seq_par = hw_get(hw, "sequence_parallel") != 0.0
         act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc,
-                                     hw_get(hw, "flash_attn") != 0.0)
+                                     hw_get(hw, "flash_attn") != 0.0, seq_par)
+        sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
-            act += in_flight * sbh                 # embedding output per in-flight micro-batch
+            act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
         if last:
-            act += 2.0 * sbh + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
+            act += 2.0 * sbh_rank + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
         # ZeRO-1 / distributed optimizer: the 12 bytes of fp32 master + Adam m, v over d ranks
         shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)    # d when sharded, else 1
         states = params * (4.0 + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / shards)

@@ -44,10 +44,10 @@ HW_RANGES = {
     "intra_node_step_latency_s": (0.0, 1e-5), "inter_node_step_latency_s": (0.0, 2e-5),
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
     "dp_overlap": (0.0, 1.0), "optimizer_sharding": (0.0, 1.0), "flash_attn": None,
-    "flash_attention_efficiency": (0.05, 1.0),
+    "flash_attention_efficiency": (0.05, 1.0), "sequence_parallel": None,
 }
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
-SAMPLED = {"gpus_per_node": GPUS_PER_NODE, "flash_attn": (0.0, 1.0)}   # fields drawn from a set
+SAMPLED = {"gpus_per_node": GPUS_PER_NODE, "flash_attn": (0.0, 1.0), "sequence_parallel": (0.0, 1.0)}   # fields drawn from a set
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
 
@@ -78,6 +78,7 @@ SCALAR_CASES = {
                         st.tuples(dim, dim, dim, dim, dim, dim, dim, hw_st)),
     "layer_backward_s": (ops.layer_backward_s, ref.layer_backward_s,
                          st.tuples(dim, dim, dim, dim, dim, dim, dim, hw_st)),
+    "sequence_split": (ops.sequence_split, ref._seq_split, st.tuples(dim, hw_st)),
     "flash_attention_forward_s": (ops.flash_attention_forward_s, ref.flash_attention_forward_s,
                                   st.tuples(dim, dim, dim, dim, dim, dim, flash_hw_st)),
     "flash_attention_backward_s": (ops.flash_attention_backward_s, ref.flash_attention_backward_s,
@@ -114,9 +115,9 @@ SCALAR_CASES = {
     "model_params": (memory.model_params, ref.model_params,
                      st.tuples(dim, dim, dim, dim, dim, dim, dim)),
     "layer_activation_bytes": (memory.layer_activation_bytes, ref.layer_activation_bytes,
-                               st.tuples(dim, dim, dim, dim, dim, dim, dim, rc_st)),
+                               st.tuples(dim, dim, dim, dim, dim, dim, dim, rc_st, rc_st)),
     "stage_activation_bytes": (memory.stage_activation_bytes, ref.stage_activation_bytes,
-                               st.tuples(dim, dim, dim, dim, dim, dim, dim, dim, dim, rc_st, rc_st)),
+                               st.tuples(dim, dim, dim, dim, dim, dim, dim, dim, dim, rc_st, rc_st, rc_st)),
     "chinchilla_loss": (step.chinchilla_loss, ref.chinchilla_loss,
                         st.tuples(st.floats(1e3, 1e13), st.floats(1.0, 1e16))),
     "forward_flops_per_token": (step.forward_flops_per_token, ref.forward_flops_per_token,

@@ -25,7 +25,7 @@ REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "g
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
             "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce",
-            "distributed_optimizer", "use_flash_attn")
+            "distributed_optimizer", "use_flash_attn", "sequence_parallel")
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
 INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
@@ -198,17 +198,20 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                _str_column(df, "distributed_optimizer", where, ("true", "false", "1", "0"), "false")]
     flash = [v in ("true", "1") for v in
              _str_column(df, "use_flash_attn", where, ("true", "false", "1", "0"), "false")]
+    seqpar = [v in ("true", "1") for v in
+              _str_column(df, "sequence_parallel", where, ("true", "false", "1", "0"), "false")]
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
     for i in range(n):
-        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i], sharded[i], flash[i])
+        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i], sharded[i], flash[i],
+               seqpar[i])
         if key not in cache:
             ov = dict(gpus_per_node=int(gpn[i]) or None,
                       intra_node_GBps=None if np.isnan(intra[i]) else float(intra[i]),
                       inter_node_Gbps=None if np.isnan(inter[i]) else float(inter[i]),
                       overlap_grad_reduce=overlap[i], distributed_optimizer=sharded[i],
-                      use_flash_attn=flash[i])
+                      use_flash_attn=flash[i], sequence_parallel=seqpar[i])
             preset = with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             cache[key] = machine_vector(preset)

@@ -116,6 +116,7 @@ class GPUPreset:
     overlap_grad_reduce: bool = False   # software setting: DP all-reduce overlapped with backward
     distributed_optimizer: bool = False  # software setting: Adam states sharded over DP (ZeRO-1)
     use_flash_attn: bool = False        # software setting: fused FlashAttention-2 attention core
+    sequence_parallel: bool = False     # software setting: Megatron sequence parallelism
 
 
 # Achievable large-GEMM fraction of the dense bf16 peak, measured by a matmul shape search
@@ -276,6 +277,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "dp_overlap": 1.0 if preset.overlap_grad_reduce else 0.0,
         "optimizer_sharding": 1.0 if preset.distributed_optimizer else 0.0,
         "flash_attn": 1.0 if preset.use_flash_attn else 0.0,
+        "sequence_parallel": 1.0 if preset.sequence_parallel else 0.0,
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

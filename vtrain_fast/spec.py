@@ -16,6 +16,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     overlap_grad_reduce = false     # true: DP all-reduce hidden behind the last backward
     distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
     use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
+    sequence_parallel = false       # true: layer norms, dropouts split over tp (Megatron --sequence-parallel)
     [cluster]
     gpu = ["a100-sxm4-80gb"]
     num_gpus = [1024, 1536]
@@ -55,7 +56,7 @@ _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "seq_length", "vocab_size"},
     "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", "overlap_grad_reduce",
-                 "distributed_optimizer", "use_flash_attn"},
+                 "distributed_optimizer", "use_flash_attn", "sequence_parallel"},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
     "parallel": {"tp", "pp"},
     "output": {"chunk_size"},
@@ -284,7 +285,9 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
                          ("distributed_optimizer", "true shards the Adam states over data-parallel ranks "
                                                    "(Megatron --use-distributed-optimizer, ZeRO-1)"),
                          ("use_flash_attn", "true runs the attention core as fused FlashAttention-2 kernels "
-                                            "(Megatron --use-flash-attn)")):
+                                            "(Megatron --use-flash-attn)"),
+                         ("sequence_parallel", "true splits layer norms and dropouts over the tensor-parallel "
+                                               "ranks (Megatron --sequence-parallel)")):
         flag = tr.get(key, False)
         if not isinstance(flag, bool):
             raise InputError(path, f"training.{key}", flag, "true or false", meaning)

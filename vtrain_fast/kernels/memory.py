@@ -55,35 +55,44 @@ def model_params(num_layers, h, a, g, f, v, s):
 
 
 @jit
-def layer_activation_bytes(b, s, h, a, g, f, t, flash):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
     (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
 
     With FlashAttention (``flash`` non-zero) the ``5 a s^2 b / t`` bytes of softmax output,
     dropout mask and dropout output are not stored; the kernel keeps Q, K, V and the output
     (already counted) plus an fp32 log-sum-exp per query row, ``4 b (a/t) s`` bytes
-    (Dao 2023, "FlashAttention-2")."""
-    base = s * b * h * (10.0 + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
+    (Dao 2023, "FlashAttention-2").
+
+    With sequence parallelism (``sp`` non-zero) the ``10 s b h`` bytes kept outside the
+    tensor-parallel regions (layer-norm inputs, dropout masks and outputs) are split over the
+    ``t`` ranks too: ``s b h (10 + 4 + 4g/a + 4f/h) / t`` (Korthikanti et al. 2022, Sec. 4.2.2,
+    Table 2: ``sbh (34/t + 5as/(ht))``)."""
+    outside = 10.0 / t if sp != 0.0 else 10.0
+    base = s * b * h * (outside + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
     if flash != 0.0:
         return base + 4.0 * b * a / t * s
     return base + 5.0 * a * s * s * b / t
 
 
 @jit
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash):
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp):
     """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches.
 
-    With full recomputation each layer keeps only its 2-byte input (``2sbh``) and one layer's
-    full activations are rebuilt at a time during backward.
+    With full recomputation each layer keeps only its 2-byte input (``2sbh``, split over the
+    ``t`` ranks with sequence parallelism) and one layer's full activations are rebuilt at a
+    time during backward.
     """
-    return stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h,
-                                             layer_activation_bytes(b, s, h, a, g, f, t, flash), recompute)
+    split = t if sp != 0.0 else 1.0
+    return stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h / split,
+                                             layer_activation_bytes(b, s, h, a, g, f, t, flash, sp), recompute)
 
 
 @jit
 def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full, recompute):
     """:func:`stage_activation_bytes` given ``full``, the bytes of one layer
-    (:func:`layer_activation_bytes`), so that callers can reuse it across stages."""
+    (:func:`layer_activation_bytes`), so that callers can reuse it across stages; ``h`` is the
+    hidden size a rank keeps of each layer input (``h / t`` with sequence parallelism)."""
     if recompute:
         return in_flight * layers_on_stage * 2.0 * s * b * h + full
     return in_flight * layers_on_stage * full

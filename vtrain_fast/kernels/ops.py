@@ -23,7 +23,7 @@ import math
 
 from .._jit import jit
 from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S,
-                     H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS)
+                     H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_SEQ_PAR)
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -107,6 +107,14 @@ def memory_bound_time_s(nbytes, num_kernels, hw):
 
 
 @jit
+def sequence_split(t, hw):
+    """How many ways the token-wise work outside attention and MLP (layer norms, dropouts,
+    residual adds) is split: ``t`` with sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2),
+    else 1 (every TP rank repeats it)."""
+    return t if hw[H_SEQ_PAR] != 0.0 else 1.0
+
+
+@jit
 def layer_forward_s(b, s, h, a, g, f, t, hw):
     """Forward compute seconds of one transformer layer for one micro-batch on one TP rank.
 
@@ -130,10 +138,11 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
     time += gemm_time_s(tokens, f / t, h, 1.0, hw)           # FC1
     time += gemm_time_s(tokens, h, f / t, 1.0, hw)           # FC2
+    sp = sequence_split(t, hw)
     nbytes = (
-        2.0 * 4.0 * tokens * h          # two layer norms: read 2 + write 2 bytes / element
+        2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
         + 4.0 * tokens * h / t          # context permute copy
-        + 2.0 * 7.0 * tokens * h        # two bias-dropout-adds: x, residual, out, mask
+        + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
         + 4.0 * tokens * f / t          # bias-GeLU
     )
     if hw[H_FLASH_ATTN] != 0.0:
@@ -170,11 +179,12 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
     time += gemm_time_s(tokens, h / t, h, 1.0, hw) + gemm_time_s(h / t, h, tokens, 1.0, hw)
     time += gemm_time_s(tokens, h, f / t, 1.0, hw) + gemm_time_s(h, f / t, tokens, 1.0, hw)
     time += gemm_time_s(tokens, f / t, h, 1.0, hw) + gemm_time_s(f / t, h, tokens, 1.0, hw)
+    sp = sequence_split(t, hw)
     nbytes = (
-        2.0 * 6.0 * tokens * h          # two layer-norm backwards: x, dy -> dx
+        2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx
         + 4.0 * tokens * h / t          # context permute copy
-        + 2.0 * 5.0 * tokens * h        # two bias-dropout-add backwards: dy, mask -> dx
-        + 2.0 * 6.0 * tokens * h        # two residual-gradient accumulations
+        + 2.0 * 5.0 * tokens * h / sp   # two bias-dropout-add backwards: dy, mask -> dx
+        + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
         + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
     )                                   # (+ 2 bias-gradient reductions: launches, bytes negligible)
     if hw[H_FLASH_ATTN] != 0.0:

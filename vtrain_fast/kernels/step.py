@@ -17,7 +17,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_FLASH_ATTN, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_FLASH_ATTN, H_SEQ_PAR, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -146,23 +146,28 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
     -------
     tuple of float
         ``NUM_MICRO`` values laid out as :data:`MICRO_NAMES`: forward and backward seconds of
-        one layer, the TP all-reduce of one activation (``2bsh`` bytes) and of the
+        one layer, the TP all-reduce of one activation (``2bsh`` bytes; with sequence
+        parallelism a reduce-scatter plus an all-gather, which move the same bytes: Korthikanti
+        et al. 2022, Sec. 4.2.2) and of the
         cross-entropy statistics (``4bs`` bytes), embedding and head seconds (forward plus
         backward), the pipeline NVLink all-gather of one activation, one pipeline send of
         ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
         last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``).
     """
     sbh2 = 2.0 * b * s * h
+    # with sequence parallelism the activation between stages is already split over the TP
+    # ranks: each sends its 1/t and no all-gather follows
+    gather = 0.0 if hw[H_SEQ_PAR] != 0.0 else comm.intra_allgather_s(sbh2, t, hw)
     return (ops.layer_forward_s(b, s, h, a, g, f, t, hw),
             ops.layer_backward_s(b, s, h, a, g, f, t, hw),
             comm.group_allreduce_s(sbh2, t, 1.0, hw),
             comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
             ops.embedding_s(b, s, h, v, t, hw),
             ops.head_s(b, s, h, v, t, hw),
-            comm.intra_allgather_s(sbh2, t, hw),
+            gather,
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN]),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR]),
             s * b * v / t * 6.0)
 
 
@@ -297,16 +302,17 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
     # ---- memory per GPU (the fuller of first and last stage)
     full = mb[M_ACT_LAYER]
+    hs = h / t if hw[H_SEQ_PAR] != 0.0 else h     # hidden size a rank keeps per token outside TP regions
     if p == 1.0:
-        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, h, full, rc)
-                     + s * b * h * 3.0 + mb[M_LOGITS])
+        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
+                     + s * b * hs * 3.0 + mb[M_LOGITS])
         act_last = act_first
     else:
         in_flight = min(p, m)
-        act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, h, full, rc)
-                     + in_flight * s * b * h)
-        act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, h, full, rc)
-                    + 2.0 * s * b * h + mb[M_LOGITS])
+        act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, hs, full, rc)
+                     + in_flight * s * b * hs)
+        act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, hs, full, rc)
+                    + 2.0 * s * b * hs + mb[M_LOGITS])
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
     state_first = memory.model_state_bytes(p_first, d, hw[H_OPT_SHARD])
