@@ -49,7 +49,11 @@ tp = [1, 2, 4, 8, 16]
 pp = [1, 2, 4, 8, 12, 16, 24, 32, 48, 96]
 """
 
-# About 10^9 points: every model preset x 10 token budgets x 4 GPU types x num_gpus_values
+# The model presets of the first bench (2026-11-30), fixed so that runs stay comparable as
+# presets are added.
+FRONTIER_MODELS = ("gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b",
+                   "gpt3-13b", "gpt3-175b", "vtrain-3.6b", "vtrain-18.4b", "vtrain-39.1b", "megatron-1t")
+# About 10^9 points: 12 model presets x 10 token budgets x 4 GPU types x num_gpus_values
 # cluster sizes x 6 tp x 11 pp x 8 micro-batch x 16 global-batch x 2 recompute
 # (128 sizes: 1,038,090,240 points).
 _FRONTIER_TEXT = """\
@@ -102,8 +106,7 @@ def full_model_spec_text(num_tokens: int = 64) -> str:
 def frontier_spec_text(num_sizes: int = 128) -> str:
     """Spec text of the large frontier sweep; ``num_sizes`` cluster sizes 64, 128, ...
     (128 sizes: 1,038,090,240 points)."""
-    from .models import MODEL_PRESETS
-    models = ", ".join(f'"{m}"' for m in MODEL_PRESETS)
+    models = ", ".join(f'"{m}"' for m in FRONTIER_MODELS)
     sizes = ", ".join(str(64 * (i + 1)) for i in range(num_sizes))
     return _FRONTIER_TEXT.format(models=models, sizes=sizes)
 
