@@ -1,4 +1,5 @@
-"""Optional bucketed overlap of the data-parallel all-reduce with backward (issue 3)."""
+"""Optional bucketed overlap of the data-parallel all-reduce with backward, the distributed
+optimizer, and the boolean training settings of a sweep spec."""
 from __future__ import annotations
 
 import polars as pl
@@ -30,12 +31,15 @@ def test_overlap_hides_part_of_the_dp_allreduce_and_nothing_else():
         assert (on[col] == off[col]).all(), col
 
 
-def test_overlap_is_a_boolean_spec_key():
-    spec = parse_spec(ONE_POINT_SPEC.format(training="overlap_grad_reduce = true"), "s.toml")
-    assert all(g.overlap_grad_reduce for g in spec.gpus)
-    assert not any(g.overlap_grad_reduce for g in parse_spec(ONE_POINT_SPEC.format(training=""), "s.toml").gpus)
-    with pytest.raises(InputError, match="overlap_grad_reduce"):
-        parse_spec(ONE_POINT_SPEC.format(training='overlap_grad_reduce = "yes"'), "s.toml")
+@pytest.mark.parametrize("key", ["overlap_grad_reduce", "distributed_optimizer", "use_flash_attn",
+                                 "sequence_parallel"])
+def test_training_settings_are_boolean_spec_keys_off_by_default(key):
+    spec = parse_spec(ONE_POINT_SPEC.format(training=f"{key} = true"), "s.toml")
+    assert all(getattr(g, key) for g in spec.gpus)
+    assert not any(getattr(g, key) for g in parse_spec(ONE_POINT_SPEC.format(training=""), "s.toml").gpus)
+    for bad in ('"yes"', "1"):
+        with pytest.raises(InputError, match=key):
+            parse_spec(ONE_POINT_SPEC.format(training=f"{key} = {bad}"), "s.toml")
 
 
 def test_distributed_optimizer_shards_adam_states_and_step():

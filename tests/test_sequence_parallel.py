@@ -4,11 +4,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from conftest import ONE_POINT_SPEC
-from vtrain_fast.errors import InputError
 from vtrain_fast.evaluate import evaluate_frame
 from vtrain_fast.kernels import memory
-from vtrain_fast.spec import parse_spec
 
 PLANS = pl.DataFrame({
     "num_layers": [126, 96, 40, 24], "hidden_size": [16384, 12288, 6144, 2048],
@@ -43,10 +40,3 @@ def test_sequence_parallel_splits_activations_and_token_work_only():
         assert (on[col] == off[col]).all(), col   # reduce-scatter + all-gather cost the all-reduce
     # Llama-3-405B-like plan on 8-GPU tensor-parallel groups: fits only with sequence parallelism
     assert off["status"][0] == "out_of_memory" and on["status"][0] == "ok"
-
-
-def test_sequence_parallel_is_a_boolean_spec_key():
-    spec = parse_spec(ONE_POINT_SPEC.format(training="sequence_parallel = true"), "s.toml")
-    assert all(g.sequence_parallel for g in spec.gpus)
-    with pytest.raises(InputError, match="sequence_parallel"):
-        parse_spec(ONE_POINT_SPEC.format(training="sequence_parallel = 1"), "s.toml")
