@@ -134,7 +134,9 @@ def flash_attention_forward_s(b, s, h, a, g, t, hw):
     q_bytes = BYTES_FP16 * tokens * heads * head_dim
     kv_bytes = BYTES_FP16 * tokens * (qkv_cols - heads * head_dim)      # K and V together
     nbytes = q_bytes + kv_bytes + q_bytes + 4.0 * b * heads * s
-    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency"))
+    blocks = b * heads * math.ceil(s / 128.0)           # one thread block per 128 rows per head
+    busy = min(1.0, blocks / hw_get(hw, "num_sms"))
+    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency") * busy)
     memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
     return max(compute_s, memory_s) + FLASH_FWD_LAUNCHES * hw_get(hw, "kernel_overhead_s")
 
@@ -150,7 +152,9 @@ def flash_attention_backward_s(b, s, h, a, g, t, hw):
     writes = q_bytes + kv_bytes
     accumulator = 2.0 * (4.0 / BYTES_FP16) * q_bytes
     nbytes = reads + writes + accumulator
-    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency"))
+    blocks = b * heads * math.ceil(s / 128.0)
+    busy = min(1.0, blocks / hw_get(hw, "num_sms"))
+    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency") * busy)
     memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
     return max(compute_s, memory_s) + FLASH_BWD_LAUNCHES * hw_get(hw, "kernel_overhead_s")
 
@@ -301,11 +305,12 @@ def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s)
 
 
 def tree_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
-    """Double binary tree: up and down a tree of depth ceil(log2 n), so 2*ceil(log2 n) latency
-    steps; the same 2(n-1)/n of the buffer through each link as the ring; free for n <= 1."""
+    """Double binary tree: up and down a tree of depth floor(log2 n) (NCCL's tuning model), so
+    2*floor(log2 n) latency steps; the same 2(n-1)/n of the buffer through each link as the
+    ring; free for n <= 1."""
     if n <= 1:
         return 0.0
-    depth = math.ceil(math.log2(n))
+    depth = int(math.log2(n))
     return latency_s + 2.0 * depth * step_latency_s + 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency)
 
 
@@ -344,6 +349,19 @@ def group_allreduce_s(nbytes, n, stride, hw):
     reduce_scatter_s = intra_allgather_s(nbytes, per_node, hw)
     allgather_s = intra_allgather_s(nbytes, per_node, hw)
     return inter_s + (reduce_scatter_s + allgather_s)
+
+
+def group_reduce_scatter_allgather_s(nbytes, n, stride, hw):
+    """Reduce-scatter then all-gather (distributed optimizer): rings everywhere; hierarchical
+    across nodes like the all-reduce, with a ring reduce-scatter + all-gather between nodes."""
+    if n <= 1:
+        return 0.0
+    per_node = members_per_node(stride, n, hw_get(hw, "gpus_per_node"))
+    nodes = math.ceil(n / per_node)
+    if nodes <= 1:
+        return intra_allgather_s(nbytes, n, hw) + intra_allgather_s(nbytes, n, hw)
+    inter_s = 2.0 * ring_allgather_s(nbytes / per_node, nodes, *_link(hw, "inter"))
+    return inter_s + 2.0 * intra_allgather_s(nbytes, per_node, hw)
 
 
 def p2p_s(nbytes, crosses_node, hw):
@@ -510,7 +528,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     compute_s = m * stages[slow]["compute"]
     tp_comm_s = m * stages[slow]["tp"]
     pp_comm_s = m * stages[slow]["pp"]
-    dp_comm_s = max(group_allreduce_s(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
+    sharded = hw_get(hw, "optimizer_sharding") != 0.0
+    exchange = group_reduce_scatter_allgather_s if sharded else group_allreduce_s
+    dp_comm_s = max(exchange(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
     # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
     backward_window = layers_per_stage * (bwd + rc * fwd)
     dp_comm_s -= hw_get(hw, "dp_overlap") * min(dp_comm_s, backward_window)

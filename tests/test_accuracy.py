@@ -103,6 +103,31 @@ def test_nccl_inter_node_fit_recovers_tree_parameters():
     assert res["step_latency_s"] == pytest.approx(6e-6, rel=1e-2)
 
 
+def test_nccl_fit_keeps_the_step_latency_when_tables_cannot_tell_it():
+    """Tables that all have one step count (8 GPUs only; 2 and 3 nodes share one tree level)
+    cannot separate fixed from per-step latency: the per-step latency keeps the machine
+    vector's value and is reported as kept."""
+    from vtrain_fast.hardware import machine_vector
+    from vtrain_fast.kernels.comm import group_allreduce_s
+    from vtrain_fast.nccl import Table
+    preset = PRESETS["a100-sxm4-80gb"]
+    hw = machine_vector(preset)
+    sizes = (2.0 ** np.arange(16, 31)).astype(np.int64)
+    inter = [Table(f"t{n}.txt", "all_reduce", n, sizes,
+                   np.array([group_allreduce_s(float(b), float(n), 1.0, hw) for b in sizes])) for n in (16, 24)]
+    res = fit_tables(inter, preset.inter_node_Gbps / 8.0, gpus_per_node=8, hw=hw)
+    assert res["step_latency_kept"]
+    assert res["step_latency_s"] == preset.calibration.inter_node_step_latency_s
+    assert res["latency_s"] == pytest.approx(preset.calibration.inter_node_latency_s, rel=1e-6)
+    eight = [t for t in (read_table(f) for f in sorted(glob.glob(str(DATA / "nccl_allreduce_a100" / "*.csv"))))
+             if t.n == 8]
+    res = fit_tables(eight, 300.0, hw=hw)
+    assert res["step_latency_kept"] and res["step_latency_s"] == preset.calibration.intra_node_step_latency_s
+    assert not fit_tables(inter + [Table("t32.txt", "all_reduce", 32, sizes, np.array(
+        [group_allreduce_s(float(b), 32.0, 1.0, hw) for b in sizes]))], preset.inter_node_Gbps / 8.0,
+        gpus_per_node=8, hw=hw)["step_latency_kept"]
+
+
 def test_nccl_bad_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "all_reduce_4gpu.txt"
     bad.write_text("nothing useful\n")

@@ -77,3 +77,47 @@ def test_use_flash_attn_is_refused_for_gpus_without_kernels():
         parse_spec(v100, "s.toml")
     with pytest.raises(InputError, match="row 2, column use_flash_attn"):
         evaluate_frame(PLANS.head(1).with_columns(gpu=pl.lit("v100-sxm2-32gb"), use_flash_attn=pl.lit("true")))
+
+
+def test_flash_kernel_flop_conventions():
+    """Compute-bound case with every SM busy: forward = causal 2 b s^2 h / t FLOPs at
+    peak x flash_attention_efficiency (+ one launch), backward = 2.5x (+ three launches)."""
+    from vtrain_fast.kernels import ops
+    preset = PRESETS["a100-sxm4-80gb"]
+    hw = machine_vector(replace(preset, use_flash_attn=True))
+    b, s, h, a, g, t = 4, 8192, 8192, 64, 8, 2
+    rate = preset.peak_tflops * 1e12 * preset.calibration.flash_attention_efficiency
+    gap = preset.calibration.kernel_overhead_s
+    fwd = ops.flash_attention_forward_s(b, s, h, a, g, t, hw)
+    bwd = ops.flash_attention_backward_s(b, s, h, a, g, t, hw)
+    assert fwd == pytest.approx(2.0 * b * s * s * h / t / rate + gap, rel=1e-12)
+    assert bwd - 3 * gap == pytest.approx(2.5 * (fwd - gap), rel=1e-12)
+    # few thread blocks (one sequence, 4 heads, 8 row tiles = 32 < 108 SMs): a quarter of the rate
+    small = ops.flash_attention_forward_s(1, 1024, 4096, 32, 8, 8, hw) - gap
+    assert small == pytest.approx(2.0 * 1024 * 1024 * 4096 / 8 / rate * 108 / 32, rel=1e-12)
+
+
+def test_evaluate_keeps_flash_and_unfused_rows_apart():
+    both = PLANS.head(2).with_columns(gpu=pl.lit("a100-sxm4-80gb"))
+    mixed = evaluate_frame(pl.concat([both.head(1).with_columns(use_flash_attn=pl.lit("true")),
+                                      both.head(1).with_columns(use_flash_attn=pl.lit("false"))]))
+    alone_on = evaluate_frame(both.head(1).with_columns(use_flash_attn=pl.lit("true")))
+    alone_off = evaluate_frame(both.head(1))
+    assert mixed["iteration_time_s"][0] == alone_on["iteration_time_s"][0]
+    assert mixed["iteration_time_s"][1] == alone_off["iteration_time_s"][0]
+    assert mixed["iteration_time_s"][0] != mixed["iteration_time_s"][1]
+
+
+def test_calibrate_fits_flash_attention_efficiency():
+    """Flash rows made by the model with a known efficiency are fitted back (the fit's lower
+    bound stays above 0, which would switch FlashAttention off)."""
+    from vtrain_fast.calibrate import fit
+    truth = replace(PRESETS["a100-sxm4-80gb"].calibration, flash_attention_efficiency=0.4)
+    rows = pl.concat([PLANS.with_columns(gpu=pl.lit("a100-sxm4-80gb"), micro_batch_size=pl.lit(m))
+                      for m in (1, 2)]).with_columns(use_flash_attn=pl.lit("true"))
+    measured = evaluate_frame(rows, "synthetic", {"a100-sxm4-80gb": truth})
+    rows = rows.with_columns(measured_iteration_time_s=measured["iteration_time_s"]).filter(
+        measured["status"] != "bad_batch")
+    cal, report = fit(rows, "a100-sxm4-80gb", ["flash_attention_efficiency"],
+                      base=replace(truth, flash_attention_efficiency=0.7))
+    assert cal.flash_attention_efficiency == pytest.approx(0.4, rel=1e-3)

@@ -77,7 +77,9 @@ def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None
         i = int(unusable.arg_max())
         raise InputError(where, f"row {i + 2}", status[i],
                          "configurations the model can evaluate (status ok)", "fix or remove the row")
-    lo = np.array([CALIBRATION_RANGES[p][0] for p in params])
+    # an efficiency is fitted above 0.01 even where a file may say 0 (0 disables FlashAttention)
+    lo = np.array([max(CALIBRATION_RANGES[p][0], 0.01) if p.endswith("efficiency") else CALIBRATION_RANGES[p][0]
+                   for p in params])
     hi = np.array([CALIBRATION_RANGES[p][1] for p in params])
     x0 = np.clip(np.array([getattr(base, p) for p in params]), lo, hi)
 

@@ -302,10 +302,16 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
         link = preset.inter_node_Gbps / 8.0
     else:
         link = preset.intra_node_GBps
-        res = fit_tables(tables, link)
+        res = fit_tables(tables, link, hw=machine_vector(preset))
     if res["mape_pct"] > 10.0:
-        err.print(f"warning: the fit's MAPE is {res['mape_pct']:.1f}%: the ring model does not describe these "
+        model = "hierarchical tree model" if inter_node else "ring model"
+        err.print(f"warning: the fit's MAPE is {res['mape_pct']:.1f}%: the {model} does not describe these "
                   "tables well (another topology, or mixed collectives?)", markup=False)
+    if res.get("step_latency_kept"):
+        err.print(f"note: every table has the same number of {'tree' if inter_node else 'ring'} steps, so the "
+                  "per-step latency cannot be told from the fixed one; the per-step latency keeps its current "
+                  f"value ({res['step_latency_s'] * 1e6:.2f} us) and only latency and efficiency were fitted; "
+                  "add tables over other rank or node counts to fit it", markup=False)
     if res["clipped"]:
         err.print(f"warning: {', '.join(res['clipped'])} hit the allowed bound; check --gpu, --ranks, "
                   f"--gpus-per-node and the link bandwidth ({link:g} GB/s per GPU)", markup=False)

@@ -38,9 +38,9 @@ class Table:
 
 def _factors(collective: str, n: int, tree: bool = False) -> tuple[float, float]:
     """(latency steps, bytes-through-each-link factor) of one collective over ``n`` ranks; with
-    ``tree``, the all-reduce's double binary tree (``2 * ceil(log2 n)`` steps)."""
+    ``tree``, the all-reduce's double binary tree (``2 * floor(log2 n)`` steps)."""
     if collective == "all_reduce" and tree:
-        return 2.0 * math.ceil(math.log2(n)), 2.0 * (n - 1) / n
+        return 2.0 * math.floor(math.log2(n)), 2.0 * (n - 1) / n
     if collective == "all_reduce":
         return 2.0 * (n - 1), 2.0 * (n - 1) / n
     if collective == "sendrecv":
@@ -144,14 +144,17 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
         the inter-node tree all-reduce of ``size / g`` over ``nodes`` ranks is fitted to the
         rest (rows where the rest is not positive are left out).
     hw : numpy.ndarray, optional
-        Machine vector for the intra-node part (inter-node mode only).
+        Machine vector: the intra-node part in inter-node mode, and the per-step latency kept
+        when every table has the same number of steps (default 0 without ``hw``).
 
     Returns
     -------
     dict
         ``latency_s``, ``step_latency_s``, ``efficiency`` (clipped to the allowed ranges),
-        the fit's ``mape_pct`` with the clipped values, ``rows`` and ``clipped`` (names of
-        the values that hit a bound).
+        the fit's ``mape_pct`` with the clipped values, ``rows``, ``clipped`` (names of
+        the values that hit a bound) and ``step_latency_kept`` (True when every table has the
+        same number of steps, so that a per-step latency cannot be told from the fixed one:
+        it then keeps ``hw``'s value and only latency and efficiency are fitted).
 
     Raises
     ------
@@ -189,7 +192,14 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
     y = np.array(target)
     rest = y - np.array(fixed)
     w = 1.0 / y                       # relative error
-    coef, _ = nnls(a * w[:, None], rest * w)   # non-negative latencies and inverse bandwidth
+    kept = bool(np.ptp(a[:, 1]) == 0.0)
+    if kept:
+        from .kernels.params import H_INTER_STEP_S, H_INTRA_STEP_S
+        step = 0.0 if hw is None else float(hw[H_INTER_STEP_S if gpus_per_node else H_INTRA_STEP_S])
+        sub, _ = nnls((a[:, [0, 2]]) * w[:, None], (rest - step * a[:, 1]) * w)
+        coef = np.array([sub[0], step, sub[1]])
+    else:
+        coef, _ = nnls(a * w[:, None], rest * w)   # non-negative latencies and inverse bandwidth
     clipped = []
     bounds = ((0, LATENCY_MAX_S, "latency_s"), (1, STEP_LATENCY_MAX_S, "step_latency_s"))
     for i, hi, name in bounds:
@@ -201,4 +211,5 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
         clipped.append("efficiency")
     pred = a @ coef + np.array(fixed)
     return dict(latency_s=float(coef[0]), step_latency_s=float(coef[1]), efficiency=float(1.0 / coef[2]),
-                mape_pct=float(np.mean(np.abs(pred - y) / y) * 100), rows=int(len(y)), clipped=clipped)
+                mape_pct=float(np.mean(np.abs(pred - y) / y) * 100), rows=int(len(y)), clipped=clipped,
+                step_latency_kept=kept)

@@ -159,10 +159,11 @@ def check_flash_attention(preset, where: str, key: str) -> None:
         Naming ``where``, ``key``, the GPU and the fix.
     """
     if preset.use_flash_attn and not preset.calibration.flash_attention_efficiency > 0.0:
-        raise InputError(where, key, True, f"false for {preset.name}, which has no FlashAttention kernel "
-                         "(flash_attention_efficiency = 0; FlashAttention-2 needs an Ampere or newer GPU)",
-                         f"drop {preset.name} or set use_flash_attn = false, or give its "
-                         "flash_attention_efficiency in a calibration file")
+        raise InputError(where, key, "true", f"false for {preset.name}, whose flash_attention_efficiency is 0 "
+                         "(no FlashAttention kernel: FlashAttention-2 needs an Ampere or newer GPU; or a "
+                         "calibration file set it to 0)",
+                         f"drop {preset.name} or set use_flash_attn = false, or give {preset.name} a "
+                         "positive flash_attention_efficiency in a calibration file")
 
 
 def _check_keys(where, table_name, table, allowed):

@@ -10,7 +10,8 @@ Link bandwidth is per GPU per direction; ``*_efficiency`` is the large-message
 Latency: a fixed ``latency_s`` per collective plus ``step_latency_s`` per ring step (``2(n-1)``
 steps for an all-reduce, ``n-1`` for an all-gather or reduce-scatter), fitted to nccl-tests
 tables by :mod:`vtrain_fast.nccl`. Across nodes the all-reduce runs on NCCL's double binary tree
-(:func:`tree_allreduce_s`): ``2 * ceil(log2 n)`` steps instead of ``2(n-1)``.
+(:func:`tree_allreduce_s`): ``2 * floor(log2 n)`` steps instead of ``2(n-1)``; reduce-scatter and
+all-gather stay rings (:func:`group_reduce_scatter_allgather_s`).
 
 Rank layout (Megatron-LM): tensor-parallel ranks innermost, then data-parallel, then pipeline,
 so a TP group has stride 1, a DP group stride ``tp`` and pipeline neighbours are ``tp*dp`` apart.
@@ -54,8 +55,9 @@ def ring_allgather_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s)
 def tree_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s):
     """Seconds of a double-binary-tree all-reduce of ``nbytes`` over ``n`` ranks.
 
-    ``latency_s + 2 * ceil(log2 n) * step_latency_s + 2(n-1)/n * nbytes / (link_Bps * efficiency)``;
-    0 when ``n <= 1``. Reduce up and broadcast down a tree of depth ``ceil(log2 n)``; the two
+    ``latency_s + 2 * floor(log2 n) * step_latency_s + 2(n-1)/n * nbytes / (link_Bps * efficiency)``;
+    0 when ``n <= 1``. Reduce up and broadcast down a tree of depth ``floor(log2 n)`` (NCCL's own
+    tuning model charges ``2 * log2i(nNodes)`` inter-node latencies, src/graph/tuning.cc); the two
     complementary trees each carry half of the buffer, so every rank sends and receives about
     ``2 * nbytes`` like the ring and reaches the same bus bandwidth (Sanders, Speck, Traeff 2009,
     "Two-tree algorithms for full bandwidth broadcast, reduction and scan", Parallel Computing
@@ -64,7 +66,7 @@ def tree_allreduce_s(nbytes, n, link_Bps, efficiency, latency_s, step_latency_s)
     """
     if n <= 1.0:
         return 0.0
-    return (latency_s + 2.0 * math.ceil(math.log2(n)) * step_latency_s
+    return (latency_s + 2.0 * math.floor(math.log2(n)) * step_latency_s
             + 2.0 * (n - 1.0) / n * nbytes / (link_Bps * efficiency))
 
 
@@ -94,6 +96,27 @@ def group_allreduce_s(nbytes, n, stride, hw):
         return intra_allreduce_s(nbytes, n, hw)
     inter = tree_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
                              hw[H_INTER_STEP_S])
+    return inter + 2.0 * intra_allgather_s(nbytes, g, hw)
+
+
+@jit
+def group_reduce_scatter_allgather_s(nbytes, n, stride, hw):
+    """Seconds of a reduce-scatter followed by an all-gather of ``nbytes`` over ``n`` ranks
+    spaced ``stride`` (the distributed optimizer's gradient and parameter exchange).
+
+    Rings, as NCCL runs both collectives: inside one node two NVLink rings; across nodes with
+    ``g`` members per node, the intra-node reduce-scatter and all-gather around an inter-node
+    ring reduce-scatter and all-gather of ``nbytes / g`` on each member's NIC. The bytes equal
+    :func:`group_allreduce_s`'s; the latency is that of two ring collectives.
+    """
+    if n <= 1.0:
+        return 0.0
+    g = members_per_node(stride, n, hw[H_GPUS_PER_NODE])
+    nodes = math.ceil(n / g)
+    if nodes <= 1.0:
+        return 2.0 * intra_allgather_s(nbytes, n, hw)
+    inter = 2.0 * ring_allgather_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
+                                   hw[H_INTER_STEP_S])
     return inter + 2.0 * intra_allgather_s(nbytes, g, hw)
 
 

@@ -200,6 +200,13 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
 
 
 @jit
+def flash_attention_blocks(b, s, a, t):
+    """Thread blocks of a FlashAttention-2 launch: one per 128-row tile of the sequence, per head
+    on this TP rank, per sequence of the micro-batch (``b * (a/t) * ceil(s/128)``)."""
+    return b * (a / t) * math.ceil(s / GEMM_TILE)
+
+
+@jit
 def flash_attention_forward_s(b, s, h, a, g, t, hw):
     """Seconds of the fused causal attention forward (FlashAttention-2) of one layer, one
     micro-batch, one TP rank.
@@ -208,14 +215,18 @@ def flash_attention_forward_s(b, s, h, a, g, t, hw):
     ``4 * b * (a/t) * s^2 * (h/a) / 2`` (Dao 2023, "FlashAttention-2", arXiv:2307.08691, and its
     benchmark script's FLOP count), at ``peak_flops * flash_attention_efficiency``. Bytes: read
     Q, K, V (K and V with ``g`` query groups), write the output and the fp32 log-sum-exp per
-    row; no ``s x s`` tensor reaches HBM. Roofline of the two, plus one kernel overhead.
+    row; no ``s x s`` tensor reaches HBM. Roofline of the two, plus one kernel overhead. The
+    published efficiency assumes every SM busy: with fewer thread blocks (one per 128 query
+    rows of one head of one sequence, :func:`flash_attention_blocks`) than SMs, the FLOP rate is
+    scaled by ``blocks / num_sms``, as for GEMMs.
     """
     heads = a / t
     flops = 2.0 * b * s * s * h / t
     q = BYTES_PER_ELEMENT * b * s * h / t
     kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
     nbytes = q + 2.0 * kv + q + 4.0 * b * heads * s
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF])
+    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
     t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
     return max(t_compute, t_memory) + FLASH_FORWARD_KERNELS * hw[H_KERNEL_OVERHEAD_S]
 
@@ -228,14 +239,16 @@ def flash_attention_backward_s(b, s, h, a, g, t, hw):
     FLOPs: 2.5 times the forward's (five matmuls, the scores recomputed from Q and K; Dao 2023).
     Bytes: read Q, K, V, the output, its gradient and the log-sum-exp, write dQ, dK, dV, and
     write and read the fp32 dQ accumulator. Roofline plus three kernel overheads
-    (preprocessing, main kernel, dQ conversion).
+    (preprocessing, main kernel, dQ conversion); SM occupancy as in the forward (one block per
+    128 key rows).
     """
     heads = a / t
     flops = 2.5 * 2.0 * b * s * s * h / t
     q = BYTES_PER_ELEMENT * b * s * h / t
     kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
     nbytes = (3.0 * q + 2.0 * kv + 4.0 * b * heads * s) + (q + 2.0 * kv) + 2.0 * 2.0 * q
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF])
+    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
     t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
     return max(t_compute, t_memory) + FLASH_BACKWARD_KERNELS * hw[H_KERNEL_OVERHEAD_S]
 

@@ -191,7 +191,8 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
         ``NUM_SPLIT`` values laid out as :data:`SPLIT_NAMES`: parameters per GPU on the first
         and the last stage (the first carries the word and position embeddings, the last the
         LM head and final layer norm; one stage carries all), the data-parallel gradient
-        all-reduce seconds (the slower of the two stages), the Adam seconds of the larger
+        all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
+        of the two stages), the Adam seconds of the larger
         stage, and 1.0 when pipeline neighbours (``t * d`` ranks apart) sit on different nodes
         (``t * d * p > gpus_per_node``) else 0.0.
     """
@@ -201,10 +202,14 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
     if p == 1.0:
         p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
         p_last = p_first
-    dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
-                    comm.group_allreduce_s(2.0 * p_last, d, t, hw))
-    # a sharded (distributed) optimizer updates only its 1/d of the parameters; the gradient
-    # reduce-scatter + parameter all-gather move the same bytes as the all-reduce above
+    if hw[H_OPT_SHARD] != 0.0:
+        # a sharded (distributed) optimizer: gradient reduce-scatter + parameter all-gather
+        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, t, hw),
+                        comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, t, hw))
+    else:
+        dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
+                        comm.group_allreduce_s(2.0 * p_last, d, t, hw))
+    # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, hw[H_OPT_SHARD]), hw)
     crosses = 1.0 if t * d * p > hw[H_GPUS_PER_NODE] else 0.0
     return p_first, p_last, dp_comm_s, optimizer_time_s, crosses
