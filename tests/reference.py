@@ -459,6 +459,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     ``iteration = (m - 1) max_i T_i + sum_i T_i + dp all-reduce + Adam + fixed overhead``.
     """
     status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
+    # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-LM needs the
+    # layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
+    chunks = int(hw_get(hw, "vpp")) if p > 1 else 1
+    if status == OK and chunks > 1:
+        if L % (p * chunks):
+            status = BAD_LAYERS
+        elif (B // (d * b)) % p:
+            status = BAD_BATCH
     if status != OK:
         return status, nan_outputs()
     L, h, a, g, f, v, s, B, b, t, p, d = map(float, (L, h, a, g, f, v, s, B, b, t, p, d))
@@ -491,7 +499,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         gather = intra_allgather_s(BYTES_FP16 * sbh, t, hw)
         if hw_get(hw, "sequence_parallel") != 0.0:
             gather = 0.0                           # the activation stays split over the TP ranks
-        pp_per_mb = 2.0 * (send + gather)
+        pp_per_mb = chunks * 2.0 * (send + gather)  # every model chunk sends and receives
 
     # --- every stage: time per micro-batch, parameters, activations
     stages = []
@@ -505,10 +513,18 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
             params += v * h / t + s * h            # word embedding shard + position embedding
         if last:
             params += v * h / t + 2.0 * h          # LM head shard + final layer norm
-        in_flight = min(p - i, m)                  # 1F1B: stage i holds min(p - i, m) micro-batches
         seq_par = hw_get(hw, "sequence_parallel") != 0.0
-        act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc,
-                                     hw_get(hw, "flash_attn") != 0.0, seq_par)
+        flash = hw_get(hw, "flash_attn") != 0.0
+        if chunks == 1:
+            in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
+            act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc, flash, seq_par)
+        else:
+            # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
+            # holds one more; a chunk is layers_per_stage / vpp layers of one micro-batch
+            held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
+            in_flight = held / chunks              # in micro-batches' worth of the whole stage
+            act = stage_activation_bytes(layers_per_stage / chunks, held, b, s, h, a, g, f, t, rc, flash,
+                                         seq_par)
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -524,7 +540,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     slow = max(range(p_stages), key=lambda i: (stages[i]["time"], i))
     full = max(range(p_stages), key=lambda i: (stages[i]["mem"], -i))
     t_slow = stages[slow]["time"]
-    bubble = sum(st["time"] for st in stages) - t_slow
+    # warm-up + cool-down: (p - 1) stage times, or (p - 1) chunk times when interleaved
+    bubble = (sum(st["time"] for st in stages) - t_slow) / chunks
     compute_s = m * stages[slow]["compute"]
     tp_comm_s = m * stages[slow]["tp"]
     pp_comm_s = m * stages[slow]["pp"]

@@ -19,13 +19,13 @@ from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
 from .schema import INPUT_COLUMNS, OUTPUT_NAMES
 from .spec import INT_RANGES as SPEC_INT_RANGES
-from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, check_flash_attention
+from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, VPP_RANGE, check_flash_attention
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
             "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce",
-            "distributed_optimizer", "use_flash_attn", "sequence_parallel")
+            "distributed_optimizer", "use_flash_attn", "sequence_parallel", "vpp")
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
 INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
@@ -34,7 +34,8 @@ INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
 # Labels such as name, model, notes, id stay below it.
 NEAR_MISS_CUTOFF = 0.7
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
-CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"]}
+CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
+                  "vpp": VPP_RANGE}
 PRECISIONS = ("fp16", "bf16")
 DEFAULT_NUM_TOKENS = 300e9
 
@@ -200,18 +201,19 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
              _str_column(df, "use_flash_attn", where, ("true", "false", "1", "0"), "false")]
     seqpar = [v in ("true", "1") for v in
               _str_column(df, "sequence_parallel", where, ("true", "false", "1", "0"), "false")]
+    vpp = _int_column(df, "vpp", where, 1)
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
     for i in range(n):
         key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i], sharded[i], flash[i],
-               seqpar[i])
+               seqpar[i], int(vpp[i]))
         if key not in cache:
             ov = dict(gpus_per_node=int(gpn[i]) or None,
                       intra_node_GBps=None if np.isnan(intra[i]) else float(intra[i]),
                       inter_node_Gbps=None if np.isnan(inter[i]) else float(inter[i]),
                       overlap_grad_reduce=overlap[i], distributed_optimizer=sharded[i],
-                      use_flash_attn=flash[i], sequence_parallel=seqpar[i])
+                      use_flash_attn=flash[i], sequence_parallel=seqpar[i], vpp=int(vpp[i]))
             preset = with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             cache[key] = machine_vector(preset)

@@ -117,6 +117,7 @@ class GPUPreset:
     distributed_optimizer: bool = False  # software setting: Adam states sharded over DP (ZeRO-1)
     use_flash_attn: bool = False        # software setting: fused FlashAttention-2 attention core
     sequence_parallel: bool = False     # software setting: Megatron sequence parallelism
+    vpp: int = 1                        # software setting: virtual pipeline stages (interleaved 1F1B)
 
 
 # Achievable large-GEMM fraction of the dense bf16 peak, measured by a matmul shape search
@@ -278,6 +279,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "optimizer_sharding": 1.0 if preset.distributed_optimizer else 0.0,
         "flash_attn": 1.0 if preset.use_flash_attn else 0.0,
         "sequence_parallel": 1.0 if preset.sequence_parallel else 0.0,
+        "vpp": float(preset.vpp),
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

@@ -23,6 +23,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     [parallel]
     tp = [1, 2, 4, 8]
     pp = [1, 2, 4, 8, 16]
+    vpp = 1                         # model chunks per device, interleaved 1F1B when > 1 (one value)
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
 
 RECOMPUTE_VALUES = ("none", "full")
+VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
 RECOMPUTE_DEFAULT = "none"
@@ -58,7 +60,7 @@ _TABLES = {
     "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", "overlap_grad_reduce",
                  "distributed_optimizer", "use_flash_attn", "sequence_parallel"},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
-    "parallel": {"tp", "pp"},
+    "parallel": {"tp", "pp", "vpp"},
     "output": {"chunk_size"},
 }
 _TOP = {"name", "description", *_TABLES}
@@ -293,6 +295,13 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         if not isinstance(flag, bool):
             raise InputError(path, f"training.{key}", flag, "true or false", meaning)
         overrides[key] = flag
+    vpp = pa_.get("vpp", 1)
+    lo, hi = VPP_RANGE
+    if isinstance(vpp, bool) or not isinstance(vpp, int) or not lo <= vpp <= hi:
+        raise InputError(path, "parallel.vpp", vpp, f"one integer from {lo} to {hi}",
+                         "model chunks per device of Megatron's interleaved 1F1B schedule "
+                         "(--num-layers-per-virtual-pipeline-stage = num_layers / (pp * vpp)); 1 = not interleaved")
+    overrides["vpp"] = vpp
     calibration = calibration or {}
     gpus = tuple(with_overrides(get_preset(n), calibration.get(n), **overrides)
                  for n in _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)))

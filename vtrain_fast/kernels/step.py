@@ -5,7 +5,9 @@ Language Model Training on GPU Clusters", Sec. 2.2). With ``m`` micro-batches an
 times ``T_i`` (forward + backward of one micro-batch, including its TP and pipeline
 communication), the pipeline flushes after ``(m - 1) * max_i T_i + sum_i T_i``; for equal stages
 this is the paper's ``(m + p - 1) * T`` with bubble ``(p - 1) * T``. At ``pp = 1`` it reduces to
-gradient accumulation, ``m * T``. The data-parallel gradient all-reduce and the Adam step follow
+gradient accumulation, ``m * T``. With ``vpp`` model chunks per device (the interleaved schedule,
+Sec. 2.2.2) the bubble shrinks to ``(p - 1) * T / vpp`` while every chunk boundary adds a
+pipeline send, and device 0 holds more micro-batch chunks in flight. The data-parallel gradient all-reduce and the Adam step follow
 the flush (no overlap, as in Megatron-LM's local DDP); with ``overlap_grad_reduce`` (machine
 vector field ``dp_overlap``) the all-reduce hides behind the backward of the last micro-batch
 and only the longer part is exposed (Megatron-LM's distributed DDP, ``--overlap-grad-reduce``). The first stage carries the embeddings,
@@ -17,7 +19,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_FLASH_ATTN, H_SEQ_PAR, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_FLASH_ATTN, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -112,6 +114,29 @@ def validate_batch(split_status, B, b, d):
     if split_status != OK:
         return split_status
     if B % (d * b) != 0:
+        return BAD_BATCH
+    return OK
+
+
+@jit
+def virtual_stages(p, hw):
+    """Model chunks per device of the interleaved 1F1B schedule: the machine vector's ``vpp``
+    with pipeline parallelism, 1 without (``p == 1`` has nothing to interleave)."""
+    return hw[H_VPP] if p > 1.0 else 1.0
+
+
+@jit
+def validate_interleaving(L, B, b, p, d, hw):
+    """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
+    ``p > 1``): layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per
+    pipeline, ``B / (d * b)``, divisible by ``p`` (``BAD_BATCH``); ``OK`` otherwise.
+    Call only on shapes :func:`validate_shape` accepted."""
+    vpp = virtual_stages(p, hw)
+    if vpp <= 1.0:
+        return OK
+    if L % (p * vpp) != 0:
+        return BAD_LAYERS
+    if (B // (d * b)) % p != 0:
         return BAD_BATCH
     return OK
 
@@ -252,6 +277,7 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     status = OK
     m = B / (d * b)
     Lp = L / p
+    vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
     rc = 1.0 if recompute != 0 else 0.0
     num_gpus = t * p * d
     fwd = mb[M_FWD]
@@ -270,7 +296,7 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     pp_mb = 0.0
     if p > 1.0:
         send = mb[M_SEND_INTER] if split[S_CROSSES] != 0.0 else mb[M_SEND_INTRA]
-        pp_mb = 2.0 * (send + mb[M_GATHER])
+        pp_mb = 2.0 * vs * (send + mb[M_GATHER])   # each of the vs chunks sends and receives
 
     # ---- schedule
     if p == 1.0:
@@ -292,7 +318,9 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
             tp_slow = body_tp + emb_tp
             t_slow = t_first
         pp_slow = pp_mb
-        bubble = total - t_slow
+        # interleaving splits each device's work into vs chunks: warm-up and cool-down take
+        # (p - 1) chunk times instead of (p - 1) stage times (Narayanan et al. 2021, Sec. 2.2.2)
+        bubble = (total - t_slow) / vs
     compute_s = m * c_slow
     tp_comm_s = m * tp_slow
     pp_comm_s = m * pp_slow
@@ -312,11 +340,21 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
                      + s * b * hs * 3.0 + mb[M_LOGITS])
         act_last = act_first
-    else:
+    elif vs <= 1.0:
         in_flight = min(p, m)
         act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, hs, full, rc)
                      + in_flight * s * b * hs)
         act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, hs, full, rc)
+                    + 2.0 * s * b * hs + mb[M_LOGITS])
+    else:
+        # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
+        # backward, the last device (vs-1)p (Megatron-LM's interleaved schedule); each chunk
+        # holds Lp / vs layers of one micro-batch
+        chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
+        chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
+        act_first = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_first, b, s, hs, full, rc)
+                     + chunks_first / vs * s * b * hs)
+        act_last = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_last, b, s, hs, full, rc)
                     + 2.0 * s * b * hs + mb[M_LOGITS])
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
@@ -406,6 +444,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
         shape error are NaN.
     """
     status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
+    if status == OK:
+        status = validate_interleaving(L, B, b, p, d, hw)
     if status != OK:
         fill_nan(out, i)
         return status

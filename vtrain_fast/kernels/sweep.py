@@ -27,7 +27,7 @@ from .._jit import jit, pjit
 from .params import H_GPUS_PER_NODE
 from .step import (BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
-                   validate_split)
+                   validate_interleaving, validate_split)
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
@@ -188,6 +188,8 @@ def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B,
         status[j] = BAD_NUM_GPUS
         return BAD_NUM_GPUS
     st = validate_batch(split_status, B, b, d)
+    if st == OK:
+        st = validate_interleaving(models[mi, 0], B, b, p, d, hw)
     if st != OK:
         fill_nan(out, j)
         status[j] = st

@@ -1,0 +1,59 @@
+"""Interleaved 1F1B (parallel.vpp, Megatron --num-layers-per-virtual-pipeline-stage)."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from conftest import ONE_POINT_SPEC
+from vtrain_fast.errors import InputError
+from vtrain_fast.evaluate import evaluate_frame
+from vtrain_fast.spec import parse_spec
+
+# 96 layers on 4 stages, 32 micro-batches, no recomputation: stage 0 holds the most activations
+PLAN = pl.DataFrame({
+    "num_layers": [96], "hidden_size": [12288], "num_attention_heads": [96], "seq_length": [2048],
+    "global_batch_size": [256], "micro_batch_size": [1], "tp": [8], "pp": [4], "dp": [8],
+    "gpu": ["h100-sxm-80gb"], "recompute": ["none"], "use_flash_attn": ["true"],
+})
+
+
+def _with_vpp(df, v):
+    return evaluate_frame(df.with_columns(vpp=pl.lit(v)))
+
+
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_interleaving_shrinks_the_bubble_and_multiplies_the_sends(v):
+    one, many = _with_vpp(PLAN, 1), _with_vpp(PLAN, v)
+    p, m = 4, 256 / (8 * 1)
+    # every chunk boundary is a send: v times the pipeline traffic per micro-batch
+    assert many["pp_comm_s"][0] == pytest.approx(v * one["pp_comm_s"][0], rel=1e-12)
+    # bubble: (p - 1) chunk times; each stage time grows by the extra sends
+    extra_sends = (v - 1) * one["pp_comm_s"][0] / m
+    assert v * many["bubble_s"][0] - one["bubble_s"][0] == pytest.approx((p - 1) * extra_sends, rel=1e-9)
+    assert many["bubble_s"][0] < one["bubble_s"][0]
+    for col in ("compute_s", "tp_comm_s", "dp_comm_s", "optimizer_s", "model_states_GiB"):
+        assert many[col][0] == one[col][0], col
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_interleaving_holds_more_activations_on_the_first_stage(v):
+    """Korthikanti et al. 2022, Sec. 4.2.3: the interleaved schedule multiplies the first
+    stage's activation memory by 1 + (p - 1) / (p * vpp)."""
+    p = 4
+    ratio = _with_vpp(PLAN, v)["activations_GiB"][0] / _with_vpp(PLAN, 1)["activations_GiB"][0]
+    assert ratio == pytest.approx(1 + (p - 1) / (p * v), rel=1e-12)
+
+
+def test_interleaving_rules_and_no_pipeline():
+    assert _with_vpp(PLAN, 5)["status"][0] == "bad_layers"                 # 96 % (4 * 5) != 0
+    assert _with_vpp(PLAN.with_columns(global_batch_size=pl.lit(48)), 2)["status"][0] == "bad_batch"  # 6 % 4
+    flat = PLAN.with_columns(pp=pl.lit(1), dp=pl.lit(32), recompute=pl.lit("full"))
+    assert _with_vpp(flat, 4).drop("vpp").equals(_with_vpp(flat, 1).drop("vpp"))   # p = 1: nothing to interleave
+
+
+def test_vpp_is_one_integer_of_the_parallel_table():
+    spec = parse_spec(ONE_POINT_SPEC.format(training="") + "vpp = 3\n", "s.toml")
+    assert all(g.vpp == 3 for g in spec.gpus)
+    for bad in ("0", "65", "2.0", "[2, 4]", "true"):
+        with pytest.raises(InputError, match="parallel.vpp"):
+            parse_spec(ONE_POINT_SPEC.format(training="") + f"vpp = {bad}\n", "s.toml")
