@@ -110,6 +110,10 @@ CSV_CASES = {
     "bad tokens": (HEADER + ",num_tokens\n" + ROW + ",lots\n", ["column num_tokens, row 2", "lots"]),
     # near misses of input columns would silently take the defaults
     "misspelled recompute": (HEADER + ",recomputation\n" + ROW + ",full\n", ["'recomputation'", "recompute"]),
+    "Hugging Face name for query groups": (HEADER + ",num_key_value_heads\n" + ROW + ",8\n",
+                                           ["'num_key_value_heads'", "num_query_groups"]),
+    "Megatron name for virtual stages": (HEADER + ",num_layers_per_virtual_pipeline_stage\n" + ROW + ",2\n",
+                                         ["num_layers_per_virtual_pipeline_stage", "vpp = num_layers / (pp x"]),
     "misspelled num_tokens": (HEADER + ",num_token\n" + ROW + ",1e12\n", ["'num_token'", "num_tokens"]),
     "capitalised column": (HEADER + ",Recompute\n" + ROW + ",full\n", ["'Recompute'", "recompute"]),
     "spaced column": (HEADER + ",Num Tokens\n" + ROW + ",1e12\n", ["'Num Tokens'", "num_tokens"]),

@@ -275,3 +275,11 @@ def test_validate_writes_parquet(tmp_path, cli):
     assert np.isfinite(ape).all() and (ape >= 0).all()
     assert set(rows["set"].unique().to_list()) == {"single", "multi"}
     assert "MAPE" in res.output or "mape" in res.output
+
+
+def test_readme_column_table_is_the_schema():
+    """README's results-column table is generated from vtrain_fast.schema (regenerate it with
+    schema.markdown_table() when a column changes)."""
+    from vtrain_fast.schema import markdown_table
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert markdown_table() in readme

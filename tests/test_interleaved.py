@@ -57,3 +57,16 @@ def test_vpp_is_one_integer_of_the_parallel_table():
     for bad in ("0", "65", "2.0", "[2, 4]", "true"):
         with pytest.raises(InputError, match="parallel.vpp"):
             parse_spec(ONE_POINT_SPEC.format(training="") + f"vpp = {bad}\n", "s.toml")
+
+
+def test_sweep_rows_carry_the_training_settings(write_spec, tmp_path, cli):
+    """Settings are one value per sweep but every row names them, so results of several sweeps
+    can be combined and told apart."""
+    text = ONE_POINT_SPEC.format(training="use_flash_attn = true\nsequence_parallel = true") + "vpp = 2\n"
+    out = tmp_path / "settings"
+    res = cli("sweep", write_spec(text, "settings.toml"), "-o", out)
+    assert res.exit_code == 0, res.output
+    rows = pl.read_parquet(str(out / "part-*.parquet"))
+    assert rows["vpp"].to_list() == [2] * rows.height
+    assert rows["use_flash_attn"].all() and rows["sequence_parallel"].all()
+    assert not rows["distributed_optimizer"].any() and not rows["overlap_grad_reduce"].any()

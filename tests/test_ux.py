@@ -98,3 +98,15 @@ def test_calibrate_without_param_keeps_gemm_efficiency_pinned(tmp_path, cli):
     fitted = load_calibration(out)["a100-sxm4-80gb"]
     assert fitted.gemm_efficiency == PRESETS["a100-sxm4-80gb"].calibration.gemm_efficiency
     assert "gemm_efficiency" not in res.output
+
+
+def test_reserved_memory_is_a_cluster_override(write_spec, tmp_path, cli):
+    from conftest import ONE_POINT_SPEC
+    base = ONE_POINT_SPEC.format(training="")
+    outs = []
+    for k, extra in enumerate(("", "reserved_GiB = 20.0\n")):
+        text = base.replace("num_gpus = 8\n", "num_gpus = 8\n" + extra)
+        out = tmp_path / f"r{k}"
+        assert cli("sweep", write_spec(text, f"r{k}.toml"), "-o", out).exit_code == 0
+        outs.append(pl.read_parquet(str(out / "part-*.parquet"))["memory_per_gpu_GiB"][0])
+    assert outs[1] - outs[0] == pytest.approx(20.0 - 1.5, rel=1e-12)

@@ -96,10 +96,10 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     console.print(f"sweep [bold]{s.name}[/]{where}: {n:,} points, keep {keep} -> {folder}")
     for g in s.gpus:
         if not g.calibrated:
-            console.print(f"note: {g.name} has no calibration fitted to its own measurements: published GEMM "
-                          "efficiency, A100 software-stack timings (60 us host time per kernel), so small "
-                          "micro-batches and large tp come out host-bound and its MFU low; see README "
-                          "'What the model does not cover'", style="yellow", markup=False)
+            console.print(f"note: {g.name} has no calibration fitted to its own measurements (published GEMM "
+                          "efficiency, A100 software-stack timings such as 60 us host time per kernel): small "
+                          "micro-batches and large tp may come out host-bound and slow, large GEMM-bound plans "
+                          "optimistic; see README 'What the model does not cover'", style="yellow", markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:

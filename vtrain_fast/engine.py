@@ -43,7 +43,8 @@ from .grid import Grid, build_grid, check_index_space, pruning_table
 from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
-from .schema import INTEGER_OUTPUTS, SCHEMA, STATUS_LABELS
+from .kernels.params import HW_FIELDS
+from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS
 from .spec import RECOMPUTE_VALUES, SweepSpec
 from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
@@ -313,6 +314,11 @@ class _ArrowBuilder:
         self.model_dict = pa.array(grid.model_names, pa.string())
         self.gpu_dict = pa.array(grid.gpu_names, pa.string())
         self.input_rows = {name: k for k, name in enumerate(INPUT_NAMES)}
+        # training settings per gpu-axis value (one per sweep, carried by the machine vectors)
+        self.settings = {}
+        for col, field in SETTING_FIELDS.items():
+            per_gpu = grid.hw_table[grid.gpus, HW_FIELDS.index(field)]
+            self.settings[col] = per_gpu.astype(np.int64) if col == "vpp" else per_gpu != 0.0
 
     def batch(self, b: RowBuffers, n: int, index: np.ndarray | None = None) -> pa.RecordBatch:
         codes = b.codes
@@ -327,6 +333,8 @@ class _ArrowBuilder:
             "status": pa.DictionaryArray.from_arrays(pa.array(codes[3, :n]), _STATUS_DICT, safe=False),
             "num_tokens": pa.array(b.tokens[:n]),
         }
+        for col, per_gpu in self.settings.items():
+            arrays[col] = pa.array(per_gpu[codes[1, :n]])
         for q, row in enumerate(_INT_ROWS):
             vals, valid = b.ints[q, :n], b.valid[q, :n]
             ks.integer_column(b.out[row, :n], vals, valid)

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 from .engine import output_arrays
 from .errors import InputError, check_output_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
-from .kernels.params import H_GPUS_PER_NODE, NUM_HW_FIELDS
+from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
-from .schema import INPUT_COLUMNS, OUTPUT_NAMES
+from .schema import INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS
 from .spec import INT_RANGES as SPEC_INT_RANGES
 from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, VPP_RANGE, check_flash_attention
 
@@ -33,6 +33,22 @@ INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
 # misspelling of it rather than for a label: "recomputation" (0.73), "num_token", "seq_len".
 # Labels such as name, model, notes, id stay below it.
 NEAR_MISS_CUTOFF = 0.7
+# Other tools' names for input columns (Hugging Face configs, Megatron-LM arguments, nanoGPT):
+# a column so named would otherwise pass through as a label while its input takes the default.
+ALIASES = {
+    "num_hidden_layers": "num_layers", "n_layer": "num_layers", "n_layers": "num_layers",
+    "d_model": "hidden_size", "n_embd": "hidden_size", "hidden_dim": "hidden_size", "dim": "hidden_size",
+    "n_head": "num_attention_heads", "n_heads": "num_attention_heads", "num_heads": "num_attention_heads",
+    "num_key_value_heads": "num_query_groups", "num_kv_heads": "num_query_groups",
+    "n_kv_heads": "num_query_groups", "kv_heads": "num_query_groups",
+    "intermediate_size": "ffn_hidden_size", "ffn_dim": "ffn_hidden_size", "n_inner": "ffn_hidden_size",
+    "max_position_embeddings": "seq_length", "n_positions": "seq_length", "context_length": "seq_length",
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "data_parallel_size": "dp",
+    "virtual_pipeline_model_parallel_size": "vpp", "num_layers_per_virtual_pipeline_stage": "vpp",
+    "mbs": "micro_batch_size", "gbs": "global_batch_size", "train_tokens": "num_tokens",
+    "recompute_granularity": "recompute", "recompute_activations": "recompute",
+    "use_distributed_optimizer": "distributed_optimizer",
+}
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
                   "vpp": VPP_RANGE}
@@ -121,16 +137,18 @@ def check_column_names(columns, where: str) -> None:
         if col in INPUT_NAMES:
             continue
         norm = _normalised(col)
-        target = known.get(norm)
+        target = known.get(norm) or ALIASES.get(norm)
         if target is None:
             close = difflib.get_close_matches(norm, [k for k in known if known[k] not in present],
                                               n=1, cutoff=NEAR_MISS_CUTOFF)
             target = known[close[0]] if close else None
         if target is not None:
+            fix = f"rename the column {col!r} to {target!r}"
+            if norm == "num_layers_per_virtual_pipeline_stage":
+                fix = "give vpp = num_layers / (pp x num_layers_per_virtual_pipeline_stage) instead"
             raise InputError(where, "column", col,
                              f"the input column {target}, or a label not close to an input column name "
-                             "(labels pass through unchanged)",
-                             f"rename the column {col!r} to {target!r}")
+                             "(labels pass through unchanged)", fix)
 
 
 def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None) -> pl.DataFrame:
@@ -252,10 +270,15 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
                 recompute=recompute)
+    for col, field in SETTING_FIELDS.items():
+        vals = hw_rows[:, HW_FIELDS.index(field)]
+        used[col] = vals.astype(np.int64) if col == "vpp" else vals != 0.0
     names = [c.name for c in INPUT_COLUMNS if c.name in used]
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute")
-                                   else pl.Float64 if k == "num_tokens" else pl.Int64 for k in names})
+                                   else pl.Float64 if k == "num_tokens"
+                                   else pl.Boolean if k in SETTING_FIELDS and k != "vpp" else pl.Int64
+                                   for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])
     return pl.concat([labels, used_df, result], how="horizontal")
 

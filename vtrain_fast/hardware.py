@@ -94,6 +94,11 @@ class GPUPreset:
         Default rental price, US dollars per GPU-hour.
     source : str
         Where the numbers come from, with dates.
+    pue : float
+        Data-centre power usage effectiveness (energy multiplier), default 1.0.
+    reserved_GiB : float
+        Memory per GPU not available to the model (CUDA context, NCCL buffers, allocator
+        slack), GiB; default 1.5. A sweep's ``[cluster] reserved_GiB`` raises it for headroom.
     calibration : Calibration
         Default efficiencies (see :class:`Calibration`).
     """
@@ -175,6 +180,9 @@ _A100_SRC = (
     "(2020): 8 GPUs per node, one 200 Gb/s HDR InfiniBand adapter per GPU; price: typical cloud "
     "on-demand list price 2025 (approximate; override per sweep)."
 )
+# The "80 GB" H100 reports 81,559 MiB to CUDA (nvidia-smi "81559MiB" on H100 80GB HBM3 SXM5); the
+# A100 80 GB reports 81,920 MiB = 80 GiB and the 40 GB model 40,960 MiB = 40 GiB.
+H100_USABLE_GiB = 81559.0 / 1024.0
 _H100_SRC = (
     "NVIDIA H100 Tensor Core GPU datasheet (2023): 989.4 TFLOPS dense FP16/BF16 tensor core "
     "(1,979 with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 GB/s per direction), "
@@ -196,7 +204,7 @@ PRESETS: dict[str, GPUPreset] = {
                   _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
         GPUPreset("a100-sxm4-80gb", 312.0, 80.0, 2039.0, 300.0, 200.0, 8, 108, 400.0, 1.79,
                   _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
-        GPUPreset("h100-sxm-80gb", 989.4, 80.0, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
+        GPUPreset("h100-sxm-80gb", 989.4, H100_USABLE_GiB, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
                   _H100_SRC, calibration=replace(_UNCALIBRATED, gemm_efficiency=H100_GEMM_EFFICIENCY,
                                                       flash_attention_efficiency=H100_FLASH_ATTENTION_EFFICIENCY)),
         GPUPreset("v100-sxm2-32gb", 125.0, 32.0, 900.0, 150.0, 25.0, 8, 80, 300.0, 0.80,
@@ -211,6 +219,7 @@ OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
     "inter_node_Gbps": (0.1, 1e6),
     "usd_per_gpu_hour": (0.0, 1e4),
     "pue": (1.0, 5.0),
+    "reserved_GiB": (0.0, 1024.0),
 }
 CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.01, 1.0),

@@ -44,7 +44,16 @@ INPUT_COLUMNS = (
     Column("micro_batch_size", pa.int64(), "sequences", "micro-batch size b"),
     Column("global_batch_size", pa.int64(), "sequences", "global batch size B"),
     Column("recompute", _dict, "", "activation recomputation: none | full"),
+    Column("vpp", pa.int64(), "", "model chunks per device setting (interleaved 1F1B when > 1; no effect at pp = 1)"),
+    Column("sequence_parallel", pa.bool_(), "", "Megatron sequence parallelism"),
+    Column("use_flash_attn", pa.bool_(), "", "FlashAttention-2 attention core"),
+    Column("distributed_optimizer", pa.bool_(), "", "Adam states sharded over dp (ZeRO-1)"),
+    Column("overlap_grad_reduce", pa.bool_(), "", "DP all-reduce overlapped with the last backward"),
 )
+# Training settings (one value per sweep, stored with each GPU preset): column -> machine-vector
+# field that carries it. Sweeps and evaluate write them so that combined results stay labelled.
+SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_flash_attn": "flash_attn",
+                  "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap"}
 
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
                  "out_of_memory")
@@ -66,7 +75,7 @@ _OUT_DOCS = {
     "dp_comm_s": ("s", "data-parallel gradient all-reduce after the flush"),
     "bubble_s": ("s", "pipeline fill and drain (1F1B)"),
     "optimizer_s": ("s", "Adam step"),
-    "overhead_s": ("s", "fixed host time per iteration (calibrated)"),
+    "overhead_s": ("s", "fixed host time per iteration (fitted; 0 in the shipped A100 calibration)"),
     "num_parameters": ("", "total parameters (untied embeddings)"),
     "num_micro_batches": ("", "micro-batches per pipeline per step"),
     "num_steps": ("", "optimizer steps to consume num_tokens"),
