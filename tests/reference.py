@@ -455,8 +455,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     """One configuration. Returns ``(status, outputs)``, outputs keyed by :data:`OUTPUT_NAMES`
     (all NaN for a shape error).
 
-    Model: non-interleaved 1F1B over ``p`` stages with per-micro-batch stage times ``T_i``:
-    ``iteration = (m - 1) max_i T_i + sum_i T_i + dp all-reduce + Adam + fixed overhead``.
+    Model: 1F1B over ``p`` stages with per-micro-batch stage times ``T_i``:
+    ``iteration = (m - 1) max_i T_i + sum_i T_i + dp all-reduce + Adam + fixed overhead``;
+    interleaved over ``vpp`` chunks per device, the warm-up/cool-down part ``sum_i T_i - max_i T_i``
+    is divided by ``vpp``.
     """
     status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
     # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-LM needs the
@@ -481,6 +483,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     fwd = layer_forward_s(b, s, h, a, g, f, t, hw)
     bwd = layer_backward_s(b, s, h, a, g, f, t, hw)
     allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
+    if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
+        allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
     allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
     layers_compute = layers_per_stage * (fwd + bwd + rc * fwd)
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing

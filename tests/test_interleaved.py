@@ -1,12 +1,14 @@
 """Interleaved 1F1B (parallel.vpp, Megatron --num-layers-per-virtual-pipeline-stage)."""
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.errors import InputError
 from vtrain_fast.evaluate import evaluate_frame
+from vtrain_fast.kernels import memory
 from vtrain_fast.spec import parse_spec
 
 # 96 layers on 4 stages, 32 micro-batches, no recomputation: stage 0 holds the most activations
@@ -46,9 +48,58 @@ def test_interleaving_holds_more_activations_on_the_first_stage(v):
 
 def test_interleaving_rules_and_no_pipeline():
     assert _with_vpp(PLAN, 5)["status"][0] == "bad_layers"                 # 96 % (4 * 5) != 0
+    assert _with_vpp(PLAN, 16)["status"][0] == "bad_layers"                # 96 % 16 == 0 but 96 % 64 != 0
     assert _with_vpp(PLAN.with_columns(global_batch_size=pl.lit(48)), 2)["status"][0] == "bad_batch"  # 6 % 4
     flat = PLAN.with_columns(pp=pl.lit(1), dp=pl.lit(32), recompute=pl.lit("full"))
-    assert _with_vpp(flat, 4).drop("vpp").equals(_with_vpp(flat, 1).drop("vpp"))   # p = 1: nothing to interleave
+    for v in (4, 5):                                                         # 96 % 5 != 0: not checked at p = 1
+        assert _with_vpp(flat, v).drop("vpp").equals(_with_vpp(flat, 1).drop("vpp"))
+
+
+def test_last_stage_holds_vpp_minus_1_times_p_plus_1_chunks():
+    """A plan whose last stage is the fuller one (a large vocabulary's logits): its activations
+    are ((vpp - 1) p + 1) chunks of L / (p vpp) layers plus the final-norm tensors and logits."""
+    L, h, a, s, b, t, p, v, vocab = 16, 1024, 16, 2048, 1, 1, 2, 2, 400000
+    plan = pl.DataFrame({"num_layers": [L], "hidden_size": [h], "num_attention_heads": [a], "seq_length": [s],
+                         "vocab_size": [vocab], "global_batch_size": [32], "micro_batch_size": [b], "tp": [t],
+                         "pp": [p], "dp": [4], "gpu": ["a100-sxm4-80gb"], "recompute": ["none"],
+                         "vpp": [v]})
+    got = evaluate_frame(plan)["activations_GiB"][0] * 2.0 ** 30
+    layer = memory.layer_activation_bytes(b, s, h, a, a, 4 * h, t, 0.0, 0.0)
+    last = ((v - 1) * p + 1) * (L / (p * v)) * layer + 2.0 * s * b * h + 6.0 * s * b * vocab / t
+    first = (2 * (p - 1) + (v - 1) * p + 1) * (L / (p * v)) * layer + (2 * (p - 1) + (v - 1) * p + 1) / v * s * b * h
+    assert last > first, "the plan must make the last stage the fuller one"
+    assert got == pytest.approx(last, rel=1e-12)
+
+
+def test_sweep_with_vpp_equals_evaluate(write_spec, tmp_path, cli):
+    """The sweep path (grid_point) applies the interleaving rules and costs like evaluate."""
+    text = """[model]
+presets = ["gpt3-1.3b", "gpt3-2.7b"]
+[training]
+num_tokens = 1e9
+global_batch_size = [48, 64]
+micro_batch_size = [1, 2]
+[cluster]
+gpu = "a100-sxm4-80gb"
+num_gpus = [16, 24]
+[parallel]
+tp = [1, 2]
+pp = [1, 2, 3, 4, 8]
+vpp = 2
+"""
+    out = tmp_path / "vpp"
+    assert cli("sweep", write_spec(text, "vpp.toml"), "-o", out).exit_code == 0
+    rows = pl.read_parquet(str(out / "part-*.parquet")).filter(pl.col("status") != "bad_num_gpus")
+    statuses = set(rows["status"].cast(pl.String))
+    assert {"ok", "bad_layers", "bad_batch"} <= statuses, statuses
+    inputs = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+              "micro_batch_size", "tp", "pp", "dp", "gpu", "recompute", "num_tokens", "vpp"]
+    again = evaluate_frame(rows.select(inputs).with_columns(pl.col("gpu").cast(pl.String),
+                                                             pl.col("recompute").cast(pl.String)))
+    assert again["status"].to_list() == rows["status"].cast(pl.String).to_list()
+    for col in ("iteration_time_s", "bubble_s", "pp_comm_s", "activations_GiB"):
+        a_, b_ = again[col].to_numpy(), rows[col].to_numpy()
+        assert ((a_ == b_) | (np.isnan(a_) & np.isnan(b_))).all(), col
 
 
 def test_vpp_is_one_integer_of_the_parallel_table():

@@ -1,6 +1,6 @@
 """One configuration: compose operator, communication and memory formulas into an iteration.
 
-Schedule: Megatron-LM's non-interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale
+Schedule: Megatron-LM's 1F1B (Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters", Sec. 2.2). With ``m`` micro-batches and per-stage
 times ``T_i`` (forward + backward of one micro-batch, including its TP and pipeline
 communication), the pipeline flushes after ``(m - 1) * max_i T_i + sum_i T_i``; for equal stages
@@ -39,8 +39,9 @@ OK = 0
 BAD_INPUT = 1        # a size is zero or negative
 BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * pp
 BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
-BAD_LAYERS = 4       # num_layers not divisible by pp
-BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size
+BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interleaved)
+BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
+                     # micro-batches per pipeline not divisible by pp)
 OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
 NUM_STATUS = 7
 
@@ -172,8 +173,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
     tuple of float
         ``NUM_MICRO`` values laid out as :data:`MICRO_NAMES`: forward and backward seconds of
         one layer, the TP all-reduce of one activation (``2bsh`` bytes; with sequence
-        parallelism a reduce-scatter plus an all-gather, which move the same bytes: Korthikanti
-        et al. 2022, Sec. 4.2.2) and of the
+        parallelism a reduce-scatter plus an all-gather, which move the same bytes, Korthikanti
+        et al. 2022, Sec. 4.2.2, at the latency of two collectives) and of the
         cross-entropy statistics (``4bs`` bytes), embedding and head seconds (forward plus
         backward), the pipeline NVLink all-gather of one activation, one pipeline send of
         ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
@@ -183,9 +184,13 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
     # with sequence parallelism the activation between stages is already split over the TP
     # ranks: each sends its 1/t and no all-gather follows
     gather = 0.0 if hw[H_SEQ_PAR] != 0.0 else comm.intra_allgather_s(sbh2, t, hw)
+    if hw[H_SEQ_PAR] != 0.0:
+        tp_exchange = comm.group_reduce_scatter_allgather_s(sbh2, t, 1.0, hw)
+    else:
+        tp_exchange = comm.group_allreduce_s(sbh2, t, 1.0, hw)
     return (ops.layer_forward_s(b, s, h, a, g, f, t, hw),
             ops.layer_backward_s(b, s, h, a, g, f, t, hw),
-            comm.group_allreduce_s(sbh2, t, 1.0, hw),
+            tp_exchange,
             comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
             ops.embedding_s(b, s, h, v, t, hw),
             ops.head_s(b, s, h, v, t, hw),
