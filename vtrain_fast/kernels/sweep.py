@@ -459,10 +459,19 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 changed = 0
             else:
                 db = digits[A_MBS]
-                s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, split_status,
-                               db, mbss[db], gbss[digits[A_GBS]],
-                               recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
-                               models, hw_table[gi], ctx, micro, micro_ok, ins, tok, res, st, 0)
+                # shape errors are only counted here: no candidate, so no row to write
+                if not ok:
+                    s = BAD_NUM_GPUS
+                else:
+                    s = validate_batch(split_status, gbss[digits[A_GBS]], mbss[db], d)
+                    if s == OK:
+                        s = validate_interleaving(models[digits[A_MODEL], 0], gbss[digits[A_GBS]], mbss[db],
+                                                  p, d, hw_table[gi])
+                if s == OK:
+                    s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, split_status,
+                                   db, mbss[db], gbss[digits[A_GBS]],
+                                   recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
+                                   models, hw_table[gi], ctx, micro, micro_ok, ins, tok, res, st, 0)
                 block_status[bi, s] += 1
                 if s == OK:
                     keep = True
