@@ -181,12 +181,13 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
         last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``).
     """
     sbh2 = 2.0 * b * s * h
-    # with sequence parallelism the activation between stages is already split over the TP
-    # ranks: each sends its 1/t and no all-gather follows
-    gather = 0.0 if hw[H_SEQ_PAR] != 0.0 else comm.intra_allgather_s(sbh2, t, hw)
     if hw[H_SEQ_PAR] != 0.0:
+        # the activation between stages is already split over the TP ranks: each sends its
+        # 1/t and no all-gather follows
+        gather = 0.0
         tp_exchange = comm.group_reduce_scatter_allgather_s(sbh2, t, 1.0, hw)
     else:
+        gather = comm.intra_allgather_s(sbh2, t, hw)
         tp_exchange = comm.group_allreduce_s(sbh2, t, 1.0, hw)
     return (ops.layer_forward_s(b, s, h, a, g, f, t, hw),
             ops.layer_backward_s(b, s, h, a, g, f, t, hw),
