@@ -110,3 +110,13 @@ def test_reserved_memory_is_a_cluster_override(write_spec, tmp_path, cli):
         assert cli("sweep", write_spec(text, f"r{k}.toml"), "-o", out).exit_code == 0
         outs.append(pl.read_parquet(str(out / "part-*.parquet"))["memory_per_gpu_GiB"][0])
     assert outs[1] - outs[0] == pytest.approx(20.0 - 1.5, rel=1e-12)
+
+
+def test_pareto_plot_writes_a_png_and_needs_two_objectives(tiny_sweep, tmp_path, cli):
+    png = tmp_path / "front.png"
+    res = cli("pareto", tiny_sweep, "--by", "model", "--plot", png)
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob("*.tmp"))
+    res = cli("pareto", tiny_sweep, "--minimize", "cost_usd", "--plot", tmp_path / "one.png")
+    assert res.exit_code == 2 and "two or more --minimize" in _flat(res.output)

@@ -165,7 +165,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                                               help="objective column (repeat; '-col' maximises)"),
            by: List[str] = typer.Option([], "--by", help="one frontier per value of this input column (repeat), e.g. model"),
            top: int = typer.Option(20, "--top", help="rows to print (per group with --by)"),
-           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the frontier to Parquet")):
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the frontier to Parquet"),
+           plot: Optional[Path] = typer.Option(None, "--plot",
+                                               help="PNG of the first two objectives: feasible plans and frontier")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import write_parquet_atomic
     from .query import pareto as pareto_frontier
@@ -199,6 +201,15 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     if output:
         write_parquet_atomic(front, output)
         console.print(f"wrote {output}")
+    if plot:
+        if len(minimize) < 2:
+            raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",
+                             "the plot puts the first on x and the second on y")
+        from .query import feasible_sample
+        from .report import plot_frontier
+        x, y = (m.lstrip("-") for m in minimize[:2])
+        plot_frontier(front, feasible_sample(folder, [x, y]), x, y, tuple(by), plot)
+        console.print(f"plot: {plot}")
 
 
 @app.command()

@@ -149,3 +149,16 @@ def varying_job_columns(folder: str | Path) -> list[str]:
     lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
     counts = lf.select([pl.col(c).n_unique() for c in JOB_COLUMNS]).collect().row(0)
     return [c for c, n in zip(JOB_COLUMNS, counts) if n > 1]
+
+
+def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000, seed: int = 0) -> pl.DataFrame:
+    """Up to ``n`` feasible rows (``status == "ok"``) of ``folder``, ``columns`` only, a
+    uniform random sample when there are more (for plots).
+
+    Returns
+    -------
+    polars.DataFrame
+    """
+    rows = (pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+            .select(columns).collect())
+    return rows.sample(n, seed=seed) if rows.height > n else rows

@@ -87,3 +87,60 @@ def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, conso
     console.print(frame_table(shown, title))
     if max_rows is not None and df.height > max_rows:
         console.print(f"({df.height - max_rows:,} more rows not shown; use --top or -o FILE.parquet)")
+
+
+def save_figure(fig, path) -> None:
+    """Write a matplotlib figure to ``path`` (format from its suffix) through a temporary name
+    and an atomic rename, so that an interrupted run leaves no half-written image.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder or lies under a file.
+    """
+    import os
+    from pathlib import Path
+
+    from .errors import check_output_file
+    check_output_file(path)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    fig.savefig(tmp, dpi=120, format=p.suffix.lstrip(".") or "png")
+    os.replace(tmp, p)
+
+
+def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, path) -> None:
+    """Scatter the feasible plans (``cloud``, grey) and the Pareto frontier (``front``, one
+    colour and line per group of ``by``) of objectives ``x`` and ``y`` on log axes; PNG.
+
+    Parameters
+    ----------
+    front, cloud : polars.DataFrame
+        Frontier rows and a sample of feasible rows; both hold columns ``x`` and ``y`` (and
+        ``by``).
+    x, y : str
+        Column names (objectives without a leading ``-``).
+    by : tuple of str
+        Group columns of the frontier (empty: one frontier).
+    path : str or Path
+        Output file.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    if cloud.height:
+        ax.scatter(cloud[x], cloud[y], s=3, c="0.8", alpha=0.5, label=f"feasible plans ({cloud.height:,} shown)")
+    groups = front.partition_by(list(by), maintain_order=True) if by else [front]
+    for g in groups:
+        g = g.sort(x)
+        label = ", ".join(f"{c}={g[c][0]}" for c in by) if by else "Pareto frontier"
+        ax.plot(g[x], g[y], "o-", ms=4, lw=1, label=label)
+    ax.set(xscale="log", yscale="log", xlabel=x, ylabel=y, title="Pareto frontier")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)

@@ -121,5 +121,8 @@ def plot(rows: pl.DataFrame, path: str | Path) -> None:
            ylabel="predicted iteration time (s)", title="vtrain_fast vs vTrain measurements (A100)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from .report import save_figure
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
