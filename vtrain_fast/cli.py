@@ -144,7 +144,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         if not keep.startswith("frontier"):
             from .query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
-        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None)
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None)
 
 
 @app.command()
