@@ -111,6 +111,17 @@ def test_sweep_points_match_twin(grid):
 
 
 def test_scan_keeps_exactly_the_feasible_points_and_prunes_only_infeasible(grid):
+    _check_scan_against_rows(grid)
+
+
+def test_scan_and_pruning_with_an_interleaved_schedule():
+    grid = build_grid(parse_spec(SPEC.replace("[parallel]", "[parallel]\nvpp = 2"), "scale-vpp.toml"))
+    _check_scan_against_rows(grid)
+
+
+def _check_scan_against_rows(grid):
+    """The scan kernel keeps exactly the OK points the row kernel finds, counts the rest, and
+    the pruning table removes only prefixes without any feasible point."""
     n = grid.num_points
     b = engine.RowBuffers(n)
     ks.sweep_chunk(0, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)

@@ -27,7 +27,7 @@ from .._jit import jit, pjit
 from .params import H_GPUS_PER_NODE
 from .step import (BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
-                   validate_interleaving, validate_split)
+                   validate_interleaving, validate_split, virtual_stages)
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
@@ -583,7 +583,8 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
     ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
     ``tp * pp * dp`` and the model passes
     :func:`~vtrain_fast.kernels.step.validate_split` with that split (the shape rules that do
-    not involve the batch sizes, so some batch is valid), else 0."""
+    not involve the batch sizes, so some batch is valid) and, with an interleaved schedule,
+    splits its layers into ``pp * vpp`` chunks, else 0."""
     r = 0
     for mi in range(radices[A_MODEL]):
         L, h, a, g = models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3]
@@ -600,6 +601,9 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
                         ok = d > 0 and num_gpus % (t * p) == 0
                         if ok:
                             ok = validate_split(L, h, a, g, f, v, s, t, p, d) == OK
+                        if ok:
+                            vs = virtual_stages(float(p), hw_table[gpus[gd]])
+                            ok = vs <= 1.0 or L % (p * vs) == 0
                         table[r] = 1 if ok else 0
                         r += 1
 
