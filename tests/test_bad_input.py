@@ -150,7 +150,7 @@ def test_csv_label_columns_pass_through(tmp_path, cli):
     """Columns that are not near an input column are labels: kept unchanged in the output, even
     one near an input column that the file also has (gpus next to gpu)."""
     labels = {"name": "run-a", "model": "mine", "notes": "x", "id": 7, "gpus": 8, "owner": "me",
-              "params_billion": 0.1, "measured_iteration_time_s": 1.5, "set": "single"}
+              "params_billion": 0.1, "measured_iteration_time_s": 1.5, "set": "single", "num_params": 3}
     csv = tmp_path / "configs.csv"
     csv.write_text(HEADER + "," + ",".join(labels) + "\n" + ROW + "," + ",".join(map(str, labels.values())) + "\n")
     out = tmp_path / "out.parquet"

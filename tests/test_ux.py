@@ -120,3 +120,11 @@ def test_pareto_plot_writes_a_png_and_needs_two_objectives(tiny_sweep, tmp_path,
     assert not list(tmp_path.glob("*.tmp"))
     res = cli("pareto", tiny_sweep, "--minimize", "cost_usd", "--plot", tmp_path / "one.png")
     assert res.exit_code == 2 and "two or more --minimize" in _flat(res.output)
+
+
+def test_pareto_plot_is_checked_before_any_work(tiny_sweep, tmp_path, cli):
+    out = tmp_path / "f.parquet"
+    res = cli("pareto", tiny_sweep, "--minimize", "cost_usd", "--plot", tmp_path / "one.png", "-o", out)
+    assert res.exit_code == 2 and not out.exists()
+    res = cli("pareto", tiny_sweep, "--plot", tmp_path / "front.xyz")
+    assert res.exit_code == 2 and ".png" in _flat(res.output)

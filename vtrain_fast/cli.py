@@ -81,9 +81,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     _parse_shard(shard)
     folder = output or Path("results") / s.name
     if not overwrite and shard is None and (folder / "manifest.json").is_file():
-        import json
+        from .writer import read_json
         try:
-            done = json.loads((folder / "manifest.json").read_text())
+            done = read_json(folder / "manifest.json")
         except (OSError, ValueError):
             done = {}
         if isinstance(done, dict) and done.get("complete"):
@@ -171,7 +171,14 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import write_parquet_atomic
     from .query import pareto as pareto_frontier
-    from .report import print_frame
+    from .report import PLOT_SUFFIXES, print_frame
+    if plot:
+        if len(minimize) < 2:
+            raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",
+                             "the plot puts the first on x and the second on y")
+        if plot.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
+            raise InputError("command line", "--plot", str(plot), "a file name ending in " +
+                             ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
     front = pareto_frontier(folder, list(minimize), list(by))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
              + (f"; per {', '.join(by)}" if by else "") + ")")
@@ -179,7 +186,6 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         console.print(f"{folder}: no feasible plan (status ok) to rank; see the status counts in its "
                       "manifest.json: try larger tp/pp, recompute = full or more GPUs")
         return
-    import polars as pl
     from .writer import read_manifest
     if not by and not read_manifest(folder).get("keep", "all").startswith("frontier"):
         from .query import varying_job_columns
@@ -189,10 +195,11 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                           f"runs dominate this frontier; add {' '.join('--by ' + c for c in mixed)} for one "
                           "frontier per job", style="yellow", markup=False)
     shown = front
-    if by and front.height > top:
+    if by:
         # --top rows of each group (the frontier is sorted by the groups, then the objective)
-        shown = front.with_row_index("_i").filter(pl.col("_i").rank("ordinal").over(by) <= top).drop("_i")
-        title += f"; first {top} of each group"
+        shown = front.group_by(by, maintain_order=True).head(top)
+        if shown.height < front.height:
+            title += f"; first {top} of each group"
         top = shown.height
     print_frame(shown, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize))
     if shown.height < front.height:
@@ -202,9 +209,6 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         write_parquet_atomic(front, output)
         console.print(f"wrote {output}")
     if plot:
-        if len(minimize) < 2:
-            raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",
-                             "the plot puts the first on x and the second on y")
         from .query import feasible_sample
         from .report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])

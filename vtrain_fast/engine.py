@@ -44,7 +44,7 @@ from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from .kernels.params import HW_FIELDS
-from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS
+from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
 from .spec import RECOMPUTE_VALUES, SweepSpec
 from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
@@ -317,8 +317,7 @@ class _ArrowBuilder:
         # training settings per gpu-axis value (one per sweep, carried by the machine vectors)
         self.settings = {}
         for col, field in SETTING_FIELDS.items():
-            per_gpu = grid.hw_table[grid.gpus, HW_FIELDS.index(field)]
-            self.settings[col] = per_gpu.astype(np.int64) if col == "vpp" else per_gpu != 0.0
+            self.settings[col] = setting_values(col, grid.hw_table[grid.gpus, HW_FIELDS.index(field)])
 
     def batch(self, b: RowBuffers, n: int, index: np.ndarray | None = None) -> pa.RecordBatch:
         codes = b.codes

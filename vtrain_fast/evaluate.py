@@ -17,7 +17,7 @@ from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
-from .schema import INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS
+from .schema import INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS, setting_values
 from .spec import INT_RANGES as SPEC_INT_RANGES
 from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, VPP_RANGE, check_flash_attention
 
@@ -33,6 +33,8 @@ INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
 # misspelling of it rather than for a label: "recomputation" (0.73), "num_token", "seq_len".
 # Labels such as name, model, notes, id stay below it.
 NEAR_MISS_CUTOFF = 0.7
+# Label names that come close to an input column's but mean something else.
+LABELS = {"num_params", "params", "params_billion", "model_params", "num_experiments"}
 # Other tools' names for input columns (Hugging Face configs, Megatron-LM arguments, nanoGPT):
 # a column so named would otherwise pass through as a label while its input takes the default.
 ALIASES = {
@@ -134,7 +136,7 @@ def check_column_names(columns, where: str) -> None:
     known = {_normalised(k): k for k in INPUT_NAMES}
     present = set(columns)
     for col in columns:
-        if col in INPUT_NAMES:
+        if col in INPUT_NAMES or _normalised(col) in LABELS:
             continue
         norm = _normalised(col)
         target = known.get(norm) or ALIASES.get(norm)
@@ -271,8 +273,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
                 recompute=recompute)
     for col, field in SETTING_FIELDS.items():
-        vals = hw_rows[:, HW_FIELDS.index(field)]
-        used[col] = vals.astype(np.int64) if col == "vpp" else vals != 0.0
+        used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(field)])
     names = [c.name for c in INPUT_COLUMNS if c.name in used]
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute")

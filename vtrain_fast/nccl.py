@@ -192,7 +192,7 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
     y = np.array(target)
     rest = y - np.array(fixed)
     w = 1.0 / y                       # relative error
-    kept = bool(np.ptp(a[:, 1]) == 0.0)
+    kept = bool(np.ptp(a[:, 1]) == 0.0 and a[0, 1] > 0.0)   # sendrecv tables have no steps at all
     if kept:
         from .kernels.params import H_INTER_STEP_S, H_INTRA_STEP_S
         step = 0.0 if hw is None else float(hw[H_INTER_STEP_S if gpus_per_node else H_INTRA_STEP_S])

@@ -151,14 +151,16 @@ def varying_job_columns(folder: str | Path) -> list[str]:
     return [c for c, n in zip(JOB_COLUMNS, counts) if n > 1]
 
 
-def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000, seed: int = 0) -> pl.DataFrame:
-    """Up to ``n`` feasible rows (``status == "ok"``) of ``folder``, ``columns`` only, a
-    uniform random sample when there are more (for plots).
+def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000) -> pl.DataFrame:
+    """About ``n`` feasible rows (``status == "ok"``) of ``folder``, ``columns`` only: every
+    k-th one when there are more (for plots), read lazily.
 
     Returns
     -------
     polars.DataFrame
     """
-    rows = (pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
-            .select(columns).collect())
-    return rows.sample(n, seed=seed) if rows.height > n else rows
+    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok").select(columns)
+    count = lf.select(pl.len()).collect().item()
+    if count > n:
+        lf = lf.gather_every(-(-count // n))     # every k-th feasible row, without loading the rest
+    return lf.collect()

@@ -89,6 +89,9 @@ def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, conso
         console.print(f"({df.height - max_rows:,} more rows not shown; use --top or -o FILE.parquet)")
 
 
+PLOT_SUFFIXES = ("png", "svg", "pdf")
+
+
 def save_figure(fig, path) -> None:
     """Write a matplotlib figure to ``path`` (format from its suffix) through a temporary name
     and an atomic rename, so that an interrupted run leaves no half-written image.

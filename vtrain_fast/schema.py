@@ -55,6 +55,12 @@ INPUT_COLUMNS = (
 SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_flash_attn": "flash_attn",
                   "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap"}
 
+
+def setting_values(column: str, field_values):
+    """A setting column's values from its machine-vector field's (``float64`` array): ``int64``
+    for ``vpp``, ``bool`` (non-zero) for the switches."""
+    return field_values.astype("int64") if column == "vpp" else field_values != 0.0
+
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
                  "out_of_memory")
 STATUS_COLUMN = Column("status", _dict, "",

@@ -341,7 +341,7 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
     # ---- memory per GPU (the fuller of first and last stage)
     full = mb[M_ACT_LAYER]
-    hs = h / t if hw[H_SEQ_PAR] != 0.0 else h     # hidden size a rank keeps per token outside TP regions
+    hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
     if p == 1.0:
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
                      + s * b * hs * 3.0 + mb[M_LOGITS])
