@@ -30,3 +30,23 @@ def check_output_file(path) -> None:
                 raise InputError(str(p), "output file", str(p), "a path whose folders are folders",
                                  f"{parent} is a file")
             break
+
+
+def write_atomically(path, write) -> None:
+    """Create ``path`` through a temporary name and an atomic rename: ``write(tmp_path)``
+    writes the content, so that an interrupted run leaves no half-written file that looks
+    complete.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder or lies under a file (:func:`check_output_file`).
+    """
+    import os
+    from pathlib import Path
+    check_output_file(path)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, p)

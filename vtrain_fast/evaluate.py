@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .engine import output_arrays
-from .errors import InputError, check_output_file
+from .errors import InputError, write_atomically
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
@@ -309,9 +308,4 @@ def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> None:
     InputError
         If ``path`` is a folder or lies under a file.
     """
-    check_output_file(path)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    pq.write_table(df.to_arrow(), tmp, compression="zstd")
-    os.replace(tmp, p)
+    write_atomically(path, lambda tmp: pq.write_table(df.to_arrow(), tmp, compression="zstd"))

@@ -101,16 +101,11 @@ def save_figure(fig, path) -> None:
     InputError
         If ``path`` is a folder or lies under a file.
     """
-    import os
     from pathlib import Path
 
-    from .errors import check_output_file
-    check_output_file(path)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    fig.savefig(tmp, dpi=120, format=p.suffix.lstrip(".") or "png")
-    os.replace(tmp, p)
+    from .errors import write_atomically
+    kind = Path(path).suffix.lstrip(".") or "png"
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format=kind))
 
 
 def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, path) -> None:
