@@ -126,37 +126,42 @@ def _seq_split(t, hw):
     return t if hw_get(hw, "sequence_parallel") != 0.0 else 1.0
 
 
-def flash_attention_forward_s(b, s, h, a, g, t, hw):
-    """Causal FlashAttention-2 forward: 4 b heads s^2 d FLOPs halved by the causal mask, at the
-    fused kernels' efficiency; bytes = Q, K, V in, O out, fp32 log-sum-exp per row; 1 launch."""
+def _flash_kernels_s(flops, nbytes, b, heads, s, launches, hw):
+    """Roofline of FlashAttention kernels: FLOPs at the fused kernels' efficiency, only
+    ``blocks / num_sms`` of it when a launch has fewer thread blocks (one per 128 rows per head)
+    than SMs; bytes at the HBM rate; ``launches`` kernel overheads."""
+    blocks = b * heads * math.ceil(s / 128.0)
+    busy = min(1.0, blocks / hw_get(hw, "num_sms"))
+    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency") * busy)
+    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+    return max(compute_s, memory_s) + launches * hw_get(hw, "kernel_overhead_s")
+
+
+def _flash_sizes(b, s, h, a, g, t):
+    """(causal forward FLOPs 4 b heads s^2 d / 2, Q bytes, K+V bytes, LSE bytes, heads)."""
     tokens, head_dim, heads, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
     flops = 4.0 * b * heads * s * s * head_dim / 2.0
     q_bytes = BYTES_FP16 * tokens * heads * head_dim
     kv_bytes = BYTES_FP16 * tokens * (qkv_cols - heads * head_dim)      # K and V together
-    nbytes = q_bytes + kv_bytes + q_bytes + 4.0 * b * heads * s
-    blocks = b * heads * math.ceil(s / 128.0)           # one thread block per 128 rows per head
-    busy = min(1.0, blocks / hw_get(hw, "num_sms"))
-    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency") * busy)
-    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
-    return max(compute_s, memory_s) + FLASH_FWD_LAUNCHES * hw_get(hw, "kernel_overhead_s")
+    return flops, q_bytes, kv_bytes, 4.0 * b * heads * s, heads
+
+
+def flash_attention_forward_s(b, s, h, a, g, t, hw):
+    """Causal FlashAttention-2 forward: 4 b heads s^2 d FLOPs halved by the causal mask, at the
+    fused kernels' efficiency; bytes = Q, K, V in, O out, fp32 log-sum-exp per row; 1 launch."""
+    flops, q_bytes, kv_bytes, lse_bytes, heads = _flash_sizes(b, s, h, a, g, t)
+    nbytes = q_bytes + kv_bytes + q_bytes + lse_bytes
+    return _flash_kernels_s(flops, nbytes, b, heads, s, FLASH_FWD_LAUNCHES, hw)
 
 
 def flash_attention_backward_s(b, s, h, a, g, t, hw):
     """Backward: 2.5x the forward FLOPs; reads Q, K, V, O, dO, LSE, writes dQ, dK, dV, and an
     fp32 dQ accumulator is written and read back; 3 launches."""
-    tokens, head_dim, heads, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
-    flops = 2.5 * (4.0 * b * heads * s * s * head_dim / 2.0)
-    q_bytes = BYTES_FP16 * tokens * heads * head_dim
-    kv_bytes = BYTES_FP16 * tokens * (qkv_cols - heads * head_dim)
-    reads = q_bytes + kv_bytes + q_bytes + q_bytes + 4.0 * b * heads * s
+    flops, q_bytes, kv_bytes, lse_bytes, heads = _flash_sizes(b, s, h, a, g, t)
+    reads = q_bytes + kv_bytes + q_bytes + q_bytes + lse_bytes
     writes = q_bytes + kv_bytes
     accumulator = 2.0 * (4.0 / BYTES_FP16) * q_bytes
-    nbytes = reads + writes + accumulator
-    blocks = b * heads * math.ceil(s / 128.0)
-    busy = min(1.0, blocks / hw_get(hw, "num_sms"))
-    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "flash_attention_efficiency") * busy)
-    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
-    return max(compute_s, memory_s) + FLASH_BWD_LAUNCHES * hw_get(hw, "kernel_overhead_s")
+    return _flash_kernels_s(2.5 * flops, reads + writes + accumulator, b, heads, s, FLASH_BWD_LAUNCHES, hw)
 
 
 def layer_forward_s(b, s, h, a, g, f, t, hw):

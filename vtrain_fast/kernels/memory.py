@@ -76,23 +76,14 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
 
 
 @jit
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp):
-    """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches.
-
-    With full recomputation each layer keeps only its 2-byte input (``2sbh``, split over the
-    ``t`` ranks with sequence parallelism) and one layer's full activations are rebuilt at a
-    time during backward.
-    """
-    split = t if sp != 0.0 else 1.0
-    return stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h / split,
-                                             layer_activation_bytes(b, s, h, a, g, f, t, flash, sp), recompute)
-
-
-@jit
 def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full, recompute):
-    """:func:`stage_activation_bytes` given ``full``, the bytes of one layer
-    (:func:`layer_activation_bytes`), so that callers can reuse it across stages; ``h`` is the
-    hidden size a rank keeps of each layer input (``h / t`` with sequence parallelism)."""
+    """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches (or chunks)
+    of ``layers_on_stage`` layers, given ``full``, the bytes of one layer
+    (:func:`layer_activation_bytes`), so that callers can reuse it across stages.
+
+    With full recomputation each layer keeps only its 2-byte input (``2 s b h``; ``h`` is the
+    hidden size a rank keeps, ``h / t`` with sequence parallelism) and one layer's full
+    activations are rebuilt at a time during backward."""
     if recompute:
         return in_flight * layers_on_stage * 2.0 * s * b * h + full
     return in_flight * layers_on_stage * full

@@ -207,6 +207,18 @@ def flash_attention_blocks(b, s, a, t):
 
 
 @jit
+def flash_attention_time_s(flops, nbytes, b, s, a, t, num_kernels, hw):
+    """Seconds of FlashAttention kernels doing ``flops`` and moving ``nbytes``: roofline of
+    ``flops`` at ``peak_flops * flash_attention_efficiency``, scaled by the SM occupancy
+    ``min(1, blocks / num_sms)`` (:func:`flash_attention_blocks`), and ``nbytes`` at
+    ``hbm_Bps * hbm_efficiency``, plus ``num_kernels`` kernel overheads."""
+    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
+    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return max(t_compute, t_memory) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
 def flash_attention_forward_s(b, s, h, a, g, t, hw):
     """Seconds of the fused causal attention forward (FlashAttention-2) of one layer, one
     micro-batch, one TP rank.
@@ -220,15 +232,10 @@ def flash_attention_forward_s(b, s, h, a, g, t, hw):
     rows of one head of one sequence, :func:`flash_attention_blocks`) than SMs, the FLOP rate is
     scaled by ``blocks / num_sms``, as for GEMMs.
     """
-    heads = a / t
-    flops = 2.0 * b * s * s * h / t
     q = BYTES_PER_ELEMENT * b * s * h / t
     kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
-    nbytes = q + 2.0 * kv + q + 4.0 * b * heads * s
-    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
-    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
-    return max(t_compute, t_memory) + FLASH_FORWARD_KERNELS * hw[H_KERNEL_OVERHEAD_S]
+    nbytes = q + 2.0 * kv + q + 4.0 * b * (a / t) * s
+    return flash_attention_time_s(2.0 * b * s * s * h / t, nbytes, b, s, a, t, FLASH_FORWARD_KERNELS, hw)
 
 
 @jit
@@ -242,15 +249,10 @@ def flash_attention_backward_s(b, s, h, a, g, t, hw):
     (preprocessing, main kernel, dQ conversion); SM occupancy as in the forward (one block per
     128 key rows).
     """
-    heads = a / t
-    flops = 2.5 * 2.0 * b * s * s * h / t
     q = BYTES_PER_ELEMENT * b * s * h / t
     kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
-    nbytes = (3.0 * q + 2.0 * kv + 4.0 * b * heads * s) + (q + 2.0 * kv) + 2.0 * 2.0 * q
-    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
-    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
-    return max(t_compute, t_memory) + FLASH_BACKWARD_KERNELS * hw[H_KERNEL_OVERHEAD_S]
+    nbytes = (3.0 * q + 2.0 * kv + 4.0 * b * (a / t) * s) + (q + 2.0 * kv) + 2.0 * 2.0 * q
+    return flash_attention_time_s(2.5 * 2.0 * b * s * s * h / t, nbytes, b, s, a, t, FLASH_BACKWARD_KERNELS, hw)
 
 
 @jit
