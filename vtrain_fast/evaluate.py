@@ -18,13 +18,12 @@ from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
 from .schema import INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS, setting_values
 from .spec import INT_RANGES as SPEC_INT_RANGES
-from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, VPP_RANGE, check_flash_attention
+from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
-            "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", "overlap_grad_reduce",
-            "distributed_optimizer", "use_flash_attn", "sequence_parallel", "vpp")
+            "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", *TRAINING_FLAGS, "vpp")
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
 INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
@@ -212,27 +211,21 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     lo, hi = OVERRIDE_RANGES["inter_node_Gbps"]
     inter = _float_column(df, "inter_node_Gbps", where, None, lo, hi)
     tokens = _float_column(df, "num_tokens", where, DEFAULT_NUM_TOKENS, 1.0, 1e16)
-    overlap = [v in ("true", "1") for v in
-               _str_column(df, "overlap_grad_reduce", where, ("true", "false", "1", "0"), "false")]
-    sharded = [v in ("true", "1") for v in
-               _str_column(df, "distributed_optimizer", where, ("true", "false", "1", "0"), "false")]
-    flash = [v in ("true", "1") for v in
-             _str_column(df, "use_flash_attn", where, ("true", "false", "1", "0"), "false")]
-    seqpar = [v in ("true", "1") for v in
-              _str_column(df, "sequence_parallel", where, ("true", "false", "1", "0"), "false")]
+    flags = {name: [v in ("true", "1") for v in
+                    _str_column(df, name, where, ("true", "false", "1", "0"), "false")]
+             for name in TRAINING_FLAGS}
     vpp = _int_column(df, "vpp", where, 1)
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
     for i in range(n):
-        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), overlap[i], sharded[i], flash[i],
-               seqpar[i], int(vpp[i]))
+        row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
+        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), int(vpp[i]), *row_flags.values())
         if key not in cache:
             ov = dict(gpus_per_node=int(gpn[i]) or None,
                       intra_node_GBps=None if np.isnan(intra[i]) else float(intra[i]),
                       inter_node_Gbps=None if np.isnan(inter[i]) else float(inter[i]),
-                      overlap_grad_reduce=overlap[i], distributed_optimizer=sharded[i],
-                      use_flash_attn=flash[i], sequence_parallel=seqpar[i], vpp=int(vpp[i]))
+                      vpp=int(vpp[i]), **row_flags)
             preset = with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             cache[key] = machine_vector(preset)

@@ -40,6 +40,15 @@ from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
 
 RECOMPUTE_VALUES = ("none", "full")
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
+# Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
+TRAINING_FLAGS = {
+    "overlap_grad_reduce": "true overlaps the data-parallel all-reduce with backward (Megatron --overlap-grad-reduce)",
+    "distributed_optimizer": "true shards the Adam states over data-parallel ranks "
+                             "(Megatron --use-distributed-optimizer, ZeRO-1)",
+    "use_flash_attn": "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn)",
+    "sequence_parallel": "true splits layer norms and dropouts over the tensor-parallel ranks "
+                         "(Megatron --sequence-parallel)",
+}
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
 RECOMPUTE_DEFAULT = "none"
@@ -57,8 +66,7 @@ INT_RANGES = {
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "seq_length", "vocab_size"},
-    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", "overlap_grad_reduce",
-                 "distributed_optimizer", "use_flash_attn", "sequence_parallel"},
+    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", *TRAINING_FLAGS},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
     "parallel": {"tp", "pp", "vpp"},
     "output": {"chunk_size"},
@@ -283,14 +291,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                     raise InputError(path, f"cluster.{k}", v, f"one number from {lo:g} to {hi:g}")
                 overrides[k] = float(v)
-    for key, meaning in (("overlap_grad_reduce", "true overlaps the data-parallel all-reduce with backward "
-                                                  "(Megatron --overlap-grad-reduce)"),
-                         ("distributed_optimizer", "true shards the Adam states over data-parallel ranks "
-                                                   "(Megatron --use-distributed-optimizer, ZeRO-1)"),
-                         ("use_flash_attn", "true runs the attention core as fused FlashAttention-2 kernels "
-                                            "(Megatron --use-flash-attn)"),
-                         ("sequence_parallel", "true splits layer norms and dropouts over the tensor-parallel "
-                                               "ranks (Megatron --sequence-parallel)")):
+    for key, meaning in TRAINING_FLAGS.items():
         flag = tr.get(key, False)
         if not isinstance(flag, bool):
             raise InputError(path, f"training.{key}", flag, "true or false", meaning)
