@@ -164,6 +164,14 @@ def flash_attention_backward_s(b, s, h, a, g, t, hw):
     return _flash_kernels_s(2.5 * flops, reads + writes + accumulator, b, heads, s, FLASH_BWD_LAUNCHES, hw)
 
 
+def _layer_phase_s(gemms, streaming_bytes, memory_launches, flash_s, flash_launches, hw):
+    """A layer phase: its GEMMs, the fused attention kernels (``flash_s``, 0 when unfused) and
+    its memory-bound kernels, with the host-launch floor over all of their launches."""
+    time_s = sum(gemm_time_s(m, n, k, batch, hw) for m, n, k, batch in gemms) + flash_s
+    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), memory_launches, hw)
+    return phase_s(gpu_s, len(gemms) + memory_launches + flash_launches, hw)
+
+
 def layer_forward_s(b, s, h, a, g, f, t, hw):
     """Forward of one transformer layer, one micro-batch, one TP rank (no TP communication)."""
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
@@ -190,13 +198,10 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
                             (2.0 + 2.0 + 1.0) * score_elems]  # attention dropout + 1-byte mask
     else:
         launches -= 2.0                         # no softmax, no dropout kernel
-    time_s = 0.0
-    for m, n, k, batch in gemms:
-        time_s += gemm_time_s(m, n, k, batch, hw)
     if flash:
-        time_s += flash_attention_forward_s(b, s, h, a, g, t, hw)
-    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), launches, hw)
-    return phase_s(gpu_s, len(gemms) + launches + (FLASH_FWD_LAUNCHES if flash else 0.0), hw)
+        return _layer_phase_s(gemms, streaming_bytes, launches, flash_attention_forward_s(b, s, h, a, g, t, hw),
+                              FLASH_FWD_LAUNCHES, hw)
+    return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
 
 def layer_backward_s(b, s, h, a, g, f, t, hw):
@@ -226,13 +231,10 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
                             (2.0 + 1.0 + 2.0) * score_elems]   # dropout backward: dy, mask -> dx
     else:
         launches -= 2.0
-    time_s = 0.0
-    for m, n, k, batch in gemms:
-        time_s += gemm_time_s(m, n, k, batch, hw)
     if flash:
-        time_s += flash_attention_backward_s(b, s, h, a, g, t, hw)
-    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), launches, hw)
-    return phase_s(gpu_s, len(gemms) + launches + (FLASH_BWD_LAUNCHES if flash else 0.0), hw)
+        return _layer_phase_s(gemms, streaming_bytes, launches, flash_attention_backward_s(b, s, h, a, g, t, hw),
+                              FLASH_BWD_LAUNCHES, hw)
+    return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
 
 def embedding_forward_s(b, s, h, hw):
