@@ -116,6 +116,33 @@ FLASH_FWD_LAUNCHES = 1.0
 FLASH_BWD_LAUNCHES = 3.0
 
 
+def softmax_fused(b, s, a, t):
+    """Megatron-LM FusedScaleMaskSoftmax.is_kernel_available for the causal mask: fp16 input,
+    16 < sk <= 4096, sq and sk multiples of 4, attention batches (b x heads per rank) a multiple
+    of 4 and of the kernel's batches per block (scaled_upper_triang_masked_softmax.h: 128
+    threads, warp = min(32, next power of two of sk), 2 rows per warp when that is <= 128)."""
+    attn_batches = b * a / t
+    if not (16 < s <= 4096 and s % 4 == 0 and attn_batches % 4 == 0):
+        return False
+    next_pow2 = 2 ** math.ceil(math.log2(s))
+    warp = min(next_pow2, 32)
+    rows_per_warp = 2 if next_pow2 <= 128 else 1
+    batches_per_block = (128 // warp) * rows_per_warp
+    return attn_batches % batches_per_block == 0
+
+
+def _softmax_kernels(b, s, a, t):
+    """(forward, backward) lists of (bytes read, bytes written) per score element of the
+    scale-mask-softmax kernels: the fused fp16 kernel, or PyTorch's fp32 path (cast, scale,
+    in-place masked fill, softmax, cast back; softmax rows > 1,024 read 3x forward, 2x backward)."""
+    if softmax_fused(b, s, a, t):
+        return [(2.0, 2.0)], [(4.0, 2.0)]
+    long_row = s > 1024
+    fwd = [(2.0, 4.0), (4.0, 4.0), (4.0, 4.0), ((12.0 if long_row else 4.0), 4.0), (4.0, 2.0)]
+    bwd = [(2.0, 4.0), ((16.0 if long_row else 8.0), 4.0), (4.0, 4.0), (4.0, 4.0), (4.0, 2.0)]
+    return fwd, bwd
+
+
 def _flash_on(hw):
     return hw_get(hw, "flash_attn") != 0.0
 
@@ -194,8 +221,10 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     if not flash:
         gemms += [(s, s, head_dim, attn_batch),         # scores Q K^T
                   (s, head_dim, s, attn_batch)]         # context softmax(QK^T) V
-        streaming_bytes += [(2.0 + 2.0) * score_elems,  # fused scale-mask-softmax: read, write
-                            (2.0 + 2.0 + 1.0) * score_elems]  # attention dropout + 1-byte mask
+        softmax_fwd, _ = _softmax_kernels(b, s, a, t)
+        streaming_bytes += [(r + w) * score_elems for r, w in softmax_fwd]   # scale-mask-softmax
+        streaming_bytes += [(2.0 + 2.0 + 1.0) * score_elems]  # attention dropout + 1-byte mask
+        launches += len(softmax_fwd) - 1
     else:
         launches -= 2.0                         # no softmax, no dropout kernel
     if flash:
@@ -227,8 +256,10 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
     if not flash:
         gemms += [(s, head_dim, s, attn_batch), (head_dim, s, s, attn_batch),  # scores: dQ, dK
                   (s, s, head_dim, attn_batch), (s, head_dim, s, attn_batch)]  # context: dP, dV
-        streaming_bytes += [(2.0 + 2.0 + 2.0) * score_elems,   # softmax backward: y, dy -> dx
-                            (2.0 + 1.0 + 2.0) * score_elems]   # dropout backward: dy, mask -> dx
+        _, softmax_bwd = _softmax_kernels(b, s, a, t)
+        streaming_bytes += [(r + w) * score_elems for r, w in softmax_bwd]   # softmax backward
+        streaming_bytes += [(2.0 + 1.0 + 2.0) * score_elems]   # dropout backward: dy, mask -> dx
+        launches += len(softmax_bwd) - 1
     else:
         launches -= 2.0
     if flash:
@@ -411,7 +442,9 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row."""
     tp_split = 4.0 + 4.0 * g / a + 4.0 * f / h
     outside = 10.0 / t if sp else 10.0
-    attention_core = 4.0 * b * (a / t) * s if flash else 5.0 * a * s * s * b / t
+    # softmax output (fp16, or fp32 from PyTorch's unfused softmax), dropout mask, dropout output
+    softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
+    attention_core = 4.0 * b * (a / t) * s if flash else (softmax_out + 1.0 + 2.0) * a * s * s * b / t
     return s * b * h * (outside + tp_split / t) + attention_core
 
 

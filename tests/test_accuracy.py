@@ -18,10 +18,11 @@ from vtrain_fast.validate import load_measurements, validate
 
 DATA = Path(__file__).resolve().parents[1] / "vtrain_fast" / "data" / "vtrain"
 
-# Achieved on 2026-11-30 with the shipped A100 calibration (fitted on the single-node set only):
-# single 6.52 %, multi 10.8 % (held out). Issue 3's targets are 5 % and 8 %; these guards catch
-# regressions from where the model stands, not the targets, which are not met yet.
-SINGLE_MAPE_GUARD_PCT = 6.8
+# Achieved on 2026-11-30 (session 3, fused-softmax rule) with the shipped A100 calibration (fitted
+# on the single-node set only): single 6.12 %, multi 11.1 % (held out). Issue 3's targets are 5 %
+# and 8 %; these guards catch regressions from where the model stands, not the targets, which are
+# not met yet.
+SINGLE_MAPE_GUARD_PCT = 6.4
 MULTI_MAPE_GUARD_PCT = 11.5
 
 

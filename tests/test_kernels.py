@@ -69,6 +69,10 @@ count = st.integers(1, 4096).map(float)
 frac_count = st.floats(0.0, 4096.0)
 bools = st.booleans()
 rc_st = st.sampled_from([0.0, 1.0])
+small_b = st.integers(1, 16).map(float)
+seq_int = st.one_of(st.integers(1, 8200), st.sampled_from([16, 20, 128, 132, 1024, 1028, 2048, 4096, 4100])).map(float)
+tp_int = st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0])
+heads_int = tp_int.flatmap(lambda t: st.integers(1, 12).map(lambda k: float(k) * t)) | st.sampled_from([16.0, 96.0])
 
 # kernel, twin, strategy for the argument tuple
 SCALAR_CASES = {
@@ -77,6 +81,15 @@ SCALAR_CASES = {
                             st.tuples(big, st.floats(0.0, 100.0), hw_st)),
     "layer_forward_s": (ops.layer_forward_s, ref.layer_forward_s,
                         st.tuples(dim, dim, dim, dim, dim, dim, dim, hw_st)),
+    # integer shapes, so that Megatron's fused-softmax rule (multiples of 4) both holds and fails
+    "layer_forward_s[int]": (ops.layer_forward_s, ref.layer_forward_s,
+                             st.tuples(small_b, seq_int, dim, heads_int, dim, dim, tp_int, hw_st)),
+    "layer_backward_s[int]": (ops.layer_backward_s, ref.layer_backward_s,
+                              st.tuples(small_b, seq_int, dim, heads_int, dim, dim, tp_int, hw_st)),
+    "layer_activation_bytes[int]": (memory.layer_activation_bytes, ref.layer_activation_bytes,
+                                    st.tuples(small_b, seq_int, dim, heads_int, dim, dim, tp_int, rc_st, rc_st)),
+    "fused_softmax": (ops.fused_softmax, lambda b, s, a, t: float(ref.softmax_fused(b, s, a, t)),
+                      st.tuples(small_b, seq_int, heads_int, tp_int)),
     "layer_backward_s": (ops.layer_backward_s, ref.layer_backward_s,
                          st.tuples(dim, dim, dim, dim, dim, dim, dim, hw_st)),
     "sequence_split": (ops.sequence_split, ref._seq_split, st.tuples(dim, hw_st)),
@@ -151,6 +164,45 @@ def test_phase_launch_counts_match_the_modelled_kernels():
     assert ops.FLASH_LAYER_BACKWARD_KERNELS == 8 + (ref.LAYER_BWD_MEMORY_BOUND_LAUNCHES - 2) + ref.FLASH_BWD_LAUNCHES
     assert ops.EMBEDDING_KERNELS == ref.EMBEDDING_LAUNCHES
     assert ops.HEAD_KERNELS == ref.HEAD_LAUNCHES
+
+
+def test_fused_softmax_follows_megatrons_rule():
+    """Megatron's fused kernel needs b * heads-per-rank a multiple of 4 (8 for s <= 128) and
+    16 < s <= 4096 with s % 4 == 0; vTrain's single-node set (16 heads) misses it only at tp 8
+    with micro-batch 1 (2 attention batches)."""
+    assert ops.fused_softmax(1.0, 1024.0, 16.0, 8.0) == 0.0      # 1 x 2 heads
+    assert ops.fused_softmax(2.0, 1024.0, 16.0, 8.0) == 1.0      # 2 x 2 heads
+    assert ops.fused_softmax(1.0, 1024.0, 16.0, 4.0) == 1.0      # 1 x 4 heads
+    assert ops.fused_softmax(2.0, 2048.0, 48.0, 16.0) == 0.0     # 18.4B at tp 16: 2 x 3 heads
+    assert ops.fused_softmax(4.0, 2048.0, 48.0, 16.0) == 1.0
+    assert ops.fused_softmax(4.0, 8192.0, 32.0, 1.0) == 0.0      # longer than the kernel's 4096
+    assert ops.fused_softmax(4.0, 4096.0, 32.0, 1.0) == 1.0
+    assert ops.fused_softmax(1.0, 128.0, 4.0, 1.0) == 0.0        # short rows: 8 per block
+    assert ops.fused_softmax(2.0, 128.0, 4.0, 1.0) == 1.0
+    assert ops.fused_softmax(4.0, 16.0, 4.0, 1.0) == 0.0         # s must exceed 16
+    assert ops.fused_softmax(4.0, 1026.0, 4.0, 1.0) == 0.0       # s % 4 != 0
+
+
+def test_unfused_softmax_costs_four_more_launches_and_the_fp32_traffic():
+    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    slow_host = hw.copy()
+    slow_host[HW_FIELDS.index("host_launch_s")] = 1.0           # host-bound: time = launches
+    b, s, h, a, f = 1.0, 1024.0, 1024.0, 16.0, 4096.0
+    assert ops.layer_forward_s(b, s, h, a, a, f, 8.0, slow_host) == ops.LAYER_FORWARD_KERNELS + 4.0
+    assert ops.layer_backward_s(b, s, h, a, a, f, 8.0, slow_host) == ops.LAYER_BACKWARD_KERNELS + 4.0
+    assert ops.layer_forward_s(2.0, s, h, a, a, f, 8.0, slow_host) == ops.LAYER_FORWARD_KERNELS
+    # GPU-bound: the unfused fp32 path moves 36 instead of 4 bytes per score element forward
+    # (40 instead of 6 backward; 44 and 48 for rows longer than 1,024)
+    assert ops.softmax_bytes_per_element(2.0, s, a, 8.0) == (4.0, 6.0)
+    assert ops.softmax_bytes_per_element(1.0, s, a, 8.0) == (36.0, 40.0)
+    assert ops.softmax_bytes_per_element(1.0, 2048.0, a, 8.0) == (44.0, 48.0)
+    gpu_bound = hw.copy()
+    gpu_bound[HW_FIELDS.index("host_launch_s")] = 0.0
+    gpu_bound[HW_FIELDS.index("kernel_overhead_s")] = 0.0
+    assert math.isclose(ops.layer_forward_s(1.0, s, h, a, a, f, 8.0, gpu_bound),
+                        ref.layer_forward_s(1.0, s, h, a, a, f, 8.0, gpu_bound), rel_tol=1e-12)
+    assert math.isclose(ops.layer_backward_s(1.0, s, h, a, a, f, 8.0, gpu_bound),
+                        ref.layer_backward_s(1.0, s, h, a, a, f, 8.0, gpu_bound), rel_tol=1e-12)
 
 
 shape_int = st.integers(-3, 40)

@@ -10,6 +10,7 @@ attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/
 from __future__ import annotations
 
 from .._jit import jit
+from .ops import fused_softmax
 
 STATE_BYTES_PER_PARAM = 16.0
 WEIGHT_AND_GRAD_BYTES_PER_PARAM = 4.0    # fp16 weight + fp16 gradient, never sharded here
@@ -59,6 +60,8 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
     (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
 
+    Without FlashAttention the scores cost ``5 a s^2 b / t`` bytes, ``7 a s^2 b / t`` when the
+    softmax runs unfused in fp32 (:func:`~vtrain_fast.kernels.ops.fused_softmax`).
     With FlashAttention (``flash`` non-zero) the ``5 a s^2 b / t`` bytes of softmax output,
     dropout mask and dropout output are not stored; the kernel keeps Q, K, V and the output
     (already counted) plus an fp32 log-sum-exp per query row, ``4 b (a/t) s`` bytes
@@ -72,7 +75,11 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     base = s * b * h * (outside + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
     if flash != 0.0:
         return base + 4.0 * b * a / t * s
-    return base + 5.0 * a * s * s * b / t
+    # softmax output 2 bytes (4 when Megatron's fused kernel does not apply and the fp32
+    # PyTorch softmax keeps its fp32 output: :func:`~vtrain_fast.kernels.ops.fused_softmax`),
+    # dropout mask 1, dropout output 2
+    softmax_out = 2.0 if fused_softmax(b, s, a, t) != 0.0 else 4.0
+    return base + (softmax_out + 3.0) * a * s * s * b / t
 
 
 @jit

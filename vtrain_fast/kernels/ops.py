@@ -44,6 +44,18 @@ FLASH_BACKWARD_KERNELS = 3.0
 FLASH_LAYER_FORWARD_KERNELS = 4.0 + FLASH_FORWARD_KERNELS + FLASH_LAYER_FORWARD_MEMORY_KERNELS
 FLASH_LAYER_BACKWARD_KERNELS = 8.0 + FLASH_BACKWARD_KERNELS + FLASH_LAYER_BACKWARD_MEMORY_KERNELS
 LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
+# Megatron's fused scale-mask-softmax (FusedScaleMaskSoftmax.is_kernel_available,
+# megatron/model/fused_softmax.py) runs only for 16 < s <= 4096 (Megatron-DeepSpeed: <= 2048),
+# s % 4 == 0 and (micro_batch_size * heads per TP rank) % 4 == 0 (the causal kernel's batches
+# per block, 4 for these lengths). Otherwise PyTorch runs it unfused in fp32 (query-key layer
+# scaling on, Megatron's default until 2024): cast to fp32, scale, in-place masked fill, softmax,
+# cast back = 5 kernels instead of 1 forward, and their 5 gradients backward.
+FUSED_SOFTMAX_MAX_SEQ = 4096.0
+FUSED_SOFTMAX_SHORT_SEQ = 128.0   # up to here a warp holds two rows: 8 batches per block
+UNFUSED_SOFTMAX_EXTRA_KERNELS = 4.0
+# PyTorch's softmax keeps a row in registers up to 1,024 elements (one read, one write);
+# longer rows take three reads forward (max, sum, normalise) and two of y and dy backward.
+SOFTMAX_PERSISTENT_MAX_ROW = 1024.0
 EMBEDDING_KERNELS = 3.0 + 4.0
 HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
 
@@ -107,6 +119,36 @@ def memory_bound_time_s(nbytes, num_kernels, hw):
 
 
 @jit
+def fused_softmax(b, s, a, t):
+    """1.0 when Megatron's fused causal scale-mask-softmax kernel runs for ``b`` sequences of
+    length ``s`` with ``a / t`` heads per TP rank, else 0.0.
+
+    Megatron-LM ``FusedScaleMaskSoftmax.is_kernel_available``: ``16 < s <= 4096``, ``s % 4 == 0``
+    and ``b * a / t`` a multiple of the kernel's batches per block (128 threads; 4 rows per
+    block, 8 when ``s <= 128`` and a warp holds two rows; ``scaled_upper_triang_masked_softmax.h``).
+    """
+    if s <= 16.0 or s > FUSED_SOFTMAX_MAX_SEQ or s % 4.0 != 0.0:
+        return 0.0
+    per_block = 8.0 if s <= FUSED_SOFTMAX_SHORT_SEQ else 4.0
+    return 1.0 if (b * a / t) % per_block == 0.0 else 0.0
+
+
+@jit
+def softmax_bytes_per_element(b, s, a, t):
+    """HBM bytes per attention-score element of the scale-mask-softmax, ``(forward, backward)``.
+
+    Fused kernel (:func:`fused_softmax`): fp16 read and write forward (4), y and dy read and dx
+    written backward (6). Unfused fp32 path: cast (2 + 4), scale (4 + 4), masked fill (4 + 4),
+    softmax (4 + 4, or 3 x 4 + 4 for rows longer than 1,024), cast back (4 + 2) = 36 or 44
+    forward; their gradients 6 + 12 (or 20) + 8 + 8 + 6 = 40 or 48 backward."""
+    if fused_softmax(b, s, a, t) != 0.0:
+        return 4.0, 6.0
+    if s <= SOFTMAX_PERSISTENT_MAX_ROW:
+        return 36.0, 40.0
+    return 44.0, 48.0
+
+
+@jit
 def sequence_split(t, hw):
     """How many ways the token-wise work outside attention and MLP (layer norms, dropouts,
     residual adds) is split: ``t`` with sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2),
@@ -119,7 +161,8 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     """Forward compute seconds of one transformer layer for one micro-batch on one TP rank.
 
     Operators (Megatron-LM GPT layer, fused kernels as in Megatron-LM 2021): LN1, QKV GEMM,
-    attention scores (batched GEMM), fused scale-mask-softmax, attention dropout, context
+    attention scores (batched GEMM), scale-mask-softmax (fused when Megatron's kernel accepts
+    the shape, else five fp32 PyTorch kernels: :func:`fused_softmax`), attention dropout, context
     (batched GEMM), context permute copy, output projection GEMM, bias-dropout-add, LN2, FC1
     GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. With ``flash_attn`` set in ``hw`` the scores,
     softmax, dropout and context are one :func:`flash_attention_forward_s`. Tensor-parallel
@@ -151,10 +194,12 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
                        FLASH_LAYER_FORWARD_KERNELS, hw)
     time += gemm_time_s(s, s, h / a, b * heads, hw)          # Q K^T
     time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
-    nbytes += (4.0 * score_elems        # scale-mask-softmax: read + write
-               + 5.0 * score_elems)     # dropout: read + write + 1-byte mask
-    return phase_s(time + memory_bound_time_s(nbytes, LAYER_FORWARD_MEMORY_KERNELS, hw),
-                   LAYER_FORWARD_KERNELS, hw)
+    softmax_fwd, softmax_bwd = softmax_bytes_per_element(b, s, a, t)
+    extra = (1.0 - fused_softmax(b, s, a, t)) * UNFUSED_SOFTMAX_EXTRA_KERNELS
+    nbytes += (softmax_fwd * score_elems  # scale-mask-softmax (fused or not)
+               + 5.0 * score_elems)       # dropout: read + write + 1-byte mask
+    return phase_s(time + memory_bound_time_s(nbytes, LAYER_FORWARD_MEMORY_KERNELS + extra, hw),
+                   LAYER_FORWARD_KERNELS + extra, hw)
 
 
 @jit
@@ -193,10 +238,12 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
                        FLASH_LAYER_BACKWARD_KERNELS, hw)
     time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
     time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
-    nbytes += (6.0 * score_elems        # softmax backward: y, dy -> dx
-               + 5.0 * score_elems)     # dropout backward: dy, mask -> dx
-    return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS, hw),
-                   LAYER_BACKWARD_KERNELS, hw)
+    softmax_fwd, softmax_bwd = softmax_bytes_per_element(b, s, a, t)
+    extra = (1.0 - fused_softmax(b, s, a, t)) * UNFUSED_SOFTMAX_EXTRA_KERNELS
+    nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
+               + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
+    return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra, hw),
+                   LAYER_BACKWARD_KERNELS + extra, hw)
 
 
 @jit
