@@ -268,6 +268,21 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
     return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
 
+def attention_core_forward_s(b, s, h, a, g, t, hw):
+    """The attention core forward alone (what selective recomputation reruns): scores and
+    context batched GEMMs, the softmax kernels, attention dropout, the context permute copy;
+    or the FlashAttention forward. Its own host-launch floor."""
+    if _flash_on(hw):
+        return phase_s(flash_attention_forward_s(b, s, h, a, g, t, hw), FLASH_FWD_LAUNCHES, hw)
+    tokens, head_dim, heads, _, score_elems = _layer_dims(b, s, h, a, g, t)
+    gemms = [(s, s, head_dim, b * heads), (s, head_dim, s, b * heads)]
+    softmax_fwd, _ = _softmax_kernels(b, s, a, t)
+    streaming = [(r + w) * score_elems for r, w in softmax_fwd]
+    streaming += [(2.0 + 2.0 + 1.0) * score_elems,            # dropout
+                  (2.0 + 2.0) * tokens * h / t]               # context permute copy
+    return _layer_phase_s(gemms, streaming, len(softmax_fwd) + 2.0, 0.0, 0.0, hw)
+
+
 def embedding_forward_s(b, s, h, hw):
     """Word + position lookup (2 + 2 bytes read), sum written (2), dropout (5); 3 launches."""
     return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
@@ -448,11 +463,23 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     return s * b * h * (outside + tp_split / t) + attention_core
 
 
+def attention_core_bytes(b, s, a, t, flash):
+    """What only the attention core keeps: softmax output (fp16, fp32 when unfused), dropout mask
+    and dropout output per score element; with FlashAttention the fp32 log-sum-exp per row."""
+    if flash:
+        return 4.0 * b * (a / t) * s
+    softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
+    return (softmax_out + 1.0 + 2.0) * a * s * s * b / t
+
+
 def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp):
-    """A stage holding ``in_flight`` micro-batches; full recompute keeps each layer's fp16
-    input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time."""
+    """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
+    fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
+    selective recompute (code 2) keeps everything but the attention core's tensors."""
     per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp)
-    if recompute:
+    if recompute == 2:
+        return in_flight * layers_on_stage * (per_layer - attention_core_bytes(b, s, a, t, flash))
+    if recompute == 1:
         kept_input = BYTES_FP16 * s * b * h / (t if sp else 1.0)
         return in_flight * layers_on_stage * kept_input + per_layer
     return in_flight * layers_on_stage * per_layer
@@ -515,7 +542,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     p_stages = int(p)
     m = B / (d * b)                        # micro-batches per pipeline
     layers_per_stage = L / p
-    rc = 1.0 if recompute else 0.0
+    rc = 1.0 if recompute == 1 else 0.0            # full: every layer's forward again
+    selective = recompute == 2                     # selective: the attention core again
     num_gpus = t * p * d
     sbh = s * b * h
 
@@ -526,7 +554,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
         allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
     allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
-    layers_compute = layers_per_stage * (fwd + bwd + rc * fwd)
+    core_again = attention_core_forward_s(b, s, h, a, g, t, hw) if selective else 0.0
+    layers_compute = layers_per_stage * (fwd + bwd + rc * fwd + core_again)
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
     layers_tp = layers_per_stage * (4.0 + 2.0 * rc) * allreduce_act
     emb_compute = embedding_s(b, s, h, v, t, hw)
@@ -561,14 +590,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         flash = hw_get(hw, "flash_attn") != 0.0
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
-            act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, rc, flash, seq_par)
+            act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, recompute, flash,
+                                         seq_par)
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
             # holds one more; a chunk is layers_per_stage / vpp layers of one micro-batch
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
-            act = stage_activation_bytes(layers_per_stage / chunks, held, b, s, h, a, g, f, t, rc, flash,
-                                         seq_par)
+            act = stage_activation_bytes(layers_per_stage / chunks, held, b, s, h, a, g, f, t, recompute,
+                                         flash, seq_par)
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -593,7 +623,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     exchange = group_reduce_scatter_allgather_s if sharded else group_allreduce_s
     dp_comm_s = max(exchange(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
     # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
-    backward_window = layers_per_stage * (bwd + rc * fwd)
+    backward_window = layers_per_stage * (bwd + rc * fwd + core_again)
     dp_comm_s -= hw_get(hw, "dp_overlap") * min(dp_comm_s, backward_window)
     shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)
     adam_s = optimizer_s(max(st["params"] for st in stages) / shards, hw)
@@ -611,6 +641,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     model_flops = 3.0 * tokens_per_iter * fwd_flops
     # recomputation repeats every layer's forward, not the LM head
     hardware_flops = model_flops + rc * tokens_per_iter * (fwd_flops - 2.0 * h * v)
+    if selective:                                 # scores and context forward again: 4 s h per token per layer
+        hardware_flops += tokens_per_iter * L * 4.0 * s * h
     peak = hw_get(hw, "peak_flops")
     steps = math.ceil(num_tokens / tokens_per_iter)
     train_s = steps * iteration

@@ -105,7 +105,7 @@ CSV_CASES = {
     "zero": (HEADER + "\n" + ROW.replace(",1,1,8,", ",0,1,8,") + "\n", ["column tp, row 2", "0"]),
     "unknown gpu": (HEADER + "\n" + ROW + "\n" + ROW.replace("a100-sxm4-80gb", "tpu-v9") + "\n",
                     ["column gpu, row 3", "tpu-v9"]),
-    "unknown recompute": (HEADER + ",recompute\n" + ROW + ",selective\n", ["column recompute, row 2", "selective"]),
+    "unknown recompute": (HEADER + ",recompute\n" + ROW + ",partial\n", ["column recompute, row 2", "partial"]),
     "bad override": (HEADER + ",inter_node_Gbps\n" + ROW + ",-3\n", ["column inter_node_Gbps, row 2", "-3"]),
     "bad tokens": (HEADER + ",num_tokens\n" + ROW + ",lots\n", ["column num_tokens, row 2", "lots"]),
     # near misses of input columns would silently take the defaults

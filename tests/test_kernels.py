@@ -88,6 +88,10 @@ SCALAR_CASES = {
                               st.tuples(small_b, seq_int, dim, heads_int, dim, dim, tp_int, hw_st)),
     "layer_activation_bytes[int]": (memory.layer_activation_bytes, ref.layer_activation_bytes,
                                     st.tuples(small_b, seq_int, dim, heads_int, dim, dim, tp_int, rc_st, rc_st)),
+    "attention_core_forward_s": (ops.attention_core_forward_s, ref.attention_core_forward_s,
+                                 st.tuples(small_b, seq_int, dim, heads_int, dim, tp_int, hw_st)),
+    "attention_core_activation_bytes": (memory.attention_core_activation_bytes, ref.attention_core_bytes,
+                                        st.tuples(small_b, seq_int, heads_int, tp_int, rc_st)),
     "fused_softmax": (ops.fused_softmax, lambda b, s, a, t: float(ref.softmax_fused(b, s, a, t)),
                       st.tuples(small_b, seq_int, heads_int, tp_int)),
     "layer_backward_s": (ops.layer_backward_s, ref.layer_backward_s,
@@ -269,7 +273,7 @@ def random_config(rng, invalid_fraction=0.4):
     if rng.random() < invalid_fraction:
         k = int(rng.integers(12))
         sizes[k] = int(rng.choice([0, -1, -7])) if rng.random() < 0.3 else sizes[k] + 1
-    rc = int(rng.integers(0, 2))
+    rc = int(rng.integers(0, 3))          # none, full, selective
     tokens = float(10.0 ** rng.uniform(6, 13))
     if rng.random() < 0.5:
         hw = PRESET_VECTORS[rng.integers(len(PRESET_VECTORS))].copy()
@@ -341,7 +345,7 @@ GRID_SPECS = {
         num_tokens = [1e9, 3e11]
         global_batch_size = [64, 96, 100]
         micro_batch_size = [1, 2, 4]
-        recompute = ["none", "full"]
+        recompute = ["none", "full", "selective"]
         [cluster]
         gpu = ["a100-sxm4-40gb", "h100-sxm-80gb", "v100-sxm2-32gb"]
         num_gpus = [1, 8, 24, 64]

@@ -43,7 +43,7 @@ INPUT_COLUMNS = (
     Column("dp", pa.int64(), "", "data-parallel size"),
     Column("micro_batch_size", pa.int64(), "sequences", "micro-batch size b"),
     Column("global_batch_size", pa.int64(), "sequences", "global batch size B"),
-    Column("recompute", _dict, "", "activation recomputation: none | full"),
+    Column("recompute", _dict, "", "activation recomputation: none | full | selective"),
     Column("vpp", pa.int64(), "", "model chunks per device setting (interleaved 1F1B when > 1; no effect at pp = 1)"),
     Column("sequence_parallel", pa.bool_(), "", "Megatron sequence parallelism"),
     Column("use_flash_attn", pa.bool_(), "", "FlashAttention-2 attention core"),

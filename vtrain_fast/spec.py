@@ -38,7 +38,7 @@ from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration
                        get_preset, with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
 
-RECOMPUTE_VALUES = ("none", "full")
+RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of kernels.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
 TRAINING_FLAGS = {

@@ -73,13 +73,21 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     Table 2: ``sbh (34/t + 5as/(ht))``)."""
     outside = 10.0 / t if sp != 0.0 else 10.0
     base = s * b * h * (outside + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
+    return base + attention_core_activation_bytes(b, s, a, t, flash)
+
+
+@jit
+def attention_core_activation_bytes(b, s, a, t, flash):
+    """Bytes of one layer's stored activations that only the attention core needs, one
+    micro-batch: softmax output (2 bytes per score element, 4 when the softmax runs unfused in
+    fp32, :func:`~vtrain_fast.kernels.ops.fused_softmax`), dropout mask (1) and dropout output (2)
+    over ``b (a/t) s^2`` elements; with FlashAttention (``flash`` non-zero) the fp32
+    log-sum-exp per query row, ``4 b (a/t) s``. Selective recomputation drops exactly these
+    (Korthikanti et al. 2022, Sec. 5, Table 2: ``sbh (10 + 24/t)`` per layer)."""
     if flash != 0.0:
-        return base + 4.0 * b * a / t * s
-    # softmax output 2 bytes (4 when Megatron's fused kernel does not apply and the fp32
-    # PyTorch softmax keeps its fp32 output: :func:`~vtrain_fast.kernels.ops.fused_softmax`),
-    # dropout mask 1, dropout output 2
+        return 4.0 * b * a / t * s
     softmax_out = 2.0 if fused_softmax(b, s, a, t) != 0.0 else 4.0
-    return base + (softmax_out + 3.0) * a * s * s * b / t
+    return (softmax_out + 3.0) * a * s * s * b / t
 
 
 @jit

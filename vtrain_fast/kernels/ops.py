@@ -53,6 +53,8 @@ LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
 FUSED_SOFTMAX_MAX_SEQ = 4096.0
 FUSED_SOFTMAX_SHORT_SEQ = 128.0   # up to here a warp holds two rows: 8 batches per block
 UNFUSED_SOFTMAX_EXTRA_KERNELS = 4.0
+# The attention core's memory-bound kernels: softmax, dropout, context permute copy.
+ATTENTION_CORE_MEMORY_KERNELS = 3.0
 # PyTorch's softmax keeps a row in registers up to 1,024 elements (one read, one write);
 # longer rows take three reads forward (max, sum, normalise) and two of y and dy backward.
 SOFTMAX_PERSISTENT_MAX_ROW = 1024.0
@@ -244,6 +246,35 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra, hw),
                    LAYER_BACKWARD_KERNELS + extra, hw)
+
+
+@jit
+def attention_core_forward_s(b, s, h, a, g, t, hw):
+    """Seconds of the attention core forward of one layer, one micro-batch, one TP rank, as a
+    phase of its own: what selective recomputation runs again before the backward
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+    Sec. 5; Megatron-LM ``--recompute-granularity selective`` checkpoints ``core_attention``).
+
+    Scores and context batched GEMMs, scale-mask-softmax (fused or not, :func:`fused_softmax`),
+    attention dropout and the context permute copy, as in :func:`layer_forward_s`; with
+    ``flash_attn`` the FlashAttention-2 forward (:func:`flash_attention_forward_s`). The
+    host-launch floor applies to its kernels.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    if hw[H_FLASH_ATTN] != 0.0:
+        return phase_s(flash_attention_forward_s(b, s, h, a, g, t, hw), FLASH_FORWARD_KERNELS, hw)
+    heads = a / t
+    score_elems = b * heads * s * s
+    time = gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
+    softmax_fwd, softmax_bwd = softmax_bytes_per_element(b, s, a, t)
+    extra = (1.0 - fused_softmax(b, s, a, t)) * UNFUSED_SOFTMAX_EXTRA_KERNELS
+    nbytes = (softmax_fwd + 5.0) * score_elems + 4.0 * b * s * h / t   # softmax, dropout, permute
+    return phase_s(time + memory_bound_time_s(nbytes, ATTENTION_CORE_MEMORY_KERNELS + extra, hw),
+                   2.0 + ATTENTION_CORE_MEMORY_KERNELS + extra, hw)
 
 
 @jit

@@ -53,16 +53,22 @@ CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B = 1.69, 406.4, 410.7
 CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.34, 0.28
 
 
+# Activation recomputation codes (the index of the name in spec.RECOMPUTE_VALUES).
+RECOMPUTE_NONE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = 0, 1, 2
+# Forward FLOPs of the attention scores and context per token per layer, over the full s x s
+# as Megatron-LM counts them: 4 s h (see forward_flops_per_token).
+ATTENTION_FLOPS_PER_TOKEN_PER_S_H = 4.0
+
 # Per-micro-batch costs (:func:`micro_batch_costs`), fixed by (model, machine,
 # micro_batch_size, tp): indices into the tuple.
 MICRO_NAMES = (
     "layer_forward_s", "layer_backward_s", "tp_allreduce_activation_s", "tp_allreduce_ce_s",
     "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
-    "layer_activation_bytes", "logits_bytes",
+    "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
 )
 NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
- M_LOGITS) = range(NUM_MICRO)
+ M_LOGITS, M_CORE_FWD, M_CORE_ACT) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node")
 NUM_SPLIT = len(SPLIT_NAMES)
@@ -86,7 +92,8 @@ def forward_flops_per_token(num_layers, h, a, g, f, v, s):
     """Model forward FLOPs per token: GEMMs of every layer (QKV, attention scores and context
     over the full ``s x s`` as Megatron-LM counts them, output projection, MLP) and the LM head.
     Training model FLOPs are 3x this (PaLM, Chowdhery et al. 2022, Appendix B)."""
-    per_layer = 2.0 * h * (h + 2.0 * h * g / a) + 2.0 * h * h + 4.0 * h * f + 4.0 * s * h
+    per_layer = (2.0 * h * (h + 2.0 * h * g / a) + 2.0 * h * h + 4.0 * h * f
+                 + ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
     return num_layers * per_layer + 2.0 * h * v
 
 
@@ -178,7 +185,9 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
         cross-entropy statistics (``4bs`` bytes), embedding and head seconds (forward plus
         backward), the pipeline NVLink all-gather of one activation, one pipeline send of
         ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
-        last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``).
+        last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``), and the attention
+        core's forward seconds and stored bytes of one layer (what selective recomputation
+        reruns and drops).
     """
     sbh2 = 2.0 * b * s * h
     if hw[H_SEQ_PAR] != 0.0:
@@ -199,7 +208,9 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
             memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR]),
-            s * b * v / t * 6.0)
+            s * b * v / t * 6.0,
+            ops.attention_core_forward_s(b, s, h, a, g, t, hw),
+            memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]))
 
 
 @jit
@@ -267,7 +278,9 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
         num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size,
         tp, pp, dp.
     recompute : int
-        0 = no activation recomputation, 1 = full recomputation.
+        ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1, every layer's forward again before its
+        backward, only layer inputs kept) or ``RECOMPUTE_SELECTIVE`` (2, only the attention core
+        again, its softmax and dropout tensors not kept; Korthikanti et al. 2022, Sec. 5).
     num_tokens : float
         Tokens to train on.
     hw : numpy.ndarray
@@ -284,13 +297,15 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     m = B / (d * b)
     Lp = L / p
     vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
-    rc = 1.0 if recompute != 0 else 0.0
+    rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
+    sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
+    core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
     num_gpus = t * p * d
     fwd = mb[M_FWD]
     ar_act = mb[M_AR_ACT]
 
     # ---- per micro-batch compute and TP communication, per stage type
-    body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd)
+    body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd + core)
     body_tp = Lp * (4.0 + 2.0 * rc) * ar_act
     emb_compute = mb[M_EMB]
     emb_tp = ar_act
@@ -333,14 +348,14 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
     # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
     # recomputation) runs on each stage, so only the part longer than that backward is exposed.
-    window = Lp * (mb[M_BWD] + rc * fwd)
+    window = Lp * (mb[M_BWD] + rc * fwd + core)
     dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
 
     # ---- memory per GPU (the fuller of first and last stage)
-    full = mb[M_ACT_LAYER]
+    full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
     if p == 1.0:
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
@@ -380,7 +395,8 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     tokens_iter = B * s
     fwd_flops = totals[T_FWD_FLOPS]
     model_flops = 3.0 * tokens_iter * fwd_flops
-    hw_flops = model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
+    hw_flops = (model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
+                + sel * tokens_iter * L * ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
     steps = math.ceil(num_tokens / tokens_iter)
     train_s = steps * iteration
     gpu_hours = num_gpus * train_s * (1.0 / 3600.0)
@@ -432,7 +448,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
     t, p, d : int
         Tensor-, pipeline- and data-parallel sizes; ``num_gpus = t * p * d``.
     recompute : int
-        0 = no activation recomputation, 1 = full recomputation of every layer.
+        ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1) or ``RECOMPUTE_SELECTIVE`` (2); see
+        :func:`schedule`.
     num_tokens : float
         Tokens to train on.
     hw : numpy.ndarray
