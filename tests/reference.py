@@ -558,6 +558,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     layers_compute = layers_per_stage * (fwd + bwd + rc * fwd + core_again)
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
     layers_tp = layers_per_stage * (4.0 + 2.0 * rc) * allreduce_act
+    if hw_get(hw, "tp_overlap") != 0.0 and t > 1.0:
+        # async TP: the input-gradient exchange of QKV and of FC1 runs under their weight-gradient
+        # GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the GEMM's length
+        _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+        for cols in (qkv_cols, f / t):
+            layers_tp -= layers_per_stage * min(allreduce_act, gemm_time_s(h, cols, b * s, 1.0, hw))
     emb_compute = embedding_s(b, s, h, v, t, hw)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)

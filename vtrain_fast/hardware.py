@@ -123,6 +123,8 @@ class GPUPreset:
     use_flash_attn: bool = False        # software setting: fused FlashAttention-2 attention core
     sequence_parallel: bool = False     # software setting: Megatron sequence parallelism
     vpp: int = 1                        # software setting: virtual pipeline stages (interleaved 1F1B)
+    async_tensor_model_parallel_allreduce: bool = False  # software setting: backward TP exchange
+    #                                     overlapped with the weight-gradient GEMMs (Megatron-LM)
 
 
 # Achievable large-GEMM fraction of the dense bf16 peak, measured by a matmul shape search
@@ -290,6 +292,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "flash_attn": 1.0 if preset.use_flash_attn else 0.0,
         "sequence_parallel": 1.0 if preset.sequence_parallel else 0.0,
         "vpp": float(preset.vpp),
+        "tp_overlap": 1.0 if preset.async_tensor_model_parallel_allreduce else 0.0,
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

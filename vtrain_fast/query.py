@@ -19,7 +19,7 @@ NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.flo
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
                  "seq_length", "vpp", "sequence_parallel", "use_flash_attn", "distributed_optimizer",
-                 "overlap_grad_reduce")
+                 "overlap_grad_reduce", "async_tensor_model_parallel_allreduce")
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
 

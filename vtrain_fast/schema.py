@@ -47,13 +47,16 @@ INPUT_COLUMNS = (
     Column("vpp", pa.int64(), "", "model chunks per device setting (interleaved 1F1B when > 1; no effect at pp = 1)"),
     Column("sequence_parallel", pa.bool_(), "", "Megatron sequence parallelism"),
     Column("use_flash_attn", pa.bool_(), "", "FlashAttention-2 attention core"),
+    Column("async_tensor_model_parallel_allreduce", pa.bool_(), "",
+           "backward TP exchange overlapped with weight-gradient GEMMs"),
     Column("distributed_optimizer", pa.bool_(), "", "Adam states sharded over dp (ZeRO-1)"),
     Column("overlap_grad_reduce", pa.bool_(), "", "DP all-reduce overlapped with the last backward"),
 )
 # Training settings (one value per sweep, stored with each GPU preset): column -> machine-vector
 # field that carries it. Sweeps and evaluate write them so that combined results stay labelled.
 SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_flash_attn": "flash_attn",
-                  "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap"}
+                  "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap",
+                  "async_tensor_model_parallel_allreduce": "tp_overlap"}
 
 
 def setting_values(column: str, field_values):

@@ -17,6 +17,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
     use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
     sequence_parallel = false       # true: layer norms, dropouts split over tp (Megatron --sequence-parallel)
+    async_tensor_model_parallel_allreduce = false  # true: backward TP exchange behind weight-gradient GEMMs
     [cluster]
     gpu = ["a100-sxm4-80gb"]
     num_gpus = [1024, 1536]
@@ -48,6 +49,10 @@ TRAINING_FLAGS = {
     "use_flash_attn": "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn)",
     "sequence_parallel": "true splits layer norms and dropouts over the tensor-parallel ranks "
                          "(Megatron --sequence-parallel)",
+    "async_tensor_model_parallel_allreduce": "true overlaps the backward tensor-parallel all-reduce (or, with "
+                                             "sequence parallelism, reduce-scatter) of the column-parallel layers "
+                                             "with their weight-gradient GEMMs (Megatron-LM's default; "
+                                             "Megatron-DeepSpeed: false)",
 }
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.

@@ -19,7 +19,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_FLASH_ATTN, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -65,10 +65,11 @@ MICRO_NAMES = (
     "layer_forward_s", "layer_backward_s", "tp_allreduce_activation_s", "tp_allreduce_ce_s",
     "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
     "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
+    "tp_backward_hidden_s",
 )
 NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
- M_LOGITS, M_CORE_FWD, M_CORE_ACT) = range(NUM_MICRO)
+ M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node")
 NUM_SPLIT = len(SPLIT_NAMES)
@@ -210,7 +211,28 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR]),
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw),
-            memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]))
+            memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
+            tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw))
+
+
+@jit
+def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
+    """Seconds of one layer's backward tensor-parallel exchanges that asynchronous communication
+    hides, one micro-batch.
+
+    Megatron-LM's column-parallel linears (QKV and FC1) start the all-reduce of their input
+    gradient (with sequence parallelism, its reduce-scatter) and compute the weight gradient
+    while it runs (``LinearWithGradAccumulationAndAsyncCommunication``,
+    ``async_tensor_model_parallel_allreduce``), so each of the two exchanges (``exchange_s``
+    seconds) is hidden up to the length of its weight-gradient GEMM:
+    ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``. Charged only when the
+    machine-vector field ``tp_overlap`` is set; 0 at ``t = 1`` (no exchange)."""
+    if t <= 1.0:
+        return 0.0
+    tokens = b * s
+    qkv_out = (h + 2.0 * h * g / a) / t
+    return (min(exchange_s, ops.gemm_time_s(h, qkv_out, tokens, 1.0, hw))
+            + min(exchange_s, ops.gemm_time_s(h, f / t, tokens, 1.0, hw)))
 
 
 @jit
@@ -306,7 +328,7 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
     # ---- per micro-batch compute and TP communication, per stage type
     body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd + core)
-    body_tp = Lp * (4.0 + 2.0 * rc) * ar_act
+    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - hw[H_TP_OVERLAP] * mb[M_TP_HIDDEN])
     emb_compute = mb[M_EMB]
     emb_tp = ar_act
     head_compute = mb[M_HEAD]
