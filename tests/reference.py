@@ -134,12 +134,11 @@ def softmax_fused(b, s, a, t):
 def _softmax_kernels(b, s, a, t):
     """(forward, backward) lists of (bytes read, bytes written) per score element of the
     scale-mask-softmax kernels: the fused fp16 kernel, or PyTorch's fp32 path (cast, scale,
-    in-place masked fill, softmax, cast back; softmax rows > 1,024 read 3x forward, 2x backward)."""
+    in-place masked fill, softmax, cast back; one read and one write of each row)."""
     if softmax_fused(b, s, a, t):
         return [(2.0, 2.0)], [(4.0, 2.0)]
-    long_row = s > 1024
-    fwd = [(2.0, 4.0), (4.0, 4.0), (4.0, 4.0), ((12.0 if long_row else 4.0), 4.0), (4.0, 2.0)]
-    bwd = [(2.0, 4.0), ((16.0 if long_row else 8.0), 4.0), (4.0, 4.0), (4.0, 4.0), (4.0, 2.0)]
+    fwd = [(2.0, 4.0), (4.0, 4.0), (4.0, 4.0), (4.0, 4.0), (4.0, 2.0)]
+    bwd = [(2.0, 4.0), (8.0, 4.0), (4.0, 4.0), (4.0, 4.0), (4.0, 2.0)]
     return fwd, bwd
 
 

@@ -196,10 +196,21 @@ def test_unfused_softmax_costs_four_more_launches_and_the_fp32_traffic():
     assert ops.layer_backward_s(b, s, h, a, a, f, 8.0, slow_host) == ops.LAYER_BACKWARD_KERNELS + 4.0
     assert ops.layer_forward_s(2.0, s, h, a, a, f, 8.0, slow_host) == ops.LAYER_FORWARD_KERNELS
     # GPU-bound: the unfused fp32 path moves 36 instead of 4 bytes per score element forward
-    # (40 instead of 6 backward; 44 and 48 for rows longer than 1,024)
+    # (40 instead of 6 backward)
     assert ops.softmax_bytes_per_element(2.0, s, a, 8.0) == (4.0, 6.0)
     assert ops.softmax_bytes_per_element(1.0, s, a, 8.0) == (36.0, 40.0)
-    assert ops.softmax_bytes_per_element(1.0, 2048.0, a, 8.0) == (44.0, 48.0)
+    assert ops.softmax_bytes_per_element(1.0, 2048.0, a, 8.0) == (36.0, 40.0)
+    # overhead-bound (no host floor, free FLOPs and bytes): each of the 4 extra kernels costs one
+    # per-kernel gap, forward and backward
+    gaps = hw.copy()
+    gaps[HW_FIELDS.index("host_launch_s")] = 0.0
+    gaps[HW_FIELDS.index("kernel_overhead_s")] = 1.0
+    gaps[HW_FIELDS.index("peak_flops")] = 1e30
+    gaps[HW_FIELDS.index("hbm_Bps")] = 1e30
+    assert ops.layer_forward_s(1.0, s, h, a, a, f, 8.0, gaps) == pytest.approx(ops.LAYER_FORWARD_KERNELS + 4.0)
+    assert ops.layer_backward_s(1.0, s, h, a, a, f, 8.0, gaps) == pytest.approx(ops.LAYER_BACKWARD_KERNELS + 4.0)
+    assert ops.layer_forward_s(2.0, s, h, a, a, f, 8.0, gaps) == pytest.approx(ops.LAYER_FORWARD_KERNELS)
+    assert ops.attention_core_forward_s(1.0, s, h, a, a, 8.0, gaps) == pytest.approx(2.0 + 3.0 + 4.0)
     gpu_bound = hw.copy()
     gpu_bound[HW_FIELDS.index("host_launch_s")] = 0.0
     gpu_bound[HW_FIELDS.index("kernel_overhead_s")] = 0.0

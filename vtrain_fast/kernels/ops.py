@@ -44,10 +44,11 @@ FLASH_BACKWARD_KERNELS = 3.0
 FLASH_LAYER_FORWARD_KERNELS = 4.0 + FLASH_FORWARD_KERNELS + FLASH_LAYER_FORWARD_MEMORY_KERNELS
 FLASH_LAYER_BACKWARD_KERNELS = 8.0 + FLASH_BACKWARD_KERNELS + FLASH_LAYER_BACKWARD_MEMORY_KERNELS
 LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
-# Megatron's fused scale-mask-softmax (FusedScaleMaskSoftmax.is_kernel_available,
-# megatron/model/fused_softmax.py) runs only for 16 < s <= 4096 (Megatron-DeepSpeed: <= 2048),
-# s % 4 == 0 and (micro_batch_size * heads per TP rank) % 4 == 0 (the causal kernel's batches
-# per block, 4 for these lengths). Otherwise PyTorch runs it unfused in fp32 (query-key layer
+# Megatron's fused scale-mask-softmax (FusedScaleMaskSoftmax.is_kernel_available, Megatron-LM
+# megatron/core/fusions/fused_softmax.py) runs only for 16 < s <= 4096, s % 4 == 0 and
+# (micro_batch_size * heads per TP rank) a multiple of the causal kernel's batches per block (4;
+# 8 for s <= 128). Megatron-DeepSpeed and Megatron-LM before 2022 (megatron/model/fused_softmax.py)
+# allow s <= 2048 and only check the multiple of 4: the rules agree for s <= 2048, s > 128. Otherwise PyTorch runs it unfused in fp32 (query-key layer
 # scaling on, Megatron's default until 2024): cast to fp32, scale, in-place masked fill, softmax,
 # cast back = 5 kernels instead of 1 forward, and their 5 gradients backward.
 FUSED_SOFTMAX_MAX_SEQ = 4096.0
@@ -55,9 +56,9 @@ FUSED_SOFTMAX_SHORT_SEQ = 128.0   # up to here a warp holds two rows: 8 batches 
 UNFUSED_SOFTMAX_EXTRA_KERNELS = 4.0
 # The attention core's memory-bound kernels: softmax, dropout, context permute copy.
 ATTENTION_CORE_MEMORY_KERNELS = 3.0
-# PyTorch's softmax keeps a row in registers up to 1,024 elements (one read, one write);
-# longer rows take three reads forward (max, sum, normalise) and two of y and dy backward.
-SOFTMAX_PERSISTENT_MAX_ROW = 1024.0
+# PyTorch's softmax reads a row once and writes it once: in registers up to 1,024 elements, in
+# shared memory beyond (cunn_SoftMaxForwardSmem, rows up to about 12k fp32 values; older PyTorch
+# re-read longer rows up to three times, not modelled).
 EMBEDDING_KERNELS = 3.0 + 4.0
 HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
 
@@ -141,13 +142,11 @@ def softmax_bytes_per_element(b, s, a, t):
 
     Fused kernel (:func:`fused_softmax`): fp16 read and write forward (4), y and dy read and dx
     written backward (6). Unfused fp32 path: cast (2 + 4), scale (4 + 4), masked fill (4 + 4),
-    softmax (4 + 4, or 3 x 4 + 4 for rows longer than 1,024), cast back (4 + 2) = 36 or 44
-    forward; their gradients 6 + 12 (or 20) + 8 + 8 + 6 = 40 or 48 backward."""
+    softmax (4 + 4), cast back (4 + 2) = 36 forward; their gradients 6 + 12 + 8 + 8 + 6 = 40
+    backward."""
     if fused_softmax(b, s, a, t) != 0.0:
         return 4.0, 6.0
-    if s <= SOFTMAX_PERSISTENT_MAX_ROW:
-        return 36.0, 40.0
-    return 44.0, 48.0
+    return 36.0, 40.0
 
 
 @jit
