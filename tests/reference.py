@@ -612,6 +612,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         # ZeRO-1 / distributed optimizer: the 12 bytes of fp32 master + Adam m, v over d ranks
         shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)    # d when sharded, else 1
         states = params * (4.0 + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / shards)
+        # from the second micro-batch on, autograd adds each weight gradient into .grad:
+        # read both, write one fp16 value per parameter of the stage (averaged per micro-batch)
+        compute += (m - 1.0) / m * 6.0 * params / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
         stages.append(dict(compute=compute, tp=tp, pp=pp, time=compute + tp + pp,
                            params=params, states=states, act=act, mem=states + act))
 

@@ -18,12 +18,12 @@ from vtrain_fast.validate import load_measurements, validate
 
 DATA = Path(__file__).resolve().parents[1] / "vtrain_fast" / "data" / "vtrain"
 
-# Achieved on 2026-11-30 (session 3, fused-softmax rule) with the shipped A100 calibration (fitted
-# on the single-node set only): single 6.12 %, multi 11.1 % (held out). Issue 3's targets are 5 %
-# and 8 %; these guards catch regressions from where the model stands, not the targets, which are
-# not met yet.
-SINGLE_MAPE_GUARD_PCT = 6.4
-MULTI_MAPE_GUARD_PCT = 11.5
+# Achieved on 2026-11-30 (session 3: fused-softmax rule, gradient-accumulation traffic) with the
+# shipped A100 calibration (fitted on the single-node set only): single 6.23 %, multi 10.2 % (held
+# out). Issue 3's targets are 5 % and 8 %; these guards catch regressions from where the model
+# stands, not the targets, which are not met yet.
+SINGLE_MAPE_GUARD_PCT = 6.5
+MULTI_MAPE_GUARD_PCT = 10.6
 
 
 @pytest.fixture(scope="module")

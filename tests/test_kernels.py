@@ -597,3 +597,19 @@ def test_memory_grows_with_micro_batch():
     # one stage holds one micro-batch: its activations scale with b
     pp1 = np.array([c[10] for c in base]) == 1
     assert pp1.sum() > 20 and (mem1[pp1] > mem0[pp1]).all()
+
+
+def test_gradient_accumulation_adds_six_bytes_per_parameter_per_extra_micro_batch():
+    """From the second micro-batch on, autograd adds each weight gradient into ``.grad`` (read
+    both fp16 values, write one): ``(m - 1) * 6 * params / (HBM x hbm_efficiency)`` per step."""
+    import polars as pl
+    from vtrain_fast.evaluate import evaluate_frame
+    plan = dict(num_layers=12, hidden_size=2048, num_attention_heads=16, seq_length=1024, micro_batch_size=2,
+                tp=2, pp=1, dp=2, gpu="a100-sxm4-80gb")
+    rows = evaluate_frame(pl.DataFrame([dict(plan, global_batch_size=B) for B in (4, 8, 16)]))
+    c1, c2, c4 = rows["compute_s"].to_list()                         # m = 1, 2, 4
+    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    params = rows["model_states_GiB"][0] * GiB / 16.0                # 16 bytes per parameter
+    acc = 6.0 * params / (hw[HW_FIELDS.index("hbm_Bps")] * hw[HW_FIELDS.index("hbm_efficiency")])
+    assert math.isclose(c2 - 2.0 * c1, acc, rel_tol=1e-9)
+    assert math.isclose(c4 - 4.0 * c1, 3.0 * acc, rel_tol=1e-9)
