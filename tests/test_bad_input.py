@@ -115,6 +115,12 @@ CSV_CASES = {
     "Megatron name for virtual stages": (HEADER + ",num_layers_per_virtual_pipeline_stage\n" + ROW + ",2\n",
                                          ["num_layers_per_virtual_pipeline_stage", "vpp = num_layers / (pp x"]),
     "misspelled num_tokens": (HEADER + ",num_token\n" + ROW + ",1e12\n", ["'num_token'", "num_tokens"]),
+    # Megatron settings the model does not have would be priced as absent
+    "context parallelism": (HEADER + ",context_parallel_size\n" + ROW + ",2\n",
+                            ["'context_parallel_size'", "context parallelism is not modelled", "drop the column"]),
+    "Megatron bf16 flag": (HEADER + ",bf16\n" + ROW + ",true\n", ["'bf16'", "precision = bf16"]),
+    "Transformer Engine overlap": (HEADER + ",tp_comm_overlap\n" + ROW + ",true\n",
+                                   ["'tp_comm_overlap'", "async_tensor_model_parallel_allreduce"]),
     "capitalised column": (HEADER + ",Recompute\n" + ROW + ",full\n", ["'Recompute'", "recompute"]),
     "spaced column": (HEADER + ",Num Tokens\n" + ROW + ",1e12\n", ["'Num Tokens'", "num_tokens"]),
     "misspelled required column": (HEADER.replace("seq_length", "seq_len") + "\n" + ROW + "\n",
@@ -187,6 +193,12 @@ def test_pareto_on_missing_folder(tmp_path, cli):
 
 def test_pareto_unknown_objective(tiny_sweep, cli):
     assert_input_error(cli("pareto", tiny_sweep, "--minimize", "happiness"), "--minimize", "happiness")
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_pareto_top_must_be_positive(tiny_sweep, cli, top):
+    assert_input_error(cli("pareto", tiny_sweep, "--top", top), "--top", top)
+    assert_input_error(cli("pareto", tiny_sweep, "--by", "gpu", "--top", top), "--top", top)
 
 
 def test_sweep_into_non_empty_folder_without_overwrite(tiny_spec_path, tmp_path, cli):

@@ -128,3 +128,35 @@ def test_pareto_plot_is_checked_before_any_work(tiny_sweep, tmp_path, cli):
     assert res.exit_code == 2 and not out.exists()
     res = cli("pareto", tiny_sweep, "--plot", tmp_path / "front.xyz")
     assert res.exit_code == 2 and ".png" in _flat(res.output)
+
+
+def test_sweep_notes_settings_the_measurements_do_not_cover(write_spec, tmp_path, cli):
+    spec = write_spec("""
+        name = "modern"
+        [model]
+        presets = ["gpt3-125m"]
+        [training]
+        num_tokens = 1e9
+        global_batch_size = 64
+        micro_batch_size = 1
+        recompute = ["selective"]
+        use_flash_attn = true
+        [cluster]
+        gpu = "a100-sxm4-80gb"
+        num_gpus = 8
+        [parallel]
+        tp = 1
+        pp = 1
+    """)
+    out = _flat(cli("sweep", spec, "-o", tmp_path / "r").output)
+    assert "not validated against measurements: FlashAttention, selective recomputation" in out
+    plain = write_spec(spec.read_text().replace('["selective"]', '["full"]').replace("use_flash_attn = true", ""),
+                       "plain.toml")
+    assert "not validated" not in _flat(cli("sweep", plain, "-o", tmp_path / "p").output)
+
+
+def test_top_k_of_a_higher_is_better_column_says_how_to_get_the_largest(tiny_spec_path, tmp_path, cli):
+    out = _flat(cli("sweep", tiny_spec_path, "-o", tmp_path / "t", "--keep", "top:3:mfu").output)
+    assert "write top:K:-mfu for the largest" in out
+    out = _flat(cli("sweep", tiny_spec_path, "-o", tmp_path / "u", "--keep", "top:3:-mfu").output)
+    assert "write top:K:-mfu" not in out

@@ -100,6 +100,12 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                           "efficiency, A100 software-stack timings such as 60 us host time per kernel): small "
                           "micro-batches and large tp may come out host-bound and slow, large GEMM-bound plans "
                           "optimistic; see README 'What the model does not cover'", style="yellow", markup=False)
+    unvalidated = unvalidated_settings(s)
+    if unvalidated:
+        console.print("note: not validated against measurements: " + ", ".join(unvalidated) + "; vTrain's A100 "
+                      "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
+                      "expect more optimism here; see README 'What the model does not cover'",
+                      style="yellow", markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:
@@ -139,12 +145,37 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         rows = (pl.read_parquet(str(folder / PART_GLOB)).select(cols)
                 .sort(metric, descending=column.startswith("-"), nulls_last=True))
         print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,))
+        if not column.startswith("-") and metric in HIGHER_IS_BETTER:
+            console.print(f"note: top:K:{metric} keeps the {metric} values that are smallest; "
+                          f"write top:K:-{metric} for the largest")
     elif show_pareto:
         by = []
         if not keep.startswith("frontier"):
             from .query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
         pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None)
+
+
+def unvalidated_settings(spec) -> list[str]:
+    """The settings of ``spec`` that vTrain's measurements (the validation set) do not cover."""
+    out = []
+    for flag, label in (("use_flash_attn", "FlashAttention"), ("sequence_parallel", "sequence parallelism"),
+                        ("async_tensor_model_parallel_allreduce", "asynchronous TP all-reduce"),
+                        ("distributed_optimizer", "distributed optimizer"),
+                        ("overlap_grad_reduce", "overlapped gradient reduction")):
+        if any(getattr(g, flag) for g in spec.gpus):
+            out.append(label)
+    if any(g.vpp > 1 for g in spec.gpus):
+        out.append("interleaved 1F1B (vpp > 1)")
+    if "selective" in spec.recompute:
+        out.append("selective recomputation")
+    if any(m.seq_length > 2048 for m in spec.models):
+        out.append("seq_length > 2048")
+    return out
+
+
+# Output columns where a planner usually wants the largest values (``--keep top:K:-COL``).
+HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 
 @app.command()
@@ -172,6 +203,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     from .evaluate import write_parquet_atomic
     from .query import pareto as pareto_frontier
     from .report import PLOT_SUFFIXES, print_frame
+    if top < 1:
+        raise InputError("command line", "--top", top, "a whole number >= 1",
+                         "rows to print (per group with --by), e.g. --top 20")
     if plot:
         if len(minimize) < 2:
             raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",

@@ -49,6 +49,30 @@ ALIASES = {
     "recompute_granularity": "recompute", "recompute_activations": "recompute",
     "use_distributed_optimizer": "distributed_optimizer",
 }
+# Settings of Megatron-LM (argument names, dashes as underscores) and neighbouring tools that the
+# cost model does not have: a column with one of these names would pass through as a label and
+# the plan would be priced without it, so it is refused with what to do instead.
+UNMODELLED = {
+    "context_parallel_size": "context parallelism is not modelled",
+    "cp": "context parallelism is not modelled",
+    "expert_model_parallel_size": "expert parallelism (mixture of experts) is not modelled",
+    "ep": "expert parallelism (mixture of experts) is not modelled",
+    "num_experts": "mixture-of-experts layers are not modelled",
+    "tp_comm_overlap": "Transformer Engine's overlap of every TP exchange is not modelled; "
+                       "async_tensor_model_parallel_allreduce = true models the backward overlap",
+    "overlap_param_gather": "the overlapped parameter all-gather is not modelled separately; "
+                            "distributed_optimizer charges it after the step",
+    "recompute_num_layers": "partial (block) recomputation is not modelled; recompute is none, selective or full",
+    "recompute_method": "partial (block or uniform) recomputation is not modelled; "
+                        "recompute is none, selective or full",
+    "fp8": "FP8 training is not modelled", "fp8_format": "FP8 training is not modelled",
+    "swiglu": "give a gated (SwiGLU) MLP as ffn_hidden_size = 1.5 x the gated width (see README, Layer type)",
+    "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
+    "sp": "use the column sequence_parallel (true or false)",
+    "world_size": "use the column num_gpus (or leave it out: tp x pp x dp)",
+    "zero_stage": "ZeRO-2/3 are not modelled; distributed_optimizer = true is ZeRO-1",
+}
+
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
                   "vpp": VPP_RANGE}
@@ -137,6 +161,9 @@ def check_column_names(columns, where: str) -> None:
         if col in INPUT_NAMES or _normalised(col) in LABELS:
             continue
         norm = _normalised(col)
+        if norm in UNMODELLED:
+            raise InputError(where, "column", col, "a column vtrain_fast models",
+                             f"{UNMODELLED[norm]}: drop the column to price the plan without it")
         target = known.get(norm) or ALIASES.get(norm)
         if target is None:
             close = difflib.get_close_matches(norm, [k for k in known if known[k] not in present],
