@@ -46,7 +46,22 @@ SPEC_CASES = {
     "unknown top-level key": ('colour = "red"\n' + spec_text(), ["colour", "'red'"]),
     "wrong type": (spec_text(parallel='tp = ["two"]\npp = [1]'), ["tp", "'two'"]),
     "float for int": (spec_text(parallel="tp = [1.5]\npp = [1]"), ["tp", "1.5"]),
-    "bool for int": (spec_text(parallel="tp = [true]\npp = [1]"), ["tp", "True"]),
+    "bool for int": (spec_text(parallel="tp = [true]\npp = [1]"), ["parallel.tp", "true"]),
+    "misspelt key gets a suggestion": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
+                                                          'micro_batch_size = [1]\nrecompte = ["full"]'),
+                                       ["training.recompte", "did you mean 'recompute'"]),
+    "zero micro-batch names the table and range": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
+                                                                      'micro_batch_size = [0]'),
+                                                   ["training.micro_batch_size", "from 1 to"]),
+    "flag as a string": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
+                                            'micro_batch_size = [1]\nuse_flash_attn = "true"'),
+                         ["training.use_flash_attn", "without quotes"]),
+    "recompute near miss": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
+                                               'micro_batch_size = [1]\nrecompute = ["Selective"]'),
+                            ["training.recompute", "did you mean 'selective'"]),
+    "tokens with a suffix": (spec_text(training='num_tokens = "15T"\nglobal_batch_size = [64]\n'
+                                                'micro_batch_size = [1]'),
+                             ["training.num_tokens", "1.5e13"]),
     "out of range": (spec_text(parallel="tp = [0]\npp = [1]"), ["tp", "= 0"]),
     "negative tokens": (spec_text(training="num_tokens = [-5]\nglobal_batch_size = [64]\nmicro_batch_size = [1]"),
                         ["training.num_tokens", "-5"]),
@@ -183,7 +198,7 @@ def test_pareto_on_incomplete_manifest(tmp_path, cli):
     folder = tmp_path / "running"
     folder.mkdir()
     (folder / "manifest.json").write_text('{"complete": false, "parts": []}')
-    assert_input_error(cli("pareto", folder), "complete", "False")
+    assert_input_error(cli("pareto", folder), "complete", "false")
 
 
 def test_pareto_on_missing_folder(tmp_path, cli):

@@ -10,10 +10,20 @@ class InputError(ValueError):
 
     def __init__(self, where: str, key: str, value, allowed: str, fix: str = ""):
         self.where, self.key, self.value, self.allowed, self.fix = where, key, value, allowed, fix
-        msg = f"{where}: {key} = {value!r} is not allowed; allowed: {allowed}"
+        msg = f"{where}: {key} = {_toml(value)} is not allowed; allowed: {allowed}"
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
+
+
+def _toml(value) -> str:
+    """``value`` as TOML would write it (``true``, ``[1, 2]``; strings as ``'x'``, TOML's literal
+    strings); other objects by repr."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
 
 
 def check_output_file(path) -> None:

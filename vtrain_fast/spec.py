@@ -28,6 +28,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
 """
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import tomllib
@@ -135,13 +136,15 @@ def _as_list(where, key, value):
     return [value]
 
 
-def _ints(where, key, value):
+def _ints(where, key, value, table=""):
     lo, hi = INT_RANGES[key]
+    name = f"{table}.{key}" if table else key
     out = []
-    for v in _as_list(where, key, value):
+    for v in _as_list(where, name, value):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise InputError(where, key, v, f"integers from {lo} to {hi}",
-                             f"write {key} as a whole number or a list of whole numbers")
+            raise InputError(where, name, v, f"integers from {lo} to {hi}",
+                             f"write whole numbers from {lo} to {hi} without quotes or decimals, "
+                             f"e.g. {key} = {lo} or {key} = [{lo}, {min(2 * lo, hi)}]")
         out.append(v)
     return tuple(dict.fromkeys(out))
 
@@ -150,7 +153,8 @@ def _floats(where, key, value, lo, hi):
     out = []
     for v in _as_list(where, key, value):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
-            raise InputError(where, key, v, f"numbers from {lo:g} to {hi:g}")
+            raise InputError(where, key, v, f"numbers from {lo:g} to {hi:g}",
+                             "write plain numbers without quotes or units, e.g. 1.5e13 for 15T")
         out.append(float(v))
     return tuple(dict.fromkeys(out))
 
@@ -159,7 +163,9 @@ def _strings(where, key, value, allowed):
     out = []
     for v in _as_list(where, key, value):
         if not isinstance(v, str) or v not in allowed:
-            raise InputError(where, key, v, "one of " + ", ".join(allowed))
+            close = difflib.get_close_matches(str(v).lower(), allowed, n=1, cutoff=0.6)
+            raise InputError(where, key, v, "one of " + ", ".join(allowed),
+                             f"did you mean {close[0]!r}?" if close else "write one of the allowed names in quotes")
         out.append(v)
     return tuple(dict.fromkeys(out))
 
@@ -186,8 +192,10 @@ def _check_keys(where, table_name, table, allowed):
         raise InputError(where, table_name, table, "a TOML table", f"write [{table_name}] as a table")
     for k in table:
         if k not in allowed:
+            close = difflib.get_close_matches(k, sorted(allowed), n=1, cutoff=0.6)
             raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
-                             "keys " + ", ".join(sorted(allowed)), "remove or rename the key")
+                             "keys " + ", ".join(sorted(allowed)),
+                             f"did you mean {close[0]!r}? rename the key" if close else "remove or rename the key")
 
 
 _NAME_PARTS = (("num_layers", "L"), ("hidden_size", "h"), ("num_attention_heads", "a"),
@@ -224,7 +232,7 @@ def _models(where, t: dict) -> tuple:
             if k not in t:
                 raise InputError(where, f"model.{k}", None, "required when giving model shapes",
                                  f"add model.{k} (or use model.presets only)")
-        axes = {k: _ints(where, k, t[k]) for k in shape_keys}
+        axes = {k: _ints(where, k, t[k], "model") for k in shape_keys}
         axes.setdefault("num_query_groups", (0,))
         axes.setdefault("ffn_hidden_size", (0,))
         axes.setdefault("vocab_size", (DEFAULT_VOCAB_SIZE,))
@@ -299,7 +307,9 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     for key, meaning in TRAINING_FLAGS.items():
         flag = tr.get(key, False)
         if not isinstance(flag, bool):
-            raise InputError(path, f"training.{key}", flag, "true or false", meaning)
+            raise InputError(path, f"training.{key}", flag, f"true or false ({meaning})",
+                             f"write {key} = true or {key} = false, without quotes; one value per sweep "
+                             "(run one sweep per value to compare them)")
         overrides[key] = flag
     vpp = pa_.get("vpp", 1)
     lo, hi = VPP_RANGE
@@ -326,12 +336,12 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         models=_models(path, doc["model"]),
         num_tokens=_floats(path, "training.num_tokens", tr["num_tokens"], 1.0, 1e16),
         gpus=gpus,
-        cluster_sizes=_ints(path, size_key, cl[size_key]),
+        cluster_sizes=_ints(path, size_key, cl[size_key], "cluster"),
         sizes_in_nodes=size_key == "num_nodes",
-        tp=_ints(path, "tp", pa_["tp"]),
-        pp=_ints(path, "pp", pa_["pp"]),
-        micro_batch_size=_ints(path, "micro_batch_size", tr["micro_batch_size"]),
-        global_batch_size=_ints(path, "global_batch_size", tr["global_batch_size"]),
+        tp=_ints(path, "tp", pa_["tp"], "parallel"),
+        pp=_ints(path, "pp", pa_["pp"], "parallel"),
+        micro_batch_size=_ints(path, "micro_batch_size", tr["micro_batch_size"], "training"),
+        global_batch_size=_ints(path, "global_batch_size", tr["global_batch_size"], "training"),
         recompute=_strings(path, "training.recompute", tr.get("recompute", RECOMPUTE_DEFAULT), RECOMPUTE_VALUES),
         chunk_size=chunk,
         source=text,
