@@ -477,7 +477,8 @@ def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, reco
     selective recompute (code 2) keeps everything but the attention core's tensors."""
     per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp)
     if recompute == 2:
-        return in_flight * layers_on_stage * (per_layer - attention_core_bytes(b, s, a, t, flash))
+        core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
+        return in_flight * layers_on_stage * (per_layer - core) + core
     if recompute == 1:
         kept_input = BYTES_FP16 * s * b * h / (t if sp else 1.0)
         return in_flight * layers_on_stage * kept_input + per_layer
@@ -557,12 +558,16 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     layers_compute = layers_per_stage * (fwd + bwd + rc * fwd + core_again)
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
     layers_tp = layers_per_stage * (4.0 + 2.0 * rc) * allreduce_act
-    if hw_get(hw, "tp_overlap") != 0.0 and t > 1.0:
-        # async TP: the input-gradient exchange of QKV and of FC1 runs under their weight-gradient
-        # GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the GEMM's length
+    seq_par_on = hw_get(hw, "sequence_parallel") != 0.0
+    if (hw_get(hw, "tp_overlap") != 0.0 or seq_par_on) and t > 1.0:
+        # async TP: the input-gradient all-reduce of QKV and of FC1 (with sequence parallelism
+        # its reduce-scatter, half of the exchange, overlapped by Megatron-LM in any case) runs
+        # under their weight-gradient GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the
+        # GEMM's length
+        hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         for cols in (qkv_cols, f / t):
-            layers_tp -= layers_per_stage * min(allreduce_act, gemm_time_s(h, cols, b * s, 1.0, hw))
+            layers_tp -= layers_per_stage * min(hideable, gemm_time_s(h, cols, b * s, 1.0, hw))
     emb_compute = embedding_s(b, s, h, v, t, hw)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)

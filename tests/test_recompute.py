@@ -38,14 +38,15 @@ def test_selective_memory_is_korthikanti_table_2():
                      ("num_layers", "hidden_size", "seq_length", "micro_batch_size", "tp"))
     a = PLANS["num_attention_heads"].cast(pl.Float64).to_numpy()
     per_layer = s * b * h * (10.0 + 24.0 / t)              # Table 2, selective, no SP
+    core = 5.0 * a * s * s * b / t                          # softmax out 2 (fused) + mask 1 + dropout out 2
     saved = (none["activations_GiB"] - sel["activations_GiB"]).to_numpy() * GiB
-    # the dropped attention core: softmax out 2 (fused) + mask 1 + dropout out 2 bytes
-    np.testing.assert_allclose(saved, L * 5.0 * a * s * s * b / t, rtol=1e-9)
-    # the rest of the layer's activations are the table's; the logits and embedding terms are
+    # every layer drops its attention core; backward rebuilds one layer's core at a time
+    np.testing.assert_allclose(saved, (L - 1.0) * core, rtol=1e-9)
+    # the rest of the layers' activations are the table's; the logits and embedding terms are
     # the same in both runs
     kept_layers = (sel["activations_GiB"].to_numpy() * GiB
-                   - (none["activations_GiB"].to_numpy() * GiB - L * (per_layer + 5.0 * a * s * s * b / t)))
-    np.testing.assert_allclose(kept_layers, L * per_layer, rtol=1e-9)
+                   - (none["activations_GiB"].to_numpy() * GiB - L * (per_layer + core)))
+    np.testing.assert_allclose(kept_layers, L * per_layer + core, rtol=1e-9)
     assert (sel["model_states_GiB"] == none["model_states_GiB"]).all()
 
 
@@ -76,7 +77,7 @@ def test_selective_with_flash_attention_reruns_the_fused_kernel_only():
     L, s, b, t = (PLANS[c].cast(pl.Float64).to_numpy() for c in ("num_layers", "seq_length", "micro_batch_size", "tp"))
     a = PLANS["num_attention_heads"].cast(pl.Float64).to_numpy()
     saved = (none["activations_GiB"] - sel["activations_GiB"]).to_numpy() * GiB
-    np.testing.assert_allclose(saved, L * 4.0 * b * a / t * s, rtol=1e-9)
+    np.testing.assert_allclose(saved, (L - 1.0) * 4.0 * b * a / t * s, rtol=1e-9)
     assert (sel["iteration_time_s"] > none["iteration_time_s"]).all()
 
 
@@ -107,3 +108,39 @@ def test_spec_and_evaluate_accept_selective_and_name_it_when_refusing():
         parse_spec(SPEC.format(values='"partial"'), "spec.toml")
     with pytest.raises(InputError, match="selective"):
         run("partial")
+
+
+def test_selective_with_overlapped_gradient_reduction_widens_the_window_by_the_rerun_core():
+    """The DP all-reduce hides behind the last micro-batch's backward, which with selective
+    recomputation includes the rerun attention cores: the exposed part shrinks by exactly
+    layers x core time while the all-reduce is longer than the window."""
+    from vtrain_fast.hardware import PRESETS, machine_vector
+    from vtrain_fast.kernels import ops
+    plan = pl.DataFrame([dict(num_layers=4, hidden_size=8192, num_attention_heads=64, seq_length=1024,
+                              global_batch_size=64, micro_batch_size=1, tp=1, pp=1, dp=64,
+                              gpu="a100-sxm4-80gb", overlap_grad_reduce="true", recompute=r)
+                         for r in ("none", "selective")])
+    none, sel = evaluate_frame(plan).rows(named=True)
+    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    core = ops.attention_core_forward_s(1.0, 1024.0, 8192.0, 64.0, 64.0, 1.0, hw)
+    assert none["dp_comm_s"] > 4 * core                 # the all-reduce outlasts the window
+    assert none["dp_comm_s"] - sel["dp_comm_s"] == pytest.approx(4 * core, rel=1e-9)
+
+
+def test_attention_core_forward_moves_the_core_bytes():
+    """Memory-bound machine (free FLOPs, no gaps, no host floor): the rerun attention core is
+    its two batched GEMMs' bytes plus softmax (4), dropout (5) per score element and the
+    context permute copy (4 per token and hidden unit per rank)."""
+    from vtrain_fast.hardware import PRESETS, machine_vector
+    from vtrain_fast.kernels import ops
+    from vtrain_fast.kernels.params import HW_FIELDS
+    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    for name, value in (("peak_flops", 1e30), ("kernel_overhead_s", 0.0), ("host_launch_s", 0.0)):
+        hw[HW_FIELDS.index(name)] = value
+    rate = hw[HW_FIELDS.index("hbm_Bps")] * hw[HW_FIELDS.index("hbm_efficiency")]
+    b, s, h, a, t = 2.0, 2048.0, 4096.0, 32.0, 4.0
+    heads, d = a / t, h / a
+    gemm_bytes = 2.0 * (2.0 * (s * d + d * s + s * s) * b * heads)      # Q K^T and P V, fp16
+    elems = b * heads * s * s
+    expected = (gemm_bytes + (4.0 + 5.0) * elems + 4.0 * b * s * h / t) / rate
+    assert ops.attention_core_forward_s(b, s, h, a, a, t, hw) == pytest.approx(expected, rel=1e-12)

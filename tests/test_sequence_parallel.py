@@ -38,9 +38,12 @@ def test_sequence_parallel_splits_activations_and_token_work_only():
         assert (on[col].filter(tp1) == off[col].filter(tp1)).all(), col      # t = 1: nothing to split
     for col in ("dp_comm_s", "optimizer_s", "model_states_GiB"):
         assert (on[col] == off[col]).all(), col
-    # reduce-scatter + all-gather: the all-reduce's bytes plus one more collective latency each
+    # reduce-scatter + all-gather: the all-reduce's bytes plus one more collective latency each,
+    # minus the backward reduce-scatters Megatron-LM overlaps with the weight-gradient GEMMs (at
+    # most half of 2 of the 4 (6 with recomputation) exchanges per layer; exact in test_tp_overlap)
     extra = (on["tp_comm_s"] - off["tp_comm_s"]).filter(~tp1)
-    assert (extra >= 0).all() and (extra <= 0.02 * off["tp_comm_s"].filter(~tp1)).all()
+    assert (extra <= 0.02 * off["tp_comm_s"].filter(~tp1)).all()
+    assert (on["tp_comm_s"].filter(~tp1) >= 0.74 * off["tp_comm_s"].filter(~tp1)).all()
     # pipeline sends of the split activation need no all-gather
     piped = (PLANS["pp"] > 1) & ~tp1
     assert (on["pp_comm_s"].filter(piped) < off["pp_comm_s"].filter(piped)).all()

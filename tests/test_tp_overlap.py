@@ -52,3 +52,20 @@ def test_short_gemms_hide_only_their_length():
 
 def test_no_tensor_parallelism_no_change():
     assert run(1, True)["iteration_time_s"] == run(1, False)["iteration_time_s"]
+
+
+def test_sequence_parallel_hides_half_the_exchange_whatever_the_flag():
+    """With sequence parallelism Megatron-LM overlaps the reduce-scatter (half of the
+    reduce-scatter + all-gather exchange) with the weight-gradient GEMM, flag or not."""
+    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    b, s, h, tp = PLAN["micro_batch_size"], PLAN["seq_length"], PLAN["hidden_size"], 2
+    exchange = comm.group_reduce_scatter_allgather_s(2.0 * b * s * h, tp, 1.0, hw)
+    df = pl.DataFrame([dict(PLAN, tp=tp, dp=4, recompute="none", sequence_parallel="true",
+                            async_tensor_model_parallel_allreduce=f) for f in ("false", "true")])
+    off, on = evaluate_frame(df).rows(named=True)
+    assert off["tp_comm_s"] == on["tp_comm_s"]
+    m = PLAN["global_batch_size"] / (4 * b)
+    layers = PLAN["num_layers"]
+    # per layer: 4 exchanges charged, two halves hidden (long GEMMs here), plus embedding/head
+    expected_body = m * layers * (4.0 * exchange - 2.0 * exchange / 2.0)
+    assert on["tp_comm_s"] == pytest.approx(expected_body + m * exchange * 2, rel=0.02)

@@ -652,9 +652,11 @@ def run_chunk(ev: ChunkEvaluator, folder: Path, chunk: int, sink, record: Callab
 # ----------------------------------------------------------------------------------- manifests
 def sweep_key(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan) -> str:
     """Identity of a sweep's results: spec text, machine vectors (calibration included), keep
-    mode, chunking and package version. Resuming or merging requires equal keys."""
+    mode, chunking, package version and a hash of the kernel sources (a cost-model change makes
+    old rows a different sweep). Resuming or merging requires equal keys."""
+    from ._jit import _kernel_source_hash
     doc = {"spec": spec.source, "hw": grid.hw_table.tolist(), "keep": keep.label,
-           "plan": plan.as_dict(), "version": __version__}
+           "plan": plan.as_dict(), "version": __version__, "kernels": _kernel_source_hash()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -112,6 +112,12 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
                          "it kept only that frontier; rerun the sweep with --keep all, --keep feasible or "
                          "--keep frontier with these objectives")
     lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    have = set(lf.collect_schema().names())
+    for b in by:
+        if b not in have:
+            raise InputError(str(folder), "--by", b, "columns of this folder's rows",
+                             "the folder was written by an older vtrain_fast without this column; "
+                             "rerun the sweep with --overwrite")
     names = [n for n, _ in objectives]
     cols = list(dict.fromkeys(by + list(CONFIG_COLUMNS) + names + [
         "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]))

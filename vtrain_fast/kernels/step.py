@@ -216,7 +216,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw),
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
-            tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw))
+            tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw))
 
 
 @jit
@@ -228,9 +228,11 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
     gradient (with sequence parallelism, its reduce-scatter) and compute the weight gradient
     while it runs (``LinearWithGradAccumulationAndAsyncCommunication``,
     ``async_tensor_model_parallel_allreduce``), so each of the two exchanges (``exchange_s``
-    seconds) is hidden up to the length of its weight-gradient GEMM:
-    ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``. Charged only when the
-    machine-vector field ``tp_overlap`` is set; 0 at ``t = 1`` (no exchange)."""
+    seconds: the all-reduce, or with sequence parallelism the reduce-scatter, half of the
+    exchange) is hidden up to the length of its weight-gradient GEMM:
+    ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``. Charged when the machine-vector
+    field ``tp_overlap`` is set, and always with sequence parallelism (Megatron-LM overlaps its
+    reduce-scatter whatever the flag); 0 at ``t = 1`` (no exchange)."""
     if t <= 1.0:
         return 0.0
     tokens = b * s
@@ -332,7 +334,9 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
     # ---- per micro-batch compute and TP communication, per stage type
     body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd + core)
-    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - hw[H_TP_OVERLAP] * mb[M_TP_HIDDEN])
+    # async TP (or sequence parallelism, which Megatron-LM always overlaps): hidden backward part
+    tp_async = 1.0 if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0
+    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - tp_async * mb[M_TP_HIDDEN])
     emb_compute = mb[M_EMB]
     emb_tp = ar_act
     head_compute = mb[M_HEAD]
@@ -390,17 +394,18 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
     # ---- memory per GPU (the fuller of first and last stage)
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
+    rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
     if p == 1.0:
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
-                     + s * b * hs * 3.0 + mb[M_LOGITS])
+                     + s * b * hs * 3.0 + mb[M_LOGITS] + rebuilt)
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
         act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, hs, full, rc)
-                     + in_flight * s * b * hs)
+                     + in_flight * s * b * hs + rebuilt)
         act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, hs, full, rc)
-                    + 2.0 * s * b * hs + mb[M_LOGITS])
+                    + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
     else:
         # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
         # backward, the last device (vs-1)p (Megatron-LM's interleaved schedule); each chunk
@@ -408,9 +413,9 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
         chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
         chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
         act_first = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_first, b, s, hs, full, rc)
-                     + chunks_first / vs * s * b * hs)
+                     + chunks_first / vs * s * b * hs + rebuilt)
         act_last = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_last, b, s, hs, full, rc)
-                    + 2.0 * s * b * hs + mb[M_LOGITS])
+                    + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
     state_first = memory.model_state_bytes(p_first, d, hw[H_OPT_SHARD])
