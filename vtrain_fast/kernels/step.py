@@ -75,9 +75,10 @@ NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
  M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
-SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node")
+SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
+               "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s")
 NUM_SPLIT = len(SPLIT_NAMES)
-(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES) = range(NUM_SPLIT)
+(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -192,7 +193,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
         ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
         last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``), and the attention
         core's forward seconds and stored bytes of one layer (what selective recomputation
-        reruns and drops).
+        reruns and drops), and the backward TP exchange seconds that asynchronous
+        communication hides (:func:`tp_backward_hidden_s`; 0 when it is off).
     """
     sbh2 = 2.0 * b * s * h
     if hw[H_SEQ_PAR] != 0.0:
@@ -216,7 +218,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw),
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
-            tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw))
+            tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw)
+            if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
 
 
 @jit
@@ -230,9 +233,9 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
     ``async_tensor_model_parallel_allreduce``), so each of the two exchanges (``exchange_s``
     seconds: the all-reduce, or with sequence parallelism the reduce-scatter, half of the
     exchange) is hidden up to the length of its weight-gradient GEMM:
-    ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``. Charged when the machine-vector
-    field ``tp_overlap`` is set, and always with sequence parallelism (Megatron-LM overlaps its
-    reduce-scatter whatever the flag); 0 at ``t = 1`` (no exchange)."""
+    ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``; 0 at ``t = 1`` (no exchange).
+    :func:`micro_batch_costs` charges it when the machine-vector field ``tp_overlap`` is set, and
+    always with sequence parallelism (Megatron-LM overlaps its reduce-scatter whatever the flag)."""
     if t <= 1.0:
         return 0.0
     tokens = b * s
@@ -263,8 +266,10 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
         LM head and final layer norm; one stage carries all), the data-parallel gradient
         all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
         of the two stages), the Adam seconds of the larger
-        stage, and 1.0 when pipeline neighbours (``t * d`` ranks apart) sit on different nodes
-        (``t * d * p > gpus_per_node``) else 0.0.
+        stage, 1.0 when pipeline neighbours (``t * d`` ranks apart) sit on different nodes
+        (``t * d * p > gpus_per_node``) else 0.0, and the seconds of one gradient accumulation
+        (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``) of a stage's layers, of the
+        embeddings and of the head.
     """
     p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t)
     p_first = p_body + v * h / t + s * h
@@ -282,7 +287,10 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
     # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, hw[H_OPT_SHARD]), hw)
     crosses = 1.0 if t * d * p > hw[H_GPUS_PER_NODE] else 0.0
-    return p_first, p_last, dp_comm_s, optimizer_time_s, crosses
+    # one gradient accumulation (into .grad) of a stage's layers, embeddings and head
+    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_body,
+            per_param * (v * h / t + s * h), per_param * (v * h / t + 2.0 * h))
 
 
 @jit
@@ -334,21 +342,17 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
     # ---- per micro-batch compute and TP communication, per stage type
     body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd + core)
-    # async TP (or sequence parallelism, which Megatron-LM always overlaps): hidden backward part
-    tp_async = 1.0 if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0
-    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - tp_async * mb[M_TP_HIDDEN])
+    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - mb[M_TP_HIDDEN])   # minus what async TP hides
     emb_compute = mb[M_EMB]
     emb_tp = ar_act
     head_compute = mb[M_HEAD]
     head_tp = ar_act + 3.0 * mb[M_AR_CE]
-    # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter)
-    acc = GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1.0) / m / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
-    emb_params = v * h / t + s * h
-    head_params = v * h / t + 2.0 * h
-    body_params = split[S_P_LAST] - head_params - (emb_params if p == 1.0 else 0.0)
-    body_compute += acc * body_params
-    emb_compute += acc * emb_params
-    head_compute += acc * head_params
+    # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter),
+    # spread over the m micro-batches
+    acc = (m - 1.0) / m
+    body_compute += acc * split[S_ACC_BODY]
+    emb_compute += acc * split[S_ACC_EMB]
+    head_compute += acc * split[S_ACC_HEAD]
 
     # ---- pipeline point-to-point per micro-batch (activation forward, gradient backward);
     # scatter-gather: each TP rank sends 1/t, then an intra-node all-gather (Megatron-LM).

@@ -127,7 +127,7 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 14 or NUM_SPLIT != 5 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
+if NUM_MICRO != 14 or NUM_SPLIT != 8 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
     raise ImportError("kernels.sweep.grid_point is out of date with kernels.step's tuple layouts")
 
 
@@ -213,7 +213,8 @@ def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B,
           micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
           micro[db, 12], micro[db, 13])
     st = schedule(L, h, s, v, float(B), float(b), float(t), float(p), float(d), rc, tok, hw, mb,
-                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4]), (ctx[5], ctx[6], ctx[7]), out, j)
+                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7]), (ctx[8], ctx[9], ctx[10]),
+                  out, j)
     status[j] = st
     return st
 
