@@ -7,6 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from conftest import ONE_POINT_SPEC
 from vtrain_fast.evaluate import evaluate_frame
 from vtrain_fast.kernels import step
 from vtrain_fast.spec import RECOMPUTE_VALUES
@@ -81,31 +82,16 @@ def test_selective_with_flash_attention_reruns_the_fused_kernel_only():
     assert (sel["iteration_time_s"] > none["iteration_time_s"]).all()
 
 
-SPEC = """
-[model]
-presets = ["gpt3-1.3b"]
-[training]
-num_tokens = 1e9
-global_batch_size = 64
-micro_batch_size = 1
-recompute = [{values}]
-[cluster]
-gpu = "a100-sxm4-80gb"
-num_gpus = 8
-[parallel]
-tp = 1
-pp = 1
-"""
 
 
 def test_spec_and_evaluate_accept_selective_and_name_it_when_refusing():
     from vtrain_fast.errors import InputError
     from vtrain_fast.spec import parse_spec
-    spec = parse_spec(SPEC.format(values='"none", "selective", "full"'), "spec.toml")
+    spec = parse_spec(ONE_POINT_SPEC.format(training='recompute = ["none", "selective", "full"]'), "spec.toml")
     assert spec.recompute == ("none", "selective", "full")
     assert run("selective")["recompute"].to_list() == ["selective"] * 3
     with pytest.raises(InputError, match="selective"):
-        parse_spec(SPEC.format(values='"partial"'), "spec.toml")
+        parse_spec(ONE_POINT_SPEC.format(training='recompute = ["partial"]'), "spec.toml")
     with pytest.raises(InputError, match="selective"):
         run("partial")
 

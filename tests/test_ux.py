@@ -8,7 +8,7 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from conftest import TINY_SPEC
+from conftest import ONE_POINT_SPEC, TINY_SPEC
 from vtrain_fast.calibrate import fit
 from vtrain_fast.hardware import PRESETS
 from vtrain_fast.query import pareto, varying_job_columns
@@ -131,27 +131,11 @@ def test_pareto_plot_is_checked_before_any_work(tiny_sweep, tmp_path, cli):
 
 
 def test_sweep_notes_settings_the_measurements_do_not_cover(write_spec, tmp_path, cli):
-    spec = write_spec("""
-        name = "modern"
-        [model]
-        presets = ["gpt3-125m"]
-        [training]
-        num_tokens = 1e9
-        global_batch_size = 64
-        micro_batch_size = 1
-        recompute = ["selective"]
-        use_flash_attn = true
-        [cluster]
-        gpu = "a100-sxm4-80gb"
-        num_gpus = 8
-        [parallel]
-        tp = 1
-        pp = 1
-    """)
-    out = _flat(cli("sweep", spec, "-o", tmp_path / "r").output)
+    modern = write_spec('name = "modern"\n' + ONE_POINT_SPEC.format(
+        training='recompute = ["selective"]\nuse_flash_attn = true'), "modern.toml")
+    out = _flat(cli("sweep", modern, "-o", tmp_path / "r").output)
     assert "not validated against measurements: FlashAttention, selective recomputation" in out
-    plain = write_spec(spec.read_text().replace('["selective"]', '["full"]').replace("use_flash_attn = true", ""),
-                       "plain.toml")
+    plain = write_spec('name = "plain"\n' + ONE_POINT_SPEC.format(training='recompute = ["full"]'), "plain.toml")
     assert "not validated" not in _flat(cli("sweep", plain, "-o", tmp_path / "p").output)
 
 
