@@ -82,8 +82,8 @@ def attention_core_activation_bytes(b, s, a, t, flash):
     micro-batch: softmax output (2 bytes per score element, 4 when the softmax runs unfused in
     fp32, :func:`~vtrain_fast.kernels.ops.fused_softmax`), dropout mask (1) and dropout output (2)
     over ``b (a/t) s^2`` elements; with FlashAttention (``flash`` non-zero) the fp32
-    log-sum-exp per query row, ``4 b (a/t) s``. Selective recomputation drops exactly these
-    (Korthikanti et al. 2022, Sec. 5, Table 2: ``sbh (10 + 24/t)`` per layer)."""
+    log-sum-exp per query row, ``4 b (a/t) s``. Selective recomputation drops exactly these; a
+    GPT layer then keeps ``sbh (10 + 24/t)`` (Korthikanti et al. 2022, Sec. 5, Table 2)."""
     if flash != 0.0:
         return 4.0 * b * a / t * s
     softmax_out = 2.0 if fused_softmax(b, s, a, t) != 0.0 else 4.0

@@ -194,7 +194,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
         last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``), and the attention
         core's forward seconds and stored bytes of one layer (what selective recomputation
         reruns and drops), and the backward TP exchange seconds that asynchronous
-        communication hides (:func:`tp_backward_hidden_s`; 0 when it is off).
+        communication hides (:func:`tp_backward_hidden_s`; 0 unless ``tp_overlap`` or
+        sequence parallelism is set).
     """
     sbh2 = 2.0 * b * s * h
     if hw[H_SEQ_PAR] != 0.0:

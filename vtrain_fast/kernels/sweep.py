@@ -619,7 +619,7 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
     cols : numpy.ndarray
         ``int64``, shape ``(13, n)``: num_layers, hidden_size, num_attention_heads,
         num_query_groups, ffn_hidden_size, vocab_size, seq_length, global_batch_size,
-        micro_batch_size, tp, pp, dp, recompute (0/1).
+        micro_batch_size, tp, pp, dp, recompute (0/1/2: none/full/selective).
     tokens : numpy.ndarray
         ``float64``, shape ``(n,)``, tokens to train on.
     hw_rows : numpy.ndarray
