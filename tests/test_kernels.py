@@ -197,9 +197,9 @@ def test_unfused_softmax_costs_four_more_launches_and_the_fp32_traffic():
     assert ops.layer_forward_s(2.0, s, h, a, a, f, 8.0, slow_host) == ops.LAYER_FORWARD_KERNELS
     # GPU-bound: the unfused fp32 path moves 36 instead of 4 bytes per score element forward
     # (40 instead of 6 backward)
-    assert ops.softmax_bytes_per_element(2.0, s, a, 8.0) == (4.0, 6.0)
-    assert ops.softmax_bytes_per_element(1.0, s, a, 8.0) == (36.0, 40.0)
-    assert ops.softmax_bytes_per_element(1.0, 2048.0, a, 8.0) == (36.0, 40.0)
+    assert ops.softmax_costs(2.0, s, a, 8.0) == (4.0, 6.0, 0.0)
+    assert ops.softmax_costs(1.0, s, a, 8.0) == (36.0, 40.0, 4.0)
+    assert ops.softmax_costs(1.0, 2048.0, a, 8.0) == (36.0, 40.0, 4.0)
     # overhead-bound (no host floor, free FLOPs and bytes): each of the 4 extra kernels costs one
     # per-kernel gap, forward and backward
     gaps = hw.copy()

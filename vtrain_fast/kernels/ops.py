@@ -130,23 +130,27 @@ def fused_softmax(b, s, a, t):
     and ``b * a / t`` a multiple of the kernel's batches per block (128 threads; 4 rows per
     block, 8 when ``s <= 128`` and a warp holds two rows; ``scaled_upper_triang_masked_softmax.h``).
     """
-    if s <= 16.0 or s > FUSED_SOFTMAX_MAX_SEQ or s % 4.0 != 0.0:
+    # multiples of 4 and 8 tested by exact power-of-two scaling (no float modulo on the hot path)
+    if s <= 16.0 or s > FUSED_SOFTMAX_MAX_SEQ or math.floor(s * 0.25) * 4.0 != s:
         return 0.0
-    per_block = 8.0 if s <= FUSED_SOFTMAX_SHORT_SEQ else 4.0
-    return 1.0 if (b * a / t) % per_block == 0.0 else 0.0
+    batches = b * a / t
+    if s <= FUSED_SOFTMAX_SHORT_SEQ:
+        return 1.0 if math.floor(batches * 0.125) * 8.0 == batches else 0.0
+    return 1.0 if math.floor(batches * 0.25) * 4.0 == batches else 0.0
 
 
 @jit
-def softmax_bytes_per_element(b, s, a, t):
-    """HBM bytes per attention-score element of the scale-mask-softmax, ``(forward, backward)``.
+def softmax_costs(b, s, a, t):
+    """``(forward bytes, backward bytes, extra kernels)`` of the scale-mask-softmax: HBM bytes per
+    attention-score element each way and the kernels it launches beyond one, each way.
 
     Fused kernel (:func:`fused_softmax`): fp16 read and write forward (4), y and dy read and dx
-    written backward (6). Unfused fp32 path: cast (2 + 4), scale (4 + 4), masked fill (4 + 4),
-    softmax (4 + 4), cast back (4 + 2) = 36 forward; their gradients 6 + 12 + 8 + 8 + 6 = 40
-    backward."""
+    written backward (6), no extra kernel. Unfused fp32 path: cast (2 + 4), scale (4 + 4), masked
+    fill (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 forward; their gradients
+    6 + 12 + 8 + 8 + 6 = 40 backward; 5 kernels instead of 1 each way."""
     if fused_softmax(b, s, a, t) != 0.0:
-        return 4.0, 6.0
-    return 36.0, 40.0
+        return 4.0, 6.0, 0.0
+    return 36.0, 40.0, UNFUSED_SOFTMAX_EXTRA_KERNELS
 
 
 @jit
@@ -195,8 +199,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
                        FLASH_LAYER_FORWARD_KERNELS, hw)
     time += gemm_time_s(s, s, h / a, b * heads, hw)          # Q K^T
     time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
-    softmax_fwd, softmax_bwd = softmax_bytes_per_element(b, s, a, t)
-    extra = (1.0 - fused_softmax(b, s, a, t)) * UNFUSED_SOFTMAX_EXTRA_KERNELS
+    softmax_fwd, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_fwd * score_elems  # scale-mask-softmax (fused or not)
                + 5.0 * score_elems)       # dropout: read + write + 1-byte mask
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_FORWARD_MEMORY_KERNELS + extra, hw),
@@ -239,8 +242,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
                        FLASH_LAYER_BACKWARD_KERNELS, hw)
     time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
     time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
-    softmax_fwd, softmax_bwd = softmax_bytes_per_element(b, s, a, t)
-    extra = (1.0 - fused_softmax(b, s, a, t)) * UNFUSED_SOFTMAX_EXTRA_KERNELS
+    softmax_fwd, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra, hw),
@@ -269,8 +271,7 @@ def attention_core_forward_s(b, s, h, a, g, t, hw):
     heads = a / t
     score_elems = b * heads * s * s
     time = gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
-    softmax_fwd, softmax_bwd = softmax_bytes_per_element(b, s, a, t)
-    extra = (1.0 - fused_softmax(b, s, a, t)) * UNFUSED_SOFTMAX_EXTRA_KERNELS
+    softmax_fwd, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes = (softmax_fwd + 5.0) * score_elems + 4.0 * b * s * h / t   # softmax, dropout, permute
     return phase_s(time + memory_bound_time_s(nbytes, ATTENTION_CORE_MEMORY_KERNELS + extra, hw),
                    2.0 + ATTENTION_CORE_MEMORY_KERNELS + extra, hw)
