@@ -47,20 +47,15 @@ SPEC_CASES = {
     "wrong type": (spec_text(parallel='tp = ["two"]\npp = [1]'), ["tp", "'two'"]),
     "float for int": (spec_text(parallel="tp = [1.5]\npp = [1]"), ["tp", "1.5"]),
     "bool for int": (spec_text(parallel="tp = [true]\npp = [1]"), ["parallel.tp", "true"]),
-    "misspelt key gets a suggestion": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
-                                                          'micro_batch_size = [1]\nrecompte = ["full"]'),
+    "misspelt key gets a suggestion": (spec_text(training=GOOD["training"] + '\nrecompte = ["full"]'),
                                        ["training.recompte", "did you mean 'recompute'"]),
-    "zero micro-batch names the table and range": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
-                                                                      'micro_batch_size = [0]'),
+    "zero micro-batch names the table and range": (spec_text(training=GOOD["training"].replace("[1, 2]", "[0]")),
                                                    ["training.micro_batch_size", "from 1 to"]),
-    "flag as a string": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
-                                            'micro_batch_size = [1]\nuse_flash_attn = "true"'),
+    "flag as a string": (spec_text(training=GOOD["training"] + '\nuse_flash_attn = "true"'),
                          ["training.use_flash_attn", "without quotes"]),
-    "recompute near miss": (spec_text(training='num_tokens = [1e9]\nglobal_batch_size = [64]\n'
-                                               'micro_batch_size = [1]\nrecompute = ["Selective"]'),
+    "recompute near miss": (spec_text(training=GOOD["training"].replace('["none"]', '["Selective"]')),
                             ["training.recompute", "did you mean 'selective'"]),
-    "tokens with a suffix": (spec_text(training='num_tokens = "15T"\nglobal_batch_size = [64]\n'
-                                                'micro_batch_size = [1]'),
+    "tokens with a suffix": (spec_text(training=GOOD["training"].replace("[1e9]", '"15T"')),
                              ["training.num_tokens", "1.5e13"]),
     "out of range": (spec_text(parallel="tp = [0]\npp = [1]"), ["tp", "= 0"]),
     "negative tokens": (spec_text(training="num_tokens = [-5]\nglobal_batch_size = [64]\nmicro_batch_size = [1]"),

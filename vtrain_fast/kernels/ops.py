@@ -48,17 +48,15 @@ LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
 # megatron/core/fusions/fused_softmax.py) runs only for 16 < s <= 4096, s % 4 == 0 and
 # (micro_batch_size * heads per TP rank) a multiple of the causal kernel's batches per block (4;
 # 8 for s <= 128). Megatron-DeepSpeed and Megatron-LM before 2022 (megatron/model/fused_softmax.py)
-# allow s <= 2048 and only check the multiple of 4: the rules agree for s <= 2048, s > 128. Otherwise PyTorch runs it unfused in fp32 (query-key layer
-# scaling on, Megatron's default until 2024): cast to fp32, scale, in-place masked fill, softmax,
-# cast back = 5 kernels instead of 1 forward, and their 5 gradients backward.
+# allow s <= 2048 and only check the multiple of 4: the rules agree for 128 < s <= 2048.
+# Otherwise PyTorch runs it unfused in fp32 (query-key layer scaling on, Megatron's default until
+# 2024): cast to fp32, scale, in-place masked fill, softmax, cast back = 5 kernels instead of 1
+# forward, and their 5 gradients backward (see softmax_costs).
 FUSED_SOFTMAX_MAX_SEQ = 4096.0
 FUSED_SOFTMAX_SHORT_SEQ = 128.0   # up to here a warp holds two rows: 8 batches per block
 UNFUSED_SOFTMAX_EXTRA_KERNELS = 4.0
 # The attention core's memory-bound kernels: softmax, dropout, context permute copy.
 ATTENTION_CORE_MEMORY_KERNELS = 3.0
-# PyTorch's softmax reads a row once and writes it once: in registers up to 1,024 elements, in
-# shared memory beyond (cunn_SoftMaxForwardSmem, rows up to about 12k fp32 values; older PyTorch
-# re-read longer rows up to three times, not modelled).
 EMBEDDING_KERNELS = 3.0 + 4.0
 HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
 
@@ -147,10 +145,31 @@ def softmax_costs(b, s, a, t):
     Fused kernel (:func:`fused_softmax`): fp16 read and write forward (4), y and dy read and dx
     written backward (6), no extra kernel. Unfused fp32 path: cast (2 + 4), scale (4 + 4), masked
     fill (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 forward; their gradients
-    6 + 12 + 8 + 8 + 6 = 40 backward; 5 kernels instead of 1 each way."""
+    6 + 12 + 8 + 8 + 6 = 40 backward; 5 kernels instead of 1 each way. PyTorch's softmax reads a
+    row once and writes it once (in registers up to 1,024 elements, in shared memory beyond:
+    ``cunn_SoftMaxForwardSmem``, rows up to about 12k fp32 values; older PyTorch re-read longer
+    rows up to three times, not modelled)."""
     if fused_softmax(b, s, a, t) != 0.0:
         return 4.0, 6.0, 0.0
     return 36.0, 40.0, UNFUSED_SOFTMAX_EXTRA_KERNELS
+
+
+@jit
+def attention_scores_forward(b, s, h, a, t, hw):
+    """The unfused attention core forward of one layer, one micro-batch, one TP rank, without its
+    context permute copy: ``(GEMM seconds, memory-bound bytes, extra kernels)``.
+
+    GEMMs: ``Q K^T`` and ``softmax(.) V``, batched over ``b * a/t`` heads (:func:`gemm_time_s`).
+    Bytes over the ``b (a/t) s^2`` score elements: the scale-mask-softmax (:func:`softmax_costs`)
+    and the attention dropout (read 2, write 2, 1-byte mask). Extra kernels: those of an unfused
+    softmax. Shared by :func:`layer_forward_s` and :func:`attention_core_forward_s`.
+    """
+    heads = a / t
+    score_elems = b * heads * s * s
+    time = gemm_time_s(s, s, h / a, b * heads, hw)           # Q K^T
+    time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
+    softmax_fwd, _, extra = softmax_costs(b, s, a, t)
+    return time, (softmax_fwd + 5.0) * score_elems, extra
 
 
 @jit
@@ -179,9 +198,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
         Seconds.
     """
     tokens = b * s
-    heads = a / t
     qkv_out = (h + 2.0 * h * g / a) / t
-    score_elems = b * heads * s * s
     time = gemm_time_s(tokens, qkv_out, h, 1.0, hw)
     time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
     time += gemm_time_s(tokens, f / t, h, 1.0, hw)           # FC1
@@ -197,13 +214,9 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
         time += flash_attention_forward_s(b, s, h, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS, hw),
                        FLASH_LAYER_FORWARD_KERNELS, hw)
-    time += gemm_time_s(s, s, h / a, b * heads, hw)          # Q K^T
-    time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
-    softmax_fwd, softmax_bwd, extra = softmax_costs(b, s, a, t)
-    nbytes += (softmax_fwd * score_elems  # scale-mask-softmax (fused or not)
-               + 5.0 * score_elems)       # dropout: read + write + 1-byte mask
-    return phase_s(time + memory_bound_time_s(nbytes, LAYER_FORWARD_MEMORY_KERNELS + extra, hw),
-                   LAYER_FORWARD_KERNELS + extra, hw)
+    core_s, core_bytes, extra = attention_scores_forward(b, s, h, a, t, hw)
+    memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra, hw)
+    return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra, hw)
 
 
 @jit
@@ -242,7 +255,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
                        FLASH_LAYER_BACKWARD_KERNELS, hw)
     time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
     time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
-    softmax_fwd, softmax_bwd, extra = softmax_costs(b, s, a, t)
+    _, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra, hw),
@@ -268,11 +281,8 @@ def attention_core_forward_s(b, s, h, a, g, t, hw):
     """
     if hw[H_FLASH_ATTN] != 0.0:
         return phase_s(flash_attention_forward_s(b, s, h, a, g, t, hw), FLASH_FORWARD_KERNELS, hw)
-    heads = a / t
-    score_elems = b * heads * s * s
-    time = gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
-    softmax_fwd, softmax_bwd, extra = softmax_costs(b, s, a, t)
-    nbytes = (softmax_fwd + 5.0) * score_elems + 4.0 * b * s * h / t   # softmax, dropout, permute
+    time, nbytes, extra = attention_scores_forward(b, s, h, a, t, hw)
+    nbytes += 4.0 * b * s * h / t                            # context permute copy
     return phase_s(time + memory_bound_time_s(nbytes, ATTENTION_CORE_MEMORY_KERNELS + extra, hw),
                    2.0 + ATTENTION_CORE_MEMORY_KERNELS + extra, hw)
 
