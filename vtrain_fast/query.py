@@ -12,14 +12,13 @@ import pyarrow as pa
 
 from .errors import InputError
 from .kernels.sweep import pareto_sorted
-from .schema import COLUMNS
+from .schema import COLUMNS, SETTING_FIELDS
 from .writer import PART_GLOB, read_manifest
 
 NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.float64()))
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
-                 "seq_length", "vpp", "sequence_parallel", "use_flash_attn", "distributed_optimizer",
-                 "overlap_grad_reduce", "async_tensor_model_parallel_allreduce")
+                 "seq_length") + tuple(SETTING_FIELDS)     # + vpp and the training switches
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
 

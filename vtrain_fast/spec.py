@@ -128,6 +128,13 @@ class SweepSpec:
             "global_batch_size", "recompute"))
 
 
+def _did_you_mean(value: str, candidates, otherwise: str) -> str:
+    """A fix naming the candidate closest to ``value`` (:func:`difflib.get_close_matches`,
+    ratio >= 0.6, case-insensitive), else ``otherwise``."""
+    close = difflib.get_close_matches(value.lower(), list(candidates), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else otherwise
+
+
 def _as_list(where, key, value):
     if isinstance(value, list):
         if not value:
@@ -163,9 +170,8 @@ def _strings(where, key, value, allowed):
     out = []
     for v in _as_list(where, key, value):
         if not isinstance(v, str) or v not in allowed:
-            close = difflib.get_close_matches(str(v).lower(), allowed, n=1, cutoff=0.6)
             raise InputError(where, key, v, "one of " + ", ".join(allowed),
-                             f"did you mean {close[0]!r}?" if close else "write one of the allowed names in quotes")
+                             _did_you_mean(str(v), allowed, "write one of the allowed names in quotes"))
         out.append(v)
     return tuple(dict.fromkeys(out))
 
@@ -192,10 +198,9 @@ def _check_keys(where, table_name, table, allowed):
         raise InputError(where, table_name, table, "a TOML table", f"write [{table_name}] as a table")
     for k in table:
         if k not in allowed:
-            close = difflib.get_close_matches(k, sorted(allowed), n=1, cutoff=0.6)
             raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
                              "keys " + ", ".join(sorted(allowed)),
-                             f"did you mean {close[0]!r}? rename the key" if close else "remove or rename the key")
+                             _did_you_mean(k, sorted(allowed), "remove or rename the key"))
 
 
 _NAME_PARTS = (("num_layers", "L"), ("hidden_size", "h"), ("num_attention_heads", "a"),
