@@ -102,17 +102,19 @@ vpp = 2
         assert ((a_ == b_) | (np.isnan(a_) & np.isnan(b_))).all(), col
 
 
-def test_vpp_is_one_integer_of_the_parallel_table():
+def test_vpp_is_an_integer_or_a_list_of_the_parallel_table():
     spec = parse_spec(ONE_POINT_SPEC.format(training="") + "vpp = 3\n", "s.toml")
-    assert all(g.vpp == 3 for g in spec.gpus)
-    for bad in ("0", "65", "2.0", "[2, 4]", "true"):
+    assert [g.vpp for g in spec.gpus] == [3]
+    spec = parse_spec(ONE_POINT_SPEC.format(training="") + "vpp = [1, 2, 2, 4]\n", "s.toml")
+    assert [g.vpp for g in spec.gpus] == [1, 2, 4]
+    for bad in ("0", "65", "2.0", "[2, 0]", "[]", "true", "[1, true]", '"2"'):
         with pytest.raises(InputError, match="parallel.vpp"):
             parse_spec(ONE_POINT_SPEC.format(training="") + f"vpp = {bad}\n", "s.toml")
 
 
 def test_sweep_rows_carry_the_training_settings(write_spec, tmp_path, cli):
-    """Settings are one value per sweep but every row names them, so results of several sweeps
-    can be combined and told apart."""
+    """Every row names its training settings, so results of several sweeps can be combined and
+    told apart."""
     text = ONE_POINT_SPEC.format(training="use_flash_attn = true\nsequence_parallel = true") + "vpp = 2\n"
     out = tmp_path / "settings"
     res = cli("sweep", write_spec(text, "settings.toml"), "-o", out)

@@ -94,7 +94,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     n = s.num_points
     where = f" (shard {shard})" if shard else ""
     console.print(f"sweep [bold]{s.name}[/]{where}: {n:,} points, keep {keep} -> {folder}")
-    for g in s.gpus:
+    for note in s.notes:
+        console.print(f"note: {note}", style="yellow", markup=False)
+    for g in {g.name: g for g in s.gpus}.values():
         if not g.calibrated:
             console.print(f"note: {g.name} has no calibration fitted to its own measurements (published GEMM "
                           "efficiency, A100 software-stack timings such as 60 us host time per kernel): small "
@@ -137,11 +139,11 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         import polars as pl
         from .report import print_frame
         from .writer import PART_GLOB
-        from .query import CONFIG_COLUMNS
+        from .query import CONFIG_COLUMNS, varying_setting_columns
         column = keep.split(":")[-1]
         metric = column.lstrip("-")
-        cols = list(dict.fromkeys(CONFIG_COLUMNS + (metric, "iteration_time_s", "mfu", "memory_per_gpu_GiB",
-                                                    "train_days", "cost_usd")))
+        cols = list(dict.fromkeys(CONFIG_COLUMNS + tuple(varying_setting_columns(folder)) + (
+            metric, "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")))
         rows = (pl.read_parquet(str(folder / PART_GLOB)).select(cols)
                 .sort(metric, descending=column.startswith("-"), nulls_last=True))
         print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,))

@@ -45,7 +45,7 @@ from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from .kernels.params import HW_FIELDS
 from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
-from .spec import RECOMPUTE_VALUES, SweepSpec
+from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
 from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
                      shard_manifest_name, storage_schema, write_json_atomic)
@@ -313,8 +313,10 @@ class _ArrowBuilder:
     def __init__(self, grid: Grid):
         self.model_dict = pa.array(grid.model_names, pa.string())
         self.gpu_dict = pa.array(grid.gpu_names, pa.string())
+        self.gpu_name_codes = grid.gpu_name_codes
+        self.gpu_names_differ = not np.array_equal(grid.gpu_name_codes, np.arange(len(grid.gpu_name_codes)))
         self.input_rows = {name: k for k, name in enumerate(INPUT_NAMES)}
-        # training settings per gpu-axis value (one per sweep, carried by the machine vectors)
+        # training settings per gpu-axis value (carried by the machine vectors)
         self.settings = {}
         for col, field in SETTING_FIELDS.items():
             self.settings[col] = setting_values(col, grid.hw_table[grid.gpus, HW_FIELDS.index(field)])
@@ -325,6 +327,10 @@ class _ArrowBuilder:
         np.copyto(codes[1, :n], b.inputs[ks.I_GPU, :n], casting="unsafe")
         np.copyto(codes[2, :n], b.inputs[ks.I_RECOMPUTE, :n], casting="unsafe")
         np.copyto(codes[3, :n], b.status[:n], casting="unsafe")
+        # settings by gpu-axis value, then the axis value -> its GPU name's code
+        settings = {col: pa.array(per_gpu[codes[1, :n]]) for col, per_gpu in self.settings.items()}
+        if self.gpu_names_differ:
+            np.take(self.gpu_name_codes, codes[1, :n], out=codes[1, :n])
         arrays = {
             "model": pa.DictionaryArray.from_arrays(pa.array(codes[0, :n]), self.model_dict, safe=False),
             "gpu": pa.DictionaryArray.from_arrays(pa.array(codes[1, :n]), self.gpu_dict, safe=False),
@@ -332,8 +338,7 @@ class _ArrowBuilder:
             "status": pa.DictionaryArray.from_arrays(pa.array(codes[3, :n]), _STATUS_DICT, safe=False),
             "num_tokens": pa.array(b.tokens[:n]),
         }
-        for col, per_gpu in self.settings.items():
-            arrays[col] = pa.array(per_gpu[codes[1, :n]])
+        arrays.update(settings)
         for q, row in enumerate(_INT_ROWS):
             vals, valid = b.ints[q, :n], b.valid[q, :n]
             ks.integer_column(b.out[row, :n], vals, valid)
@@ -679,7 +684,8 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
         "gpus": {g.name: {"usd_per_gpu_hour": g.usd_per_gpu_hour, "gpus_per_node": g.gpus_per_node,
                           "intra_node_GBps": g.intra_node_GBps, "inter_node_Gbps": g.inter_node_Gbps,
                           "calibration": vars(g.calibration)} for g in spec.gpus},
-        "machine_vectors": {name: row for name, row in zip(grid.gpu_names, grid.hw_table.tolist())},
+        "machine_vectors": {variant_label(g, dict(spec.settings)): row
+                            for g, row in zip(spec.gpus, grid.hw_table.tolist())},
         "elapsed_s": 0.0,
         "chunks": {},
     }

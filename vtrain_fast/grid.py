@@ -32,7 +32,12 @@ class Grid:
         ``int64``, shape ``(NUM_AXES,)``: length of each axis.
     models : numpy.ndarray
         ``int64``, shape ``(n_models, 7)``, see ``ModelShape.as_row``.
-    model_names, gpu_names : list of str
+    model_names : list of str
+    gpu_names : list of str
+        Distinct GPU preset names, in spec order.
+    gpu_name_codes : numpy.ndarray
+        ``int32``, shape ``(n_gpus,)``: index into ``gpu_names`` per gpu-axis value (several
+        values share a name when training settings are axes).
     tokens : numpy.ndarray
         ``float64``.
     gpus : numpy.ndarray
@@ -51,6 +56,7 @@ class Grid:
     tokens: np.ndarray
     gpus: np.ndarray
     gpu_names: list
+    gpu_name_codes: np.ndarray
     hw_table: np.ndarray
     sizes: np.ndarray
     sizes_in_nodes: bool
@@ -85,6 +91,7 @@ def build_grid(spec: SweepSpec) -> Grid:
         recompute=recompute_codes,
     )
     radices = np.array([len(arrays[a]) for a in AXES], dtype=np.int64)
+    names = list(dict.fromkeys(g.name for g in spec.gpus))
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     return Grid(
         radices=radices,
@@ -92,7 +99,8 @@ def build_grid(spec: SweepSpec) -> Grid:
         model_names=[m.name for m in spec.models],
         tokens=np.array(spec.num_tokens, dtype=np.float64),
         gpus=i64(arrays["gpu"]),
-        gpu_names=[g.name for g in spec.gpus],
+        gpu_names=names,
+        gpu_name_codes=np.array([names.index(g.name) for g in spec.gpus], dtype=np.int32),
         hw_table=np.stack([machine_vector(g) for g in spec.gpus]),
         sizes=i64(spec.cluster_sizes), sizes_in_nodes=spec.sizes_in_nodes,
         tps=i64(spec.tp), pps=i64(spec.pp), mbss=i64(spec.micro_batch_size),

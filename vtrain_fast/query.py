@@ -119,7 +119,8 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
                              "rerun the sweep with --overwrite")
     names = [n for n, _ in objectives]
     cols = list(dict.fromkeys(by + list(CONFIG_COLUMNS) + names + [
-        "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]))
+        "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]
+        + varying_setting_columns(folder)))
     # reduce with the objectives (and group keys) only, then fetch the frontier rows' columns
     row = pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
     group = (pl.struct(by).rank("dense") if by else pl.lit(0)).alias("_group")
@@ -139,6 +140,24 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
 
 
 JOB_COLUMNS = ("model", "num_tokens")
+
+
+def varying_setting_columns(folder: str | Path) -> list[str]:
+    """The training-setting columns (:data:`~vtrain_fast.schema.SETTING_FIELDS`) with more than
+    one value in ``folder``: the settings that were axes of the sweep, which tell its plans apart
+    (a folder from an older version without them gives none).
+
+    Returns
+    -------
+    list of str
+        Column names, in :data:`~vtrain_fast.schema.SETTING_FIELDS` order.
+    """
+    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB))
+    cols = [c for c in SETTING_FIELDS if c in lf.collect_schema().names()]
+    if not cols:
+        return []
+    counts = lf.select([pl.col(c).n_unique() for c in cols]).collect().row(0)
+    return [c for c, n in zip(cols, counts) if n > 1]
 
 
 def varying_job_columns(folder: str | Path) -> list[str]:

@@ -52,7 +52,7 @@ INPUT_COLUMNS = (
     Column("distributed_optimizer", pa.bool_(), "", "Adam states sharded over dp (ZeRO-1)"),
     Column("overlap_grad_reduce", pa.bool_(), "", "DP all-reduce overlapped with the last backward"),
 )
-# Training settings (one value per sweep, stored with each GPU preset): column -> machine-vector
+# Training settings (a value or a list per sweep, stored with each gpu-axis machine): column -> machine-vector
 # field that carries it. Sweeps and evaluate write them so that combined results stay labelled.
 SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_flash_attn": "flash_attn",
                   "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap",

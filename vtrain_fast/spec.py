@@ -16,7 +16,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     overlap_grad_reduce = false     # true: DP all-reduce hidden behind the last backward
     distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
     use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
-    sequence_parallel = false       # true: layer norms, dropouts split over tp (Megatron --sequence-parallel)
+    sequence_parallel = [false, true]   # a list makes a setting an axis, like any other key
     async_tensor_model_parallel_allreduce = false  # true: backward TP exchange behind weight-gradient GEMMs
     [cluster]
     gpu = ["a100-sxm4-80gb"]
@@ -24,7 +24,10 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     [parallel]
     tp = [1, 2, 4, 8]
     pp = [1, 2, 4, 8, 16]
-    vpp = 1                         # model chunks per device, interleaved 1F1B when > 1 (one value)
+    vpp = [1, 2]                    # model chunks per device, interleaved 1F1B when > 1
+
+The training settings (``vpp`` and the switches of :data:`TRAINING_FLAGS`) ride on the GPU axis:
+each GPU preset becomes one machine per combination of their values (:func:`machine_variants`).
 """
 from __future__ import annotations
 
@@ -91,7 +94,8 @@ class SweepSpec:
     models : tuple of ModelShape
     num_tokens : tuple of float
     gpus : tuple of GPUPreset
-        With cluster overrides and calibration applied.
+        One per GPU name and combination of training settings (:func:`machine_variants`), with
+        cluster overrides and calibration applied: the values of the sweep's gpu axis.
     cluster_sizes : tuple of int
         GPUs per job, or nodes per job when ``sizes_in_nodes``.
     sizes_in_nodes : bool
@@ -102,6 +106,11 @@ class SweepSpec:
     source : str
         The spec file's text (kept in the manifest).
     path : str
+    notes : tuple of str
+        Things the sweep skipped, for the user (e.g. FlashAttention on a GPU without it).
+    settings : tuple of (str, tuple)
+        Each training setting (``vpp`` and :data:`TRAINING_FLAGS`) with the values the sweep
+        takes; more than one value makes it an axis (carried by the gpu axis).
     """
 
     name: str
@@ -119,6 +128,8 @@ class SweepSpec:
     chunk_size: int
     source: str
     path: str
+    notes: tuple = ()
+    settings: tuple = ()
 
     @property
     def num_points(self) -> int:
@@ -176,6 +187,88 @@ def _strings(where, key, value, allowed):
     return tuple(dict.fromkeys(out))
 
 
+def _flags(where, key, value, meaning):
+    """A training switch: ``true``, ``false`` or a list of them (then an axis)."""
+    out = []
+    for v in _as_list(where, f"training.{key}", value):
+        if not isinstance(v, bool):
+            raise InputError(where, f"training.{key}", v, f"true or false, or a list of them ({meaning})",
+                             f"write {key} = true, {key} = false or {key} = [false, true], without quotes")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _vpps(where, value):
+    """``parallel.vpp``: model chunks per device, one integer or a list (then an axis)."""
+    lo, hi = VPP_RANGE
+    out = []
+    for v in _as_list(where, "parallel.vpp", value):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(where, "parallel.vpp", v, f"integers from {lo} to {hi}",
+                             "model chunks per device of Megatron's interleaved 1F1B schedule "
+                             "(--num-layers-per-virtual-pipeline-stage = num_layers / (pp * vpp)); "
+                             "1 = not interleaved; e.g. vpp = 2 or vpp = [1, 2, 4]")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str):
+    """The gpu axis of a sweep: one preset per GPU name and combination of training settings.
+
+    Parameters
+    ----------
+    names : sequence of str
+        GPU preset names, in spec order (outermost).
+    settings : dict
+        Setting name (``vpp`` or a key of :data:`TRAINING_FLAGS`) -> tuple of its values; their
+        product, in this order with the last setting fastest, follows each name.
+    overrides : dict
+        Cluster overrides for every preset (``OVERRIDE_RANGES`` keys).
+    calibration : dict
+        GPU name -> :class:`~vtrain_fast.hardware.Calibration` from a calibration file.
+    where : str
+        File name for errors.
+
+    Returns
+    -------
+    tuple
+        ``(presets, notes)``: the presets (``GPUPreset``, a tuple) and what was skipped (a
+        tuple of str): with ``use_flash_attn = [false, true]``, the ``true`` machines of a GPU
+        without FlashAttention kernels are left out and named in a note.
+
+    Raises
+    ------
+    InputError
+        ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
+        (:func:`check_flash_attention`).
+    """
+    presets, skipped = [], []
+    for name in names:
+        for combo in itertools.product(*settings.values()):
+            g = with_overrides(get_preset(name), calibration.get(name), **overrides, **dict(zip(settings, combo)))
+            if g.use_flash_attn and False in settings["use_flash_attn"] and not has_flash_attention(g):
+                if name not in skipped:
+                    skipped.append(name)
+                continue
+            check_flash_attention(g, where, "training.use_flash_attn")
+            presets.append(g)
+    notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
+                  "true machines are left out" for name in skipped)
+    return tuple(presets), notes
+
+
+def variant_label(preset, settings: dict) -> str:
+    """``name`` of a gpu-axis machine, followed by the values of the settings that vary in the
+    sweep (``settings``: name -> tuple of values), e.g. ``a100-sxm4-80gb vpp=2 sequence_parallel=true``."""
+    parts = [preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k, vals in settings.items() if len(vals) > 1]
+    return " ".join(parts)
+
+
+def has_flash_attention(preset) -> bool:
+    """Whether ``preset`` has FlashAttention kernels (``flash_attention_efficiency > 0``)."""
+    return preset.calibration.flash_attention_efficiency > 0.0
+
+
 def check_flash_attention(preset, where: str, key: str) -> None:
     """Refuse ``use_flash_attn`` for a GPU preset without FlashAttention kernels
     (``flash_attention_efficiency`` 0, e.g. the V100: FlashAttention-2 needs Ampere or newer).
@@ -185,7 +278,7 @@ def check_flash_attention(preset, where: str, key: str) -> None:
     InputError
         Naming ``where``, ``key``, the GPU and the fix.
     """
-    if preset.use_flash_attn and not preset.calibration.flash_attention_efficiency > 0.0:
+    if preset.use_flash_attn and not has_flash_attention(preset):
         raise InputError(where, key, "true", f"false for {preset.name}, whose flash_attention_efficiency is 0 "
                          "(no FlashAttention kernel: FlashAttention-2 needs an Ampere or newer GPU; or a "
                          "calibration file set it to 0)",
@@ -309,25 +402,10 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                     raise InputError(path, f"cluster.{k}", v, f"one number from {lo:g} to {hi:g}")
                 overrides[k] = float(v)
-    for key, meaning in TRAINING_FLAGS.items():
-        flag = tr.get(key, False)
-        if not isinstance(flag, bool):
-            raise InputError(path, f"training.{key}", flag, f"true or false ({meaning})",
-                             f"write {key} = true or {key} = false, without quotes; one value per sweep "
-                             "(run one sweep per value to compare them)")
-        overrides[key] = flag
-    vpp = pa_.get("vpp", 1)
-    lo, hi = VPP_RANGE
-    if isinstance(vpp, bool) or not isinstance(vpp, int) or not lo <= vpp <= hi:
-        raise InputError(path, "parallel.vpp", vpp, f"one integer from {lo} to {hi}",
-                         "model chunks per device of Megatron's interleaved 1F1B schedule "
-                         "(--num-layers-per-virtual-pipeline-stage = num_layers / (pp * vpp)); 1 = not interleaved")
-    overrides["vpp"] = vpp
-    calibration = calibration or {}
-    gpus = tuple(with_overrides(get_preset(n), calibration.get(n), **overrides)
-                 for n in _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)))
-    for g in gpus:
-        check_flash_attention(g, path, "training.use_flash_attn")
+    settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
+    settings["vpp"] = _vpps(path, pa_.get("vpp", 1))
+    gpus, notes = machine_variants(_strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)), settings,
+                                   overrides, calibration or {}, path)
     size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
     chunk = doc.get("output", {}).get("chunk_size", 1 << 18)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:
@@ -351,6 +429,8 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         chunk_size=chunk,
         source=text,
         path=path,
+        notes=notes,
+        settings=tuple(settings.items()),
     )
 
 

@@ -1,0 +1,116 @@
+"""Training settings as axes: a list for vpp or a training switch multiplies the gpu axis into
+one machine per combination, and each row equals the row of a sweep that fixes those values."""
+from __future__ import annotations
+
+import json
+import math
+
+import polars as pl
+import pytest
+
+from vtrain_fast.engine import evaluate_chunk
+from vtrain_fast.errors import InputError
+from vtrain_fast.grid import build_grid
+from vtrain_fast.spec import TRAINING_FLAGS, parse_spec
+
+from conftest import ONE_POINT_SPEC
+
+# 2 GPUs x (2 sequence_parallel x 2 vpp) machines x 2 tp x 3 pp x 2 mbs x 2 recompute
+AXES_SPEC = """\
+[model]
+presets = ["gpt3-1.3b"]
+[training]
+num_tokens = 1e11
+global_batch_size = 256
+micro_batch_size = [1, 2]
+recompute = ["none", "selective"]
+sequence_parallel = {sp}
+[cluster]
+gpu = ["a100-sxm4-80gb", "h100-sxm-80gb"]
+num_gpus = 32
+[parallel]
+tp = [1, 2]
+pp = [1, 2, 4]
+vpp = {vpp}
+"""
+KEYS = ["gpu", "tp", "pp", "micro_batch_size", "recompute"]
+
+
+def _rows(text: str) -> pl.DataFrame:
+    grid = build_grid(parse_spec(text, "axes.toml"))
+    return pl.from_arrow(evaluate_chunk(grid, 0, grid.num_points))
+
+
+def test_each_flag_takes_a_list_and_every_combination_becomes_a_machine():
+    for flag in TRAINING_FLAGS:
+        spec = parse_spec(ONE_POINT_SPEC.format(training=f"{flag} = [false, true, false]"), "s.toml")
+        assert [getattr(g, flag) for g in spec.gpus] == [False, True], flag
+    spec = parse_spec(AXES_SPEC.format(sp="[false, true]", vpp="[1, 2]"), "s.toml")
+    combos = [(g.name, g.sequence_parallel, g.vpp) for g in spec.gpus]
+    assert combos == [(n, sp, v) for n in ("a100-sxm4-80gb", "h100-sxm-80gb")
+                      for sp in (False, True) for v in (1, 2)]
+    assert spec.num_points == 2 * 4 * 2 * 3 * 2 * 2
+    assert dict(spec.settings)["vpp"] == (1, 2)
+
+
+@pytest.mark.parametrize("bad", ["[]", "[true, 1]", '["true"]', "[[true]]", "1"])
+def test_a_bad_switch_value_names_the_key_and_the_list_form(bad):
+    with pytest.raises(InputError, match=r"training\.sequence_parallel") as e:
+        parse_spec(ONE_POINT_SPEC.format(training=f"sequence_parallel = {bad}"), "s.toml")
+    assert "s.toml" in str(e.value)
+
+
+def test_rows_of_a_settings_axis_equal_the_sweeps_that_fix_them():
+    both = _rows(AXES_SPEC.format(sp="[false, true]", vpp="[1, 2]"))
+    assert both.height == 2 * 4 * 2 * 3 * 2 * 2
+    for sp in (False, True):
+        for vpp in (1, 2):
+            one = _rows(AXES_SPEC.format(sp=str(sp).lower(), vpp=vpp)).sort(KEYS)
+            part = both.filter((pl.col("sequence_parallel") == sp) & (pl.col("vpp") == vpp)).sort(KEYS)
+            assert part.height == one.height
+            for col in one.columns:
+                a, b = part[col].to_list(), one[col].to_list()
+                assert all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+                           for x, y in zip(a, b)), (sp, vpp, col)
+    # the axis changes the results: sequence parallelism moves activations at tp = 2
+    tp2 = both.filter((pl.col("tp") == 2) & (pl.col("status") == "ok"))
+    act = tp2.group_by("sequence_parallel").agg(pl.col("activations_GiB").mean()).sort("sequence_parallel")
+    assert act["activations_GiB"][1] < act["activations_GiB"][0]
+
+
+def test_gpu_column_names_each_gpu_once():
+    grid = build_grid(parse_spec(AXES_SPEC.format(sp="[false, true]", vpp="[1, 2]"), "axes.toml"))
+    gpu = evaluate_chunk(grid, 0, grid.num_points).column("gpu")
+    assert gpu.dictionary.to_pylist() == ["a100-sxm4-80gb", "h100-sxm-80gb"]
+    half = grid.num_points // 2      # the gpu axis is outside tp, pp, mbs and recompute
+    assert gpu.indices.to_pylist() == [0] * half + [1] * half
+
+
+def test_flash_attention_list_skips_a_gpu_without_the_kernel_and_says_so():
+    text = ONE_POINT_SPEC.format(training="use_flash_attn = [false, true]").replace(
+        'gpu = "a100-sxm4-80gb"', 'gpu = ["a100-sxm4-80gb", "v100-sxm2-32gb"]')
+    spec = parse_spec(text, "s.toml")
+    assert [(g.name, g.use_flash_attn) for g in spec.gpus] == [
+        ("a100-sxm4-80gb", False), ("a100-sxm4-80gb", True), ("v100-sxm2-32gb", False)]
+    assert len(spec.notes) == 1 and "v100-sxm2-32gb" in spec.notes[0]
+    with pytest.raises(InputError, match="use_flash_attn"):
+        parse_spec(text.replace("[false, true]", "true"), "s.toml")
+
+
+def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, cli):
+    path = write_spec(AXES_SPEC.format(sp="[false, true]", vpp="1"), "axes.toml")
+    out = tmp_path / "axes"
+    res = cli("sweep", path, "-o", out, "--keep", "top:5:iteration_time_s")
+    assert res.exit_code == 0, res.output
+    assert "sequence_parallel" in res.output and "vpp" not in res.output
+    full = tmp_path / "full"
+    assert cli("sweep", path, "-o", full).exit_code == 0
+    res = cli("pareto", full, "--minimize", "iteration_time_s", "--minimize", "memory_per_gpu_GiB",
+              "-o", tmp_path / "front.parquet")
+    assert res.exit_code == 0, res.output
+    assert "sequence_parallel" in res.output
+    front = pl.read_parquet(tmp_path / "front.parquet")
+    assert "sequence_parallel" in front.columns and "use_flash_attn" not in front.columns
+    labels = list(json.loads((full / "manifest.json").read_text())["machine_vectors"])
+    assert labels == ["a100-sxm4-80gb sequence_parallel=false", "a100-sxm4-80gb sequence_parallel=true",
+                      "h100-sxm-80gb sequence_parallel=false", "h100-sxm-80gb sequence_parallel=true"]
