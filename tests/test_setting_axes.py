@@ -106,11 +106,47 @@ def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, c
     full = tmp_path / "full"
     assert cli("sweep", path, "-o", full).exit_code == 0
     res = cli("pareto", full, "--minimize", "iteration_time_s", "--minimize", "memory_per_gpu_GiB",
-              "-o", tmp_path / "front.parquet")
+              "-o", tmp_path / "front.csv")
     assert res.exit_code == 0, res.output
-    assert "sequence_parallel" in res.output
-    front = pl.read_parquet(tmp_path / "front.parquet")
-    assert "sequence_parallel" in front.columns and "use_flash_attn" not in front.columns
+    assert "sequence_parallel" in res.output and "use_flash_attn" not in res.output
+    # the file holds whole plans (every column) and evaluates to the same rows
+    front = pl.read_csv(tmp_path / "front.csv")
+    assert front.columns == pl.read_parquet(str(full / "part-*.parquet")).columns
+    res = cli("evaluate", tmp_path / "front.csv", "-o", tmp_path / "again.parquet")
+    assert res.exit_code == 0 and "recomputed" in res.output, res.output
+    again = pl.read_parquet(tmp_path / "again.parquet")
+    assert again["iteration_time_s"].to_list() == front["iteration_time_s"].to_list()
+    assert again["sequence_parallel"].to_list() == front["sequence_parallel"].to_list()
     labels = list(json.loads((full / "manifest.json").read_text())["machine_vectors"])
     assert labels == ["a100-sxm4-80gb sequence_parallel=false", "a100-sxm4-80gb sequence_parallel=true",
                       "h100-sxm-80gb sequence_parallel=false", "h100-sxm-80gb sequence_parallel=true"]
+
+
+def test_top_k_rows_show_a_setting_axis_even_where_they_agree(write_spec, tmp_path, cli):
+    """Which settings to show comes from the spec's lists, not from the rows kept."""
+    path = write_spec(AXES_SPEC.format(sp="[false, true]", vpp="1").replace(
+        "sequence_parallel = [false, true]", "sequence_parallel = [false, true]\nuse_flash_attn = [false, true]"))
+    res = cli("sweep", path, "-o", tmp_path / "top", "--keep", "top:2:iteration_time_s")
+    assert res.exit_code == 0, res.output
+    rows = pl.read_parquet(str(tmp_path / "top" / "part-*.parquet"))
+    assert rows["use_flash_attn"].all()          # the fastest plans all use it ...
+    assert "use_flash_attn" in res.output        # ... and the table says so
+
+
+def test_redundant_async_machines_with_sequence_parallelism_are_left_out():
+    spec = parse_spec(ONE_POINT_SPEC.format(training="sequence_parallel = [false, true]\n"
+                                            "async_tensor_model_parallel_allreduce = [false, true]"), "s.toml")
+    assert [(g.sequence_parallel, g.async_tensor_model_parallel_allreduce) for g in spec.gpus] == [
+        (False, False), (False, True), (True, False)]
+    assert any("sequence_parallel" in n for n in spec.notes)
+
+
+def test_a_key_in_the_wrong_table_says_where_it_belongs():
+    with pytest.raises(InputError, match=r"training\.vpp.*move it to the \[parallel\] table"):
+        parse_spec(ONE_POINT_SPEC.format(training="vpp = 2"), "s.toml")
+
+
+@pytest.mark.parametrize("name", ["rows.txt", "rows"])
+def test_output_file_suffix_is_checked_before_any_work(tmp_path, cli, name):
+    res = cli("validate", "-o", tmp_path / name)
+    assert res.exit_code == 2 and ".csv" in res.output and not (tmp_path / name).exists()

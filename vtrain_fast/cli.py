@@ -77,7 +77,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     from .engine import _parse_shard, parse_keep, run_sweep
     from .spec import load_spec
     s = load_spec(spec, _calibration(calibration))
-    parse_keep(keep, minimize)          # bad options fail before the progress bar starts
+    kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
     _parse_shard(shard)
     folder = output or Path("results") / s.name
     if not overwrite and shard is None and (folder / "manifest.json").is_file():
@@ -96,6 +96,12 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     console.print(f"sweep [bold]{s.name}[/]{where}: {n:,} points, keep {keep} -> {folder}")
     for note in s.notes:
         console.print(f"note: {note}", style="yellow", markup=False)
+    jobs = [k for k, n in (("model", len(s.models)), ("num_tokens", len(s.num_tokens))) if n > 1]
+    if keep.startswith(("frontier", "top")) and jobs and "loss" not in kept.objectives:
+        console.print(f"note: the spec trains several jobs ({', '.join(jobs)} vary) and --keep {keep} keeps one "
+                      "set of rows across them, where shorter or smaller runs win; for each job's plans use "
+                      "--keep feasible (or all) and `vtrain-fast pareto --by " + " --by ".join(jobs) + "`, or "
+                      "one spec per job", style="yellow", markup=False)
     for g in {g.name: g for g in s.gpus}.values():
         if not g.calibrated:
             console.print(f"note: {g.name} has no calibration fitted to its own measurements (published GEMM "
@@ -203,16 +209,19 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                                               help="objective column (repeat; '-col' maximises)"),
            by: List[str] = typer.Option([], "--by", help="one frontier per value of this input column (repeat), e.g. model"),
            top: int = typer.Option(20, "--top", help="rows to print (per group with --by)"),
-           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the frontier to Parquet"),
+           output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                 help="write the frontier plans, every column, to .parquet or .csv"),
            plot: Optional[Path] = typer.Option(None, "--plot",
                                                help="PNG of the first two objectives: feasible plans and frontier")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
-    from .evaluate import write_parquet_atomic
-    from .query import pareto as pareto_frontier
+    from .evaluate import check_table_path, write_table_atomic
+    from .query import frontier_columns, pareto as pareto_frontier
     from .report import PLOT_SUFFIXES, print_frame
     if top < 1:
         raise InputError("command line", "--top", top, "a whole number >= 1",
                          "rows to print (per group with --by), e.g. --top 20")
+    if output:
+        check_table_path(output)
     if plot:
         if len(minimize) < 2:
             raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",
@@ -220,7 +229,10 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         if plot.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
             raise InputError("command line", "--plot", str(plot), "a file name ending in " +
                              ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
-    front = pareto_frontier(folder, list(minimize), list(by))
+    front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None)
+    if output:
+        write_table_atomic(front, output)
+        front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize]))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
              + (f"; per {', '.join(by)}" if by else "") + ")")
     if front.height == 0:
@@ -228,9 +240,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                       "manifest.json: try larger tp/pp, recompute = full or more GPUs")
         return
     from .writer import read_manifest
-    if not by and not read_manifest(folder).get("keep", "all").startswith("frontier"):
+    if not read_manifest(folder).get("keep", "all").startswith("frontier"):
         from .query import varying_job_columns
-        mixed = varying_job_columns(folder)
+        mixed = [c for c in varying_job_columns(folder) if c not in by]
         if mixed:
             console.print(f"note: the rows train different jobs ({', '.join(mixed)} vary), so shorter or smaller "
                           f"runs dominate this frontier; add {' '.join('--by ' + c for c in mixed)} for one "
@@ -247,8 +259,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         console.print(f"({front.height - shown.height:,} more frontier rows not shown; raise --top or "
                       "write them all with -o FILE.parquet)")
     if output:
-        write_parquet_atomic(front, output)
-        console.print(f"wrote {output}")
+        console.print(f"wrote {output} (every column of the {_plural(front.height, 'frontier plan')})")
     if plot:
         from .query import feasible_sample
         from .report import plot_frontier
@@ -260,25 +271,41 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
 @app.command()
 @_user_errors
 def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row"),
-             output: Path = typer.Option(..., "-o", "--output", help="output Parquet file"),
+             output: Path = typer.Option(..., "-o", "--output", help="output file, .parquet or .csv"),
              calibration: Optional[Path] = CalibrationOpt):
     """Evaluate explicit configurations from a CSV file."""
-    from .evaluate import evaluate_frame, read_csv, write_parquet_atomic
+    from .evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
     from .report import print_frame
-    df = evaluate_frame(read_csv(csv), str(csv), _calibration(calibration))
-    write_parquet_atomic(df, output)
+    from .kernels.step import OUTPUT_NAMES
+    check_table_path(output)
+    plans = read_csv(csv)
+    # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
+    # recomputed; a few output names among the inputs stay an error (evaluate_frame)
+    old_outputs = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
+    if set(OUTPUT_NAMES) | {"status"} <= set(plans.columns):
+        plans = plans.drop(old_outputs)
+        console.print(f"note: {csv} has output columns ({_plural(len(old_outputs), 'column')}: "
+                      f"{', '.join(old_outputs[:4])}{', ...' if len(old_outputs) > 4 else ''}); they are "
+                      "recomputed, not read", style="yellow", markup=False)
+    df = evaluate_frame(plans, str(csv), _calibration(calibration))
+    write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
-    shown = [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
-                         "global_batch_size", "recompute", "status", "iteration_time_s", "mfu",
-                         "memory_per_gpu_GiB", "train_days", "cost_usd") if c in df.columns]
+    from .schema import COLUMNS, SETTING_FIELDS
+    known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
+    labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
+    settings = [c for c in SETTING_FIELDS if c in df.columns and df[c].n_unique() > 1]
+    shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
+                                  "global_batch_size", "recompute") if c in df.columns] + settings + [
+        c for c in ("status", "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
+        if c in df.columns]
     print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console)
-    console.print(f"wrote {df.height} rows to {output}; status: {_status_line(counts)}")
+    console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 
 
 @app.command()
 @_user_errors
 def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o", "--output",
-                                         help="per-row errors (Parquet)"),
+                                         help="per-row errors, .parquet or .csv"),
              plot: Optional[Path] = typer.Option(None, "--plot", help="predicted-vs-measured PNG"),
              calibration: Optional[Path] = CalibrationOpt,
              write_measurements: Optional[Path] = typer.Option(
@@ -286,11 +313,12 @@ def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o
     """Compare predictions with vTrain's 1,549 measured A100 iteration times."""
     import polars as pl
 
-    from .evaluate import write_parquet_atomic
+    from .evaluate import check_table_path, write_table_atomic
     from .report import print_frame
     from .validate import group_spearman, load_measurements
     from .validate import plot as plot_rows
     from .validate import validate as run
+    check_table_path(output)
     rows, summary = run(_calibration(calibration))
     print_frame(summary, "Iteration-time error vs measurements (percent)", console=console)
     groups = group_spearman(rows)
@@ -301,9 +329,10 @@ def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o
         for which in ("single", "multi"):
             load_measurements(which).write_csv(write_measurements / f"vtrain_{which}.csv")
         console.print(f"measurements: {write_measurements}/vtrain_single.csv, vtrain_multi.csv")
-    write_parquet_atomic(rows, output)
-    write_parquet_atomic(groups, output.with_name(output.stem + "_groups.parquet"))
-    console.print(f"per-row errors: {output}; per-group: {output.with_name(output.stem + '_groups.parquet')}")
+    groups_path = output.with_name(output.stem + "_groups" + output.suffix)
+    write_table_atomic(rows, output)
+    write_table_atomic(groups, groups_path)
+    console.print(f"per-row errors: {output}; per-group: {groups_path}")
     if plot:
         plot_rows(rows, plot)
         console.print(f"plot: {plot}")

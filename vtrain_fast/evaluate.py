@@ -320,6 +320,43 @@ def read_csv(path: str | Path) -> pl.DataFrame:
         raise InputError(str(p), "CSV", str(e).splitlines()[0], "a comma-separated file with a header row") from None
 
 
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+def check_table_path(path: str | Path, option: str = "-o") -> None:
+    """Refuse an output file name whose suffix is not a table format we write
+    (:data:`TABLE_SUFFIXES`): call before any work.
+
+    Raises
+    ------
+    InputError
+        Naming the option, the path and the allowed suffixes.
+    """
+    if Path(path).is_dir():
+        raise InputError("command line", option, str(path), "a file name, not a folder",
+                         f"e.g. -o {Path(path) / 'results.parquet'}")
+    if Path(path).suffix.lower() not in TABLE_SUFFIXES:
+        raise InputError("command line", option, str(path), "a file name ending in " + ", ".join(TABLE_SUFFIXES),
+                         "e.g. -o results.parquet (Parquet) or -o results.csv (CSV)")
+
+
+def write_table_atomic(df: pl.DataFrame, path: str | Path) -> None:
+    """Write ``df`` to ``path`` as CSV (suffix ``.csv``) or Parquet (``.parquet``, ``.pq``),
+    through a temporary name and an atomic rename.
+
+    Raises
+    ------
+    InputError
+        If the suffix is not one of :data:`TABLE_SUFFIXES`, or ``path`` is a folder or lies
+        under a file.
+    """
+    check_table_path(path)
+    if Path(path).suffix.lower() == ".csv":
+        write_atomically(path, lambda tmp: df.write_csv(tmp))
+    else:
+        write_parquet_atomic(df, path)
+
+
 def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> None:
     """Write ``df`` to ``path`` through a temporary name and an atomic rename.
 

@@ -57,7 +57,8 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
     return mask
 
 
-def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None) -> pl.DataFrame:
+def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
+           all_columns: bool = False) -> pl.DataFrame:
     """The Pareto frontier of the feasible rows (``status == "ok"``) of a results folder.
 
     Parameters
@@ -69,6 +70,9 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
         maximise it (e.g. ``-mfu``).
     by : list of str, optional
         Input columns (e.g. ``model``, ``num_tokens``, ``gpu``): one frontier per group.
+    all_columns : bool
+        Every column of the rows (each plan complete, e.g. to write to a file and evaluate
+        again) instead of :func:`frontier_columns`.
 
     Returns
     -------
@@ -118,9 +122,7 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
                              "the folder was written by an older vtrain_fast without this column; "
                              "rerun the sweep with --overwrite")
     names = [n for n, _ in objectives]
-    cols = list(dict.fromkeys(by + list(CONFIG_COLUMNS) + names + [
-        "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]
-        + varying_setting_columns(folder)))
+    cols = [c for c in lf.collect_schema().names()] if all_columns else frontier_columns(folder, by, names)
     # reduce with the objectives (and group keys) only, then fetch the frontier rows' columns
     row = pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
     group = (pl.struct(by).rank("dense") if by else pl.lit(0)).alias("_group")
@@ -142,10 +144,20 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None)
 JOB_COLUMNS = ("model", "num_tokens")
 
 
+def frontier_columns(folder: str | Path, by: list[str], objectives: list[str]) -> list[str]:
+    """Columns a frontier table shows: the groups, the plan (:data:`CONFIG_COLUMNS` and the
+    settings that were axes, :func:`varying_setting_columns`), the objectives and the headline
+    outputs."""
+    return list(dict.fromkeys(list(by) + list(CONFIG_COLUMNS) + list(objectives) + [
+        "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]
+        + varying_setting_columns(folder)))
+
+
 def varying_setting_columns(folder: str | Path) -> list[str]:
-    """The training-setting columns (:data:`~vtrain_fast.schema.SETTING_FIELDS`) with more than
-    one value in ``folder``: the settings that were axes of the sweep, which tell its plans apart
-    (a folder from an older version without them gives none).
+    """The training-setting columns (:data:`~vtrain_fast.schema.SETTING_FIELDS`) that were axes
+    of the sweep (a list in its spec, recorded as ``setting_axes`` in the manifest): they tell its
+    plans apart, also where the rows shown happen to share one value. Folders without that record
+    (older versions) give the settings with more than one value in their rows.
 
     Returns
     -------
@@ -154,6 +166,9 @@ def varying_setting_columns(folder: str | Path) -> list[str]:
     """
     lf = pl.scan_parquet(str(Path(folder) / PART_GLOB))
     cols = [c for c in SETTING_FIELDS if c in lf.collect_schema().names()]
+    axes = read_manifest(folder).get("setting_axes")
+    if axes is not None:
+        return [c for c in cols if c in axes]
     if not cols:
         return []
     counts = lf.select([pl.col(c).n_unique() for c in cols]).collect().row(0)

@@ -16,7 +16,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     overlap_grad_reduce = false     # true: DP all-reduce hidden behind the last backward
     distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
     use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
-    sequence_parallel = [false, true]   # a list makes a setting an axis, like any other key
+    sequence_parallel = false       # true: layer norms, dropouts split over tp (Megatron --sequence-parallel)
     async_tensor_model_parallel_allreduce = false  # true: backward TP exchange behind weight-gradient GEMMs
     [cluster]
     gpu = ["a100-sxm4-80gb"]
@@ -24,10 +24,11 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     [parallel]
     tp = [1, 2, 4, 8]
     pp = [1, 2, 4, 8, 16]
-    vpp = [1, 2]                    # model chunks per device, interleaved 1F1B when > 1
+    vpp = 1                         # model chunks per device, interleaved 1F1B when > 1
 
 The training settings (``vpp`` and the switches of :data:`TRAINING_FLAGS`) ride on the GPU axis:
-each GPU preset becomes one machine per combination of their values (:func:`machine_variants`).
+a list of values makes a setting an axis, and each GPU preset becomes one machine per combination
+of their values (:func:`machine_variants`).
 """
 from __future__ import annotations
 
@@ -234,7 +235,9 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     tuple
         ``(presets, notes)``: the presets (``GPUPreset``, a tuple) and what was skipped (a
         tuple of str): with ``use_flash_attn = [false, true]``, the ``true`` machines of a GPU
-        without FlashAttention kernels are left out and named in a note.
+        without FlashAttention kernels are left out, and with
+        ``async_tensor_model_parallel_allreduce = [false, true]`` its ``true`` machines with
+        sequence parallelism (identical to the ``false`` ones), each named in a note.
 
     Raises
     ------
@@ -242,7 +245,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
         (:func:`check_flash_attention`).
     """
-    presets, skipped = [], []
+    presets, skipped, redundant = [], [], False
     for name in names:
         for combo in itertools.product(*settings.values()):
             g = with_overrides(get_preset(name), calibration.get(name), **overrides, **dict(zip(settings, combo)))
@@ -250,10 +253,18 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                 if name not in skipped:
                     skipped.append(name)
                 continue
+            if g.sequence_parallel and g.async_tensor_model_parallel_allreduce and \
+                    False in settings["async_tensor_model_parallel_allreduce"]:
+                redundant = True    # the same machine as without the flag: SP always overlaps
+                continue
             check_flash_attention(g, where, "training.use_flash_attn")
             presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
+    if redundant:
+        notes += ("async_tensor_model_parallel_allreduce = true is left out where sequence_parallel = true: "
+                  "with sequence parallelism the reduce-scatter is always overlapped, so those machines "
+                  "would repeat the false ones",)
     return tuple(presets), notes
 
 
@@ -279,7 +290,7 @@ def check_flash_attention(preset, where: str, key: str) -> None:
         Naming ``where``, ``key``, the GPU and the fix.
     """
     if preset.use_flash_attn and not has_flash_attention(preset):
-        raise InputError(where, key, "true", f"false for {preset.name}, whose flash_attention_efficiency is 0 "
+        raise InputError(where, key, True, f"false for {preset.name}, whose flash_attention_efficiency is 0 "
                          "(no FlashAttention kernel: FlashAttention-2 needs an Ampere or newer GPU; or a "
                          "calibration file set it to 0)",
                          f"drop {preset.name} or set use_flash_attn = false, or give {preset.name} a "
@@ -291,9 +302,11 @@ def _check_keys(where, table_name, table, allowed):
         raise InputError(where, table_name, table, "a TOML table", f"write [{table_name}] as a table")
     for k in table:
         if k not in allowed:
+            home = [t for t, keys in _TABLES.items() if k in keys and t != table_name]
+            fix = (f"move it to the [{home[0]}] table" if home
+                   else _did_you_mean(k, sorted(allowed), "remove or rename the key"))
             raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
-                             "keys " + ", ".join(sorted(allowed)),
-                             _did_you_mean(k, sorted(allowed), "remove or rename the key"))
+                             "keys " + ", ".join(sorted(allowed)), fix)
 
 
 _NAME_PARTS = (("num_layers", "L"), ("hidden_size", "h"), ("num_attention_heads", "a"),
