@@ -45,10 +45,12 @@ HW_RANGES = {
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
     "dp_overlap": (0.0, 1.0), "optimizer_sharding": (0.0, 1.0), "flash_attn": None,
     "flash_attention_efficiency": (0.05, 1.0), "sequence_parallel": None, "vpp": None, "tp_overlap": None,
+    "repeat_cases": None,
 }
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
 SAMPLED = {"gpus_per_node": GPUS_PER_NODE, "flash_attn": (0.0, 1.0), "sequence_parallel": (0.0, 1.0), "tp_overlap": (0.0, 1.0),
-           "vpp": (1.0, 1.0, 2.0, 3.0, 4.0)}   # fields drawn from a set
+           "vpp": (1.0, 1.0, 2.0, 3.0, 4.0),
+           "repeat_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
 

@@ -60,6 +60,10 @@ def test_a_bad_switch_value_names_the_key_and_the_list_form(bad):
     assert "s.toml" in str(e.value)
 
 
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
 def test_rows_of_a_settings_axis_equal_the_sweeps_that_fix_them():
     both = _rows(AXES_SPEC.format(sp="[false, true]", vpp="[1, 2]"))
     assert both.height == 2 * 4 * 2 * 3 * 2 * 2
@@ -68,14 +72,70 @@ def test_rows_of_a_settings_axis_equal_the_sweeps_that_fix_them():
             one = _rows(AXES_SPEC.format(sp=str(sp).lower(), vpp=vpp)).sort(KEYS)
             part = both.filter((pl.col("sequence_parallel") == sp) & (pl.col("vpp") == vpp)).sort(KEYS)
             assert part.height == one.height
+            fresh = (part["status"] != "repeat").to_list()
+            # a repeat row is first evaluated under the first machine (sp false, vpp 1) ...
+            assert any(fresh) and (all(fresh) if (sp, vpp) == (False, 1) else not all(fresh))
             for col in one.columns:
                 a, b = part[col].to_list(), one[col].to_list()
-                assert all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
-                           for x, y in zip(a, b)), (sp, vpp, col)
+                assert all(_same(x, y) for x, y, f in zip(a, b, fresh) if f), (sp, vpp, col)
+            # ... at tp = 1 for sequence parallelism, at pp = 1 for vpp
+            rep = part.filter(pl.col("status") == "repeat")
+            assert (rep["tp"] == 1).all() if vpp == 1 else (rep["pp"] == 1).all() if not sp else \
+                ((rep["tp"] == 1) | (rep["pp"] == 1)).all()
     # the axis changes the results: sequence parallelism moves activations at tp = 2
     tp2 = both.filter((pl.col("tp") == 2) & (pl.col("status") == "ok"))
     act = tp2.group_by("sequence_parallel").agg(pl.col("activations_GiB").mean()).sort("sequence_parallel")
     assert act["activations_GiB"][1] < act["activations_GiB"][0]
+
+
+ALL_SETTINGS_SPEC = """\
+[model]
+presets = ["gpt3-1.3b"]
+[training]
+num_tokens = 1e11
+global_batch_size = 64
+micro_batch_size = 2
+recompute = ["full", "selective"]
+use_flash_attn = [false, true]
+sequence_parallel = [false, true]
+distributed_optimizer = [false, true]
+overlap_grad_reduce = [false, true]
+async_tensor_model_parallel_allreduce = [false, true]
+[cluster]
+gpu = "a100-sxm4-80gb"
+num_gpus = [4, 8]
+[parallel]
+tp = [1, 2]
+pp = [1, 2]
+vpp = [1, 2]
+"""
+
+
+def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(tmp_path):
+    """Brute force over every setting: evaluate each `repeat` row on its own (evaluate never
+    marks repeats) and find a kept row of the same plan with bit-identical outputs."""
+    from vtrain_fast.evaluate import evaluate_frame
+    from vtrain_fast.kernels.step import OUTPUT_NAMES
+    rows = _rows(ALL_SETTINGS_SPEC)
+    rep = rows.filter(pl.col("status") == "repeat")
+    kept = rows.filter(pl.col("status") != "repeat")
+    assert rep.height > 0 and kept.height > 0
+    plan = ["num_gpus", "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute"]
+    inputs = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "gpu", "tp", "pp", "dp",
+              "micro_batch_size", "global_batch_size", "num_tokens", "recompute", "vpp", "use_flash_attn",
+              "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
+              "async_tensor_model_parallel_allreduce"]
+    again = evaluate_frame(rep.select(inputs).with_columns(pl.col("gpu").cast(pl.String),
+                                                           pl.col("recompute").cast(pl.String)), "rows")
+    outs = [c for c in OUTPUT_NAMES]
+    for r in again.iter_rows(named=True):
+        twins = kept.filter(*[pl.col(c) == r[c] for c in plan if c != "recompute"],
+                            pl.col("recompute").cast(pl.String) == r["recompute"],
+                            pl.col("use_flash_attn") == r["use_flash_attn"])
+        assert any(all(_same(t[c], r[c]) for c in outs) for t in twins.iter_rows(named=True)), r
+    # and no two kept rows are one plan priced alike under different settings
+    ok = kept.filter(pl.col("status").is_in(["ok", "out_of_memory"]))
+    assert ok.select(plan + outs).n_unique() == ok.height
 
 
 def test_gpu_column_names_each_gpu_once():
@@ -93,6 +153,9 @@ def test_flash_attention_list_skips_a_gpu_without_the_kernel_and_says_so():
     assert [(g.name, g.use_flash_attn) for g in spec.gpus] == [
         ("a100-sxm4-80gb", False), ("a100-sxm4-80gb", True), ("v100-sxm2-32gb", False)]
     assert len(spec.notes) == 1 and "v100-sxm2-32gb" in spec.notes[0]
+    assert spec.setting_axes == ("use_flash_attn",)
+    v100 = parse_spec(text.replace('["a100-sxm4-80gb", "v100-sxm2-32gb"]', '"v100-sxm2-32gb"'), "s.toml")
+    assert [g.use_flash_attn for g in v100.gpus] == [False] and v100.setting_axes == ()
     with pytest.raises(InputError, match="use_flash_attn"):
         parse_spec(text.replace("[false, true]", "true"), "s.toml")
 

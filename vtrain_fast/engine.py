@@ -684,8 +684,8 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
         "gpus": {g.name: {"usd_per_gpu_hour": g.usd_per_gpu_hour, "gpus_per_node": g.gpus_per_node,
                           "intra_node_GBps": g.intra_node_GBps, "inter_node_Gbps": g.inter_node_Gbps,
                           "calibration": vars(g.calibration)} for g in spec.gpus},
-        "setting_axes": [k for k, vals in spec.settings if len(vals) > 1],
-        "machine_vectors": {variant_label(g, dict(spec.settings)): row
+        "setting_axes": list(spec.setting_axes),
+        "machine_vectors": {variant_label(g, spec.setting_axes): row
                             for g, row in zip(spec.gpus, grid.hw_table.tolist())},
         "elapsed_s": 0.0,
         "chunks": {},

@@ -293,6 +293,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "sequence_parallel": 1.0 if preset.sequence_parallel else 0.0,
         "vpp": float(preset.vpp),
         "tp_overlap": 1.0 if preset.async_tensor_model_parallel_allreduce else 0.0,
+        "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
     }
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))

@@ -133,6 +133,12 @@ class SweepSpec:
     settings: tuple = ()
 
     @property
+    def setting_axes(self) -> tuple:
+        """Names of the training settings (in :attr:`settings` order) that take more than one
+        value among the machines of the gpu axis (after :func:`machine_variants` left some out)."""
+        return tuple(k for k, _ in self.settings if len({getattr(g, k) for g in self.gpus}) > 1)
+
+    @property
     def num_points(self) -> int:
         """Points in the grid (the product of the axis lengths), an exact Python int."""
         return math.prod(len(getattr(self, k)) for k in (
@@ -147,10 +153,10 @@ def _did_you_mean(value: str, candidates, otherwise: str) -> str:
     return f"did you mean {close[0]!r}?" if close else otherwise
 
 
-def _as_list(where, key, value):
+def _as_list(where, key, value, allowed="values"):
     if isinstance(value, list):
         if not value:
-            raise InputError(where, key, value, "a non-empty list", f"give at least one value for {key}")
+            raise InputError(where, key, value, f"a non-empty list of {allowed}", f"give at least one value for {key}")
         return value
     return [value]
 
@@ -191,7 +197,7 @@ def _strings(where, key, value, allowed):
 def _flags(where, key, value, meaning):
     """A training switch: ``true``, ``false`` or a list of them (then an axis)."""
     out = []
-    for v in _as_list(where, f"training.{key}", value):
+    for v in _as_list(where, f"training.{key}", value, "true / false"):
         if not isinstance(v, bool):
             raise InputError(where, f"training.{key}", v, f"true or false, or a list of them ({meaning})",
                              f"write {key} = true, {key} = false or {key} = [false, true], without quotes")
@@ -203,7 +209,7 @@ def _vpps(where, value):
     """``parallel.vpp``: model chunks per device, one integer or a list (then an axis)."""
     lo, hi = VPP_RANGE
     out = []
-    for v in _as_list(where, "parallel.vpp", value):
+    for v in _as_list(where, "parallel.vpp", value, f"integers from {lo} to {hi}"):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise InputError(where, "parallel.vpp", v, f"integers from {lo} to {hi}",
                              "model chunks per device of Megatron's interleaved 1F1B schedule "
@@ -268,11 +274,11 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     return tuple(presets), notes
 
 
-def variant_label(preset, settings: dict) -> str:
-    """``name`` of a gpu-axis machine, followed by the values of the settings that vary in the
-    sweep (``settings``: name -> tuple of values), e.g. ``a100-sxm4-80gb vpp=2 sequence_parallel=true``."""
-    parts = [preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k, vals in settings.items() if len(vals) > 1]
-    return " ".join(parts)
+def variant_label(preset, axes) -> str:
+    """``name`` of a gpu-axis machine, followed by its values of the settings ``axes`` (those
+    that vary in the sweep, :attr:`SweepSpec.setting_axes`), e.g.
+    ``a100-sxm4-80gb sequence_parallel=true vpp=2``."""
+    return " ".join([preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k in axes])
 
 
 def has_flash_attention(preset) -> bool:

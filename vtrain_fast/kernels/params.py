@@ -38,6 +38,8 @@ HW_FIELDS = (
     "sequence_parallel",      # 1: Megatron sequence parallelism (tokens split over the TP group), 0: off
     "vpp",                    # virtual pipeline stages per device (interleaved 1F1B); 1 = not interleaved
     "tp_overlap",             # 1: backward TP exchange overlapped with the weight-gradient GEMMs, 0: not
+    "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp>1) set where this machine
+                              # repeats an earlier one of the sweep (kernels.step.repeats); 0 outside sweeps
 )
 NUM_HW_FIELDS = len(HW_FIELDS)
 
@@ -45,7 +47,7 @@ NUM_HW_FIELDS = len(HW_FIELDS)
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
  H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_DP_OVERLAP, H_OPT_SHARD, H_FLASH_ATTN,
- H_FLASH_EFF, H_SEQ_PAR, H_VPP, H_TP_OVERLAP) = range(NUM_HW_FIELDS)
+ H_FLASH_EFF, H_SEQ_PAR, H_VPP, H_TP_OVERLAP, H_REPEAT_CASES) = range(NUM_HW_FIELDS)
 
 # Fields a calibration may change (a handful of global numbers per GPU type).
 CALIBRATION_FIELDS = (

@@ -21,7 +21,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
-from .params import H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
@@ -45,7 +45,9 @@ BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interlea
 BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
                      # micro-batches per pipeline not divisible by pp)
 OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
-NUM_STATUS = 7
+REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
+                     # setting that differs has no effect at this tp, pp, dp (see repeats)
+NUM_STATUS = 8
 
 GiB = 1024.0 ** 3
 SECONDS_PER_DAY = 86400.0
@@ -153,6 +155,19 @@ def validate_interleaving(L, B, b, p, d, hw):
     if (B // (d * b)) % p != 0:
         return BAD_BATCH
     return OK
+
+
+@jit
+def repeats(t, p, d, hw):
+    """Whether this machine (a value of a sweep's gpu axis) repeats an earlier one of the sweep at
+    tensor-, pipeline- and data-parallel sizes ``t, p, d``: bit ``(t > 1) + 2 (p > 1) + 4 (d > 1)``
+    of the machine-vector field ``repeat_cases`` (set by :func:`vtrain_fast.grid.repeat_cases`
+    where the settings that tell the two machines apart have no effect: ``vpp`` at ``p = 1``,
+    sequence parallelism at ``t = 1``, the asynchronous TP all-reduce at ``t = 1`` or with
+    sequence parallelism, the distributed optimizer and overlapped gradient reduction at
+    ``d = 1``)."""
+    case = (1 if t > 1 else 0) + (2 if p > 1 else 0) + (4 if d > 1 else 0)
+    return (int(hw[H_REPEAT_CASES]) >> case) & 1 == 1
 
 
 @jit

@@ -25,7 +25,7 @@ from numba import prange
 
 from .._jit import jit, pjit
 from .params import H_GPUS_PER_NODE
-from .step import (BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
+from .step import (REPEAT, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
 
@@ -141,7 +141,9 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
     ``micro_key`` (``int64``, shape ``(3,)``, updated). Returns
     ``(gpu_index, num_gpus, num_nodes, tp, pp, dp, ok, split_status)``, the first seven as
     :func:`prefix_values`; ``split_status`` is
-    :func:`~vtrain_fast.kernels.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``).
+    :func:`~vtrain_fast.kernels.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
+    or ``REPEAT`` where it is ``OK`` but the machine repeats an earlier one
+    (:func:`~vtrain_fast.kernels.step.repeats`).
     """
     gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
                                                      sizes_in_nodes, tps, pps)
@@ -150,6 +152,8 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
     if ok:
         split_status = validate_split(models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3],
                                       models[mi, 4], models[mi, 5], models[mi, 6], t, p, d)
+        if split_status == OK and repeats(t, p, d, hw_table[gi]):
+            split_status = REPEAT       # an earlier machine of the sweep has these rows
     ctx[CTX_FILLED] = 0.0
     if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != t:
         micro_key[0] = mi
