@@ -74,3 +74,58 @@ def test_shard_resume_leaves_other_shards_temporary_files_alone(tiny_spec_path, 
     theirs.write_text("y")
     remove_leftovers(folder, range(0, 3))
     assert not mine.exists() and theirs.exists()
+
+
+# ------------------------------------------------------------------ --where and short names
+def _frontier_by_hand(folder, keep_row, objectives):
+    rows = pl.read_parquet(str(folder / "part-*.parquet")).filter(pl.col("status") == "ok")
+    rows = rows.filter(keep_row)
+    vals = rows.select(objectives).to_numpy().astype(np.float64)
+    return rows.filter(pl.Series(pareto_mask(vals)))
+
+
+def test_where_keeps_the_frontier_of_the_plans_that_meet_it(tiny_sweep):
+    limit = float(pl.read_parquet(str(tiny_sweep / "part-*.parquet")).filter(pl.col("status") == "ok")
+                  ["memory_per_gpu_GiB"].median())
+    objectives = ["iteration_time_s", "cost_usd"]
+    got = pareto(tiny_sweep, objectives, all_columns=True,
+                 where=[f"mem_GiB <= {limit}", "gpu == h100-sxm-80gb", "recompute!=none"])
+    want = _frontier_by_hand(tiny_sweep, (pl.col("memory_per_gpu_GiB") <= limit)
+                             & (pl.col("gpu").cast(pl.String) == "h100-sxm-80gb")
+                             & (pl.col("recompute").cast(pl.String) != "none"), objectives)
+    key = ["model", "num_gpus", "tp", "pp", "micro_batch_size", "global_batch_size", "recompute"]
+    assert got.height == want.height > 0
+    assert sorted(got.select(key).cast(pl.String).rows()) == sorted(want.select(key).cast(pl.String).rows())
+    # without the conditions the frontier differs (the test can fail)
+    assert pareto(tiny_sweep, objectives).height != got.height or (got["memory_per_gpu_GiB"] <= limit).all()
+
+
+@pytest.mark.parametrize("cond, needle", [
+    ("memory_per_gpu_GiB=<72", "a number"), ("memory_per_gpu_GiB 72", "COLUMN OP VALUE"), ("memory<=72", "did you mean 'memory_per_gpu_GiB'"),
+    ("mfu>=high", "a number"), ("gpu<3", "== or !="), ("sequence_parallel==yes", "true or false"),
+    ("tp>=", "COLUMN OP VALUE"),
+])
+def test_a_bad_where_names_the_condition_and_a_fix(tiny_sweep, cond, needle):
+    with pytest.raises(InputError, match="--where") as e:
+        pareto(tiny_sweep, ["cost_usd"], where=[cond])
+    assert needle in str(e.value)
+
+
+def test_short_table_headers_name_columns_on_the_command_line(tiny_sweep, cli):
+    full = pareto(tiny_sweep, ["iteration_time_s", "memory_per_gpu_GiB"], ["micro_batch_size"])
+    short = pareto(tiny_sweep, ["iter_s", "mem_GiB"], ["mbs"])
+    assert full.equals(short)
+    with pytest.raises(InputError, match="did you mean 'iteration_time_s'"):
+        pareto(tiny_sweep, ["iter"])
+    res = cli("pareto", tiny_sweep, "--minimize", "iter_s", "--minimize", "-mfu", "--by", "recomp",
+              "--where", "gpus<=16")
+    assert res.exit_code == 0 and "gpus<=16" in res.output, res.output
+
+
+def test_a_narrow_table_names_the_differing_columns_it_leaves_out():
+    from vtrain_fast.report import fit_columns
+    df = pl.DataFrame({"model": ["m"] * 3, "dp": [1, 2, 4], "micro_batch_size": [1, 1, 2],
+                       "iteration_time_s": [1.0, 2.0, 3.0], "cost_usd": [3.0, 2.0, 1.0]})
+    shown, notes = fit_columns(df, 30, keep=("iteration_time_s", "cost_usd"))
+    assert "dp" not in shown.columns and any("not shown" in n and "dp" in n for n in notes)
+    assert any(n == "model = m" for n in notes)      # a column with one value is named with it

@@ -144,3 +144,23 @@ def test_top_k_of_a_higher_is_better_column_says_how_to_get_the_largest(tiny_spe
     assert "write top:K:-mfu for the largest" in out
     out = _flat(cli("sweep", tiny_spec_path, "-o", tmp_path / "u", "--keep", "top:3:-mfu").output)
     assert "write top:K:-mfu" not in out
+
+
+def test_presets_lists_every_model_and_gpu_preset(cli):
+    from vtrain_fast.hardware import PRESETS
+    from vtrain_fast.models import MODEL_PRESETS
+    res = cli("presets")
+    assert res.exit_code == 0, res.output
+    for name in list(MODEL_PRESETS) + list(PRESETS):
+        assert name in res.output, name
+    assert "[model]" in res.output and "[cluster]" in res.output
+
+
+def test_dry_run_checks_the_spec_and_writes_nothing(tiny_spec_path, tmp_path, cli):
+    out = tmp_path / "dry"
+    res = cli("sweep", tiny_spec_path, "-o", out, "--dry-run")
+    assert res.exit_code == 0 and "1,296 points" in res.output and "nothing evaluated" in res.output, res.output
+    assert not out.exists()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(tiny_spec_path.read_text().replace("tp = [1, 2, 4]", "tp = [0]"))
+    assert cli("sweep", bad, "--dry-run").exit_code == 2

@@ -70,7 +70,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                                               help="K/N: evaluate only the K-th of N slices (then `merge`)"),
           scheduler: Optional[str] = typer.Option(None, "--scheduler",
                                                   help="Dask scheduler address, or local:N workers"),
-          threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: all cores)")):
+          threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: all cores)"),
+          dry_run: bool = typer.Option(False, "--dry-run", help="check the spec, print the points and notes; "
+                                                                "evaluate and write nothing")):
     """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json.
 
     Rerunning the same command after an interruption resumes it."""
@@ -114,6 +116,10 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
                       "expect more optimism here; see README 'What the model does not cover'",
                       style="yellow", markup=False)
+    if dry_run:
+        console.print(f"dry run: {n:,} points over {len(s.gpus)} machines "
+                      f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:
@@ -161,7 +167,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         if not keep.startswith("frontier"):
             from .query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
-        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None)
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [])
 
 
 # Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
@@ -193,6 +199,36 @@ HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 @app.command()
 @_user_errors
+def presets():
+    """List the model and GPU presets a spec or CSV can name, with their numbers."""
+    import polars as pl
+
+    from .hardware import PRESETS
+    from .kernels.memory import model_params
+    from .models import MODEL_PRESETS
+    from .report import print_frame
+    models = pl.DataFrame([dict(model=m.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+                                ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length,
+                                vocab_size=m.vocab_size,
+                                params_billion=round(model_params(m.num_layers, m.hidden_size,
+                                                                  m.num_attention_heads, m.num_query_groups,
+                                                                  m.ffn_hidden_size, m.vocab_size,
+                                                                  m.seq_length) / 1e9, 2))
+                           for m in MODEL_PRESETS.values()])
+    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/models.py)",
+                console=console)
+    gpus = pl.DataFrame([dict(gpu=g.name, peak_TFLOPs=g.peak_tflops, hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
+                              intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
+                              gpus_per_node=g.gpus_per_node, tdp_W=g.tdp_W, usd_per_gpu_hour=g.usd_per_gpu_hour,
+                              pue=g.pue, reserved_GiB=g.reserved_GiB, calibrated=g.calibrated)
+                         for g in PRESETS.values()])
+    print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; the source and date of every number in "
+                "vtrain_fast/hardware.py; \\[cluster] keys override them)", console=console)
+
+
+@app.command()
+@_user_errors
 def merge(folder: Path = typer.Argument(..., help="results folder of a sweep run with --shard K/N")):
     """Check that every shard of a sharded sweep finished and combine them into one result."""
     from .engine import merge_shards
@@ -212,11 +248,17 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
            output: Optional[Path] = typer.Option(None, "-o", "--output",
                                                  help="write the frontier plans, every column, to .parquet or .csv"),
            plot: Optional[Path] = typer.Option(None, "--plot",
-                                               help="PNG of the first two objectives: feasible plans and frontier")):
+                                               help="PNG of the first two objectives: feasible plans and frontier"),
+           where: List[str] = typer.Option([], "--where",
+                                           help="only plans meeting COLUMN OP VALUE (repeat), e.g. "
+                                                "'memory_per_gpu_GiB<=72', 'train_days<=90', 'gpu==h100-sxm-80gb'")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import check_table_path, write_table_atomic
-    from .query import frontier_columns, pareto as pareto_frontier
+    from .query import frontier_columns, pareto as pareto_frontier, resolve_groups, resolve_objectives, where_filter
     from .report import PLOT_SUFFIXES, print_frame
+    minimize = resolve_objectives("command line", minimize)
+    by = resolve_groups("command line", by)
+    condition = where_filter("command line", where)
     if top < 1:
         raise InputError("command line", "--top", top, "a whole number >= 1",
                          "rows to print (per group with --by), e.g. --top 20")
@@ -229,15 +271,16 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         if plot.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
             raise InputError("command line", "--plot", str(plot), "a file name ending in " +
                              ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
-    front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None)
+    front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where))
     if output:
         write_table_atomic(front, output)
         front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize]))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
-             + (f"; per {', '.join(by)}" if by else "") + ")")
+             + (f"; per {', '.join(by)}" if by else "") + (f"; where {' and '.join(where)}" if where else "") + ")")
     if front.height == 0:
-        console.print(f"{folder}: no feasible plan (status ok) to rank; see the status counts in its "
-                      "manifest.json: try larger tp/pp, recompute = full or more GPUs")
+        console.print(f"{folder}: no feasible plan (status ok{', meeting --where' if where else ''}) to rank; see "
+                      "the status counts in its manifest.json: try larger tp/pp, recompute = full or more GPUs"
+                      + (", or loosen --where" if where else ""))
         return
     from .writer import read_manifest
     if not read_manifest(folder).get("keep", "all").startswith("frontier"):
@@ -264,7 +307,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         from .query import feasible_sample
         from .report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])
-        plot_frontier(front, feasible_sample(folder, [x, y]), x, y, tuple(by), plot)
+        plot_frontier(front, feasible_sample(folder, [x, y], condition=condition), x, y, tuple(by), plot)
         console.print(f"plot: {plot}")
 
 

@@ -44,8 +44,8 @@ from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from .kernels.params import HW_FIELDS
-from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
-from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
+from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, resolve_column, setting_values
+from .spec import RECOMPUTE_VALUES, SweepSpec, did_you_mean, variant_label
 from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
                      shard_manifest_name, storage_schema, write_json_atomic)
@@ -129,11 +129,15 @@ def _numeric_columns() -> tuple[str, ...]:
 
 
 def _objective(where: str, value: str) -> str:
-    name = value.lstrip("-")
-    if not value or value.count("-") > 1 or name not in _numeric_columns():
+    """``value`` (``COL`` or ``-COL``, a table header's short name allowed) with the full column
+    name; :class:`InputError` unless COL is numeric."""
+    sign = "-" if value.startswith("-") else ""
+    name = resolve_column(value[len(sign):])
+    if not name or "-" in name or name not in _numeric_columns():
         raise InputError(where, where, value, "numeric columns: " + ", ".join(_numeric_columns()),
-                         "prefix a column with '-' to maximise it, e.g. -mfu")
-    return value
+                         did_you_mean(value.lstrip("-"), _numeric_columns(),
+                                      "prefix a column with '-' to maximise it, e.g. -mfu"))
+    return sign + name
 
 
 def parse_keep(keep: str | Keep = "all", minimize: list[str] | tuple | None = None) -> Keep:

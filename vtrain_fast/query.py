@@ -4,6 +4,7 @@ Query functions read Parquet only; they never evaluate the cost model.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,8 @@ import pyarrow as pa
 
 from .errors import InputError
 from .kernels.sweep import pareto_sorted
-from .schema import COLUMNS, SETTING_FIELDS
+from .schema import COLUMNS, SCHEMA, SETTING_FIELDS, resolve_column
+from .spec import did_you_mean
 from .writer import PART_GLOB, read_manifest
 
 NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.float64()))
@@ -57,8 +59,108 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
     return mask
 
 
+def resolve_objectives(where: str, minimize) -> list[str]:
+    """``--minimize`` values with full column names (a table header's short name is accepted,
+    a leading ``-`` kept).
+
+    Raises
+    ------
+    InputError
+        A value that is not a numeric column, with the closest name as the fix.
+    """
+    out = []
+    for m in minimize:
+        sign = "-" if m.startswith("-") else ""
+        name = resolve_column(m[len(sign):])
+        if name not in NUMERIC_COLUMNS:
+            raise InputError(where, "--minimize", m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS),
+                             did_you_mean(name, NUMERIC_COLUMNS, "prefix a column with '-' to maximise it, e.g. -mfu"))
+        out.append(sign + name)
+    return out
+
+
+def resolve_groups(where: str, by) -> list[str]:
+    """``--by`` values with full column names (short names accepted).
+
+    Raises
+    ------
+    InputError
+        A value that is not a group column, with the closest name as the fix.
+    """
+    out = []
+    for b in by or ():
+        name = resolve_column(b)
+        if name not in GROUP_COLUMNS:
+            raise InputError(where, "--by", b, "input columns: " + ", ".join(GROUP_COLUMNS),
+                             did_you_mean(name, GROUP_COLUMNS, "group by an input column"))
+        out.append(name)
+    return out
+
+
+_CONDITION = re.compile(r"^\s*([A-Za-z_][\w/]*)\s*(<=|>=|==|!=|<|>|=)\s*(.*?)\s*$")
+_OPS = {"<=": "le", ">=": "ge", "==": "eq", "=": "eq", "!=": "ne", "<": "lt", ">": "gt"}
+
+
+def where_filter(where: str, conditions) -> pl.Expr | None:
+    """One Polars filter from ``--where`` conditions ``COLUMN OP VALUE`` (all must hold): OP is
+    one of ``<= < >= > == !=`` for numeric columns, ``==``/``!=`` for the others (``gpu ==
+    h100-sxm-80gb``, ``sequence_parallel == true``); short column names are accepted.
+
+    Returns
+    -------
+    polars.Expr or None
+        None when there are no conditions.
+
+    Raises
+    ------
+    InputError
+        A malformed condition, an unknown column (with the closest name), a value of the wrong
+        kind, or an order comparison on a non-numeric column.
+    """
+    names = SCHEMA.names
+    exprs = []
+    for cond in conditions or ():
+        m = _CONDITION.match(cond)
+        if not m or not m.group(3):
+            raise InputError(where, "--where", cond, "COLUMN OP VALUE with OP one of <=, <, >=, >, ==, !=",
+                             "e.g. --where 'memory_per_gpu_GiB<=72' --where 'gpu==h100-sxm-80gb' (quote it "
+                             "in the shell)")
+        col, op, raw = resolve_column(m.group(1)), m.group(2), m.group(3).strip("'\"")
+        if col not in names:
+            raise InputError(where, "--where", cond, "a column of the results: " + ", ".join(names),
+                             did_you_mean(col, names, "name a column of the results"))
+        kind = SCHEMA.field(col).type
+        if col in NUMERIC_COLUMNS:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise InputError(where, "--where", cond, f"a number after {op} for the numeric column {col}",
+                                 f"e.g. --where '{col}{op}72'") from None
+            expr = getattr(pl.col(col), _OPS[op])(value)
+        else:
+            if op not in ("==", "=", "!="):
+                raise InputError(where, "--where", cond, f"== or != for the column {col} (not a number)",
+                                 f"e.g. --where '{col}=={raw}'")
+            if kind == pa.bool_():
+                if raw.lower() not in ("true", "false"):
+                    raise InputError(where, "--where", cond, f"true or false for the column {col}",
+                                     f"e.g. --where '{col}==true'")
+                expr = pl.col(col) == (raw.lower() == "true")
+            else:
+                expr = pl.col(col).cast(pl.String) == raw
+            if op == "!=":
+                expr = ~expr
+        exprs.append(expr)
+    if not exprs:
+        return None
+    out = exprs[0]
+    for e in exprs[1:]:
+        out = out & e
+    return out
+
+
 def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
-           all_columns: bool = False) -> pl.DataFrame:
+           all_columns: bool = False, where: list[str] | None = None) -> pl.DataFrame:
     """The Pareto frontier of the feasible rows (``status == "ok"``) of a results folder.
 
     Parameters
@@ -73,6 +175,8 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
     all_columns : bool
         Every column of the rows (each plan complete, e.g. to write to a file and evaluate
         again) instead of :func:`frontier_columns`.
+    where : list of str, optional
+        Conditions the plans must meet (:func:`where_filter`), applied before the frontier.
 
     Returns
     -------
@@ -88,16 +192,10 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
     if not minimize:
         raise InputError(str(folder), "--minimize", minimize, "one or more numeric columns",
                          "e.g. --minimize cost_usd --minimize train_days")
-    objectives = []
-    for m in minimize:
-        name = m.lstrip("-")
-        if name not in NUMERIC_COLUMNS:
-            raise InputError(str(folder), "--minimize", m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS))
-        objectives.append((name, m.startswith("-")))
-    by = list(by or [])
-    for b in by:
-        if b not in GROUP_COLUMNS:
-            raise InputError(str(folder), "--by", b, "input columns: " + ", ".join(GROUP_COLUMNS))
+    minimize = resolve_objectives(str(folder), minimize)
+    objectives = [(m.lstrip("-"), m.startswith("-")) for m in minimize]
+    by = resolve_groups(str(folder), by)
+    condition = where_filter(str(folder), where)
     manifest = read_manifest(folder)
     stored = manifest.get("keep", "all")
     if stored.startswith("top"):
@@ -109,12 +207,18 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
         raise InputError(str(folder), "--by", " ".join(by), "no --by on a folder reduced to one frontier",
                          "a global frontier does not hold the frontier of each group; rerun the sweep "
                          "with --keep all or --keep feasible")
+    if stored.startswith("frontier") and condition is not None:
+        raise InputError(str(folder), "--where", " ".join(where), "no --where on a folder reduced to one frontier",
+                         "the frontier under conditions is not part of the unconditional one; rerun the "
+                         "sweep with --keep all or --keep feasible")
     if stored.startswith("frontier") and set(manifest.get("objectives") or []) != set(minimize):
         raise InputError(str(folder), "--minimize", " ".join(minimize),
                          "the objectives this folder was reduced with: " + " ".join(manifest.get("objectives") or []),
                          "it kept only that frontier; rerun the sweep with --keep all, --keep feasible or "
                          "--keep frontier with these objectives")
     lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    if condition is not None:
+        lf = lf.filter(condition)
     have = set(lf.collect_schema().names())
     for b in by:
         if b not in have:
@@ -190,15 +294,19 @@ def varying_job_columns(folder: str | Path) -> list[str]:
     return [c for c, n in zip(JOB_COLUMNS, counts) if n > 1]
 
 
-def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000) -> pl.DataFrame:
-    """About ``n`` feasible rows (``status == "ok"``) of ``folder``, ``columns`` only: every
-    k-th one when there are more (for plots), read lazily.
+def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000,
+                    condition: pl.Expr | None = None) -> pl.DataFrame:
+    """About ``n`` feasible rows (``status == "ok"``, and ``condition`` when given) of
+    ``folder``, ``columns`` only: every k-th one when there are more (for plots), read lazily.
 
     Returns
     -------
     polars.DataFrame
     """
-    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok").select(columns)
+    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    if condition is not None:
+        lf = lf.filter(condition)
+    lf = lf.select(columns)
     count = lf.select(pl.len()).collect().item()
     if count > n:
         lf = lf.gather_every(-(-count // n))     # every k-th feasible row, without loading the rest

@@ -7,14 +7,7 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-
-# Short headers for wide tables (the Parquet files keep the full names).
-SHORT_NAMES = {
-    "micro_batch_size": "mbs", "global_batch_size": "gbs", "num_tokens": "tokens",
-    "memory_per_gpu_GiB": "mem_GiB", "iteration_time_s": "iter_s", "num_gpus": "gpus",
-    "recompute": "recomp", "num_layers": "layers", "hidden_size": "hidden",
-    "model_tflops_per_gpu": "TFLOPs/gpu", "measured_iteration_time_s": "measured_s",
-}
+from .schema import SHORT_NAMES
 
 
 def _fmt(v) -> str:
@@ -57,8 +50,8 @@ DROP_ORDER = ("num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s
 
 def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.DataFrame, list[str]]:
     """Drop columns until ``df`` fits ``width`` characters: first those with one value in every
-    shown row (returned as ``name = value`` notes for the title), then :data:`DROP_ORDER`.
-    Columns in ``keep`` always stay."""
+    shown row (returned as ``name = value`` notes for the title), then :data:`DROP_ORDER` (named
+    in a note when they differ between rows). Columns in ``keep`` always stay."""
     def need(frame):
         return sum(max(len(SHORT_NAMES.get(c, c)), max((len(_fmt(v)) for v in frame[c].to_list()), default=0)) + 3
                    for c in frame.columns) + 1
@@ -68,11 +61,18 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.Data
             if c not in keep and df[c].n_unique() == 1:
                 notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
                 df = df.drop(c)
+    hidden = []
     for c in DROP_ORDER:
         if need(df) <= width:
             break
         if c in df.columns and c not in keep:
+            if df[c].n_unique() > 1:
+                hidden.append(SHORT_NAMES.get(c, c))
+            else:
+                notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
             df = df.drop(c)
+    if hidden:
+        notes.append(f"not shown for the terminal's width: {', '.join(hidden)} (widen it, or -o FILE)")
     return df, notes
 
 

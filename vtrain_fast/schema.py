@@ -106,6 +106,23 @@ SCHEMA = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
 OUTPUT_NAMES = tuple(c.name for c in OUTPUT_COLUMNS)
 
 
+# Short headers of the printed tables (the Parquet files keep the full names); accepted wherever
+# a column is named on the command line (resolve_column).
+SHORT_NAMES = {
+    "micro_batch_size": "mbs", "global_batch_size": "gbs", "num_tokens": "tokens",
+    "memory_per_gpu_GiB": "mem_GiB", "iteration_time_s": "iter_s", "num_gpus": "gpus",
+    "recompute": "recomp", "num_layers": "layers", "hidden_size": "hidden",
+    "model_tflops_per_gpu": "TFLOPs/gpu", "measured_iteration_time_s": "measured_s",
+}
+_FULL_NAMES = {short: full for full, short in SHORT_NAMES.items()}
+
+
+def resolve_column(name: str) -> str:
+    """The column a command-line name means: a table header's short form (``iter_s``,
+    ``mem_GiB``, ``mbs``, ...) gives the full column name; other names are returned unchanged."""
+    return _FULL_NAMES.get(name, name)
+
+
 def markdown_table() -> str:
     """The README's column table."""
     lines = ["| column | unit | meaning |", "|---|---|---|"]

@@ -146,10 +146,13 @@ class SweepSpec:
             "global_batch_size", "recompute"))
 
 
-def _did_you_mean(value: str, candidates, otherwise: str) -> str:
+def did_you_mean(value: str, candidates, otherwise: str) -> str:
     """A fix naming the candidate closest to ``value`` (:func:`difflib.get_close_matches`,
-    ratio >= 0.6, case-insensitive), else ``otherwise``."""
+    ratio >= 0.6, case-insensitive; else the first that starts with ``value``, 3+ characters),
+    else ``otherwise``."""
     close = difflib.get_close_matches(value.lower(), list(candidates), n=1, cutoff=0.6)
+    if not close and len(value) >= 3:     # a short form of a long name: 'memory', 'iter'
+        close = [c for c in candidates if c.lower().startswith(value.lower())][:1]
     return f"did you mean {close[0]!r}?" if close else otherwise
 
 
@@ -189,7 +192,7 @@ def _strings(where, key, value, allowed):
     for v in _as_list(where, key, value):
         if not isinstance(v, str) or v not in allowed:
             raise InputError(where, key, v, "one of " + ", ".join(allowed),
-                             _did_you_mean(str(v), allowed, "write one of the allowed names in quotes"))
+                             did_you_mean(str(v), allowed, "write one of the allowed names in quotes"))
         out.append(v)
     return tuple(dict.fromkeys(out))
 
@@ -310,7 +313,7 @@ def _check_keys(where, table_name, table, allowed):
         if k not in allowed:
             home = [t for t, keys in _TABLES.items() if k in keys and t != table_name]
             fix = (f"move it to the [{home[0]}] table" if home
-                   else _did_you_mean(k, sorted(allowed), "remove or rename the key"))
+                   else did_you_mean(k, sorted(allowed), "remove or rename the key"))
             raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
                              "keys " + ", ".join(sorted(allowed)), fix)
 
