@@ -10,6 +10,7 @@ import pytest
 
 from conftest import ONE_POINT_SPEC, TINY_SPEC
 from vtrain_fast.calibrate import fit
+from vtrain_fast.errors import InputError
 from vtrain_fast.hardware import PRESETS
 from vtrain_fast.query import pareto, varying_job_columns
 from vtrain_fast.validate import load_measurements
@@ -164,3 +165,36 @@ def test_dry_run_checks_the_spec_and_writes_nothing(tiny_spec_path, tmp_path, cl
     bad = tmp_path / "bad.toml"
     bad.write_text(tiny_spec_path.read_text().replace("tp = [1, 2, 4]", "tp = [0]"))
     assert cli("sweep", bad, "--dry-run").exit_code == 2
+
+
+PER_GPU_SPEC = """\
+[model]
+presets = ["gpt3-1.3b"]
+[training]
+num_tokens = 1e11
+global_batch_size = 256
+micro_batch_size = 1
+[cluster]
+gpu = ["a100-sxm4-80gb", "h100-sxm-80gb"]
+num_gpus = 32
+usd_per_gpu_hour = 2.0
+[cluster.h100-sxm-80gb]
+{h100}
+[parallel]
+tp = 1
+pp = 1
+"""
+
+
+def test_a_gpu_table_under_cluster_overrides_that_gpu_only():
+    from vtrain_fast.spec import parse_spec
+    spec = parse_spec(PER_GPU_SPEC.format(h100="usd_per_gpu_hour = 3.5\npue = 1.3"), "s.toml")
+    a100, h100 = spec.gpus
+    assert (a100.usd_per_gpu_hour, a100.pue) == (2.0, 1.0)
+    assert (h100.usd_per_gpu_hour, h100.pue) == (3.5, 1.3)
+    for text, needle in ((PER_GPU_SPEC.replace("[cluster.h100-sxm-80gb]", "[cluster.h100-sxm-8gb]").format(h100=""),
+                          "did you mean 'h100-sxm-80gb'"),
+                         (PER_GPU_SPEC.format(h100="pue = 9"), "cluster.h100-sxm-80gb.pue"),
+                         (PER_GPU_SPEC.format(h100="gpu = 'a100-sxm4-80gb'"), "cluster.h100-sxm-80gb.gpu")):
+        with pytest.raises(InputError, match=needle.replace(".", r"\.")):
+            parse_spec(text, "s.toml")

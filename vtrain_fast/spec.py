@@ -197,6 +197,23 @@ def _strings(where, key, value, allowed):
     return tuple(dict.fromkeys(out))
 
 
+def _overrides(where, table_name, table) -> dict:
+    """Cluster overrides (keys of ``OVERRIDE_RANGES``) given in ``table``, checked and converted."""
+    out = {}
+    for k, (lo, hi) in OVERRIDE_RANGES.items():
+        if k in table:
+            v = table[k]
+            if k == "gpus_per_node":
+                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                    raise InputError(where, f"{table_name}.{k}", v, f"one integer from {lo} to {hi}")
+                out[k] = v
+            else:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                    raise InputError(where, f"{table_name}.{k}", v, f"one number from {lo:g} to {hi:g}")
+                out[k] = float(v)
+    return out
+
+
 def _flags(where, key, value, meaning):
     """A training switch: ``true``, ``false`` or a list of them (then an axis)."""
     out = []
@@ -222,7 +239,8 @@ def _vpps(where, value):
     return tuple(dict.fromkeys(out))
 
 
-def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str):
+def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str,
+                     per_gpu: dict | None = None):
     """The gpu axis of a sweep: one preset per GPU name and combination of training settings.
 
     Parameters
@@ -238,6 +256,8 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         GPU name -> :class:`~vtrain_fast.hardware.Calibration` from a calibration file.
     where : str
         File name for errors.
+    per_gpu : dict, optional
+        GPU name -> overrides for that GPU (``[cluster.<name>]``), used instead of ``overrides``.
 
     Returns
     -------
@@ -257,7 +277,8 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     presets, skipped, redundant = [], [], False
     for name in names:
         for combo in itertools.product(*settings.values()):
-            g = with_overrides(get_preset(name), calibration.get(name), **overrides, **dict(zip(settings, combo)))
+            g = with_overrides(get_preset(name), calibration.get(name), **(per_gpu or {}).get(name, overrides),
+                               **dict(zip(settings, combo)))
             if g.use_flash_attn and False in settings["use_flash_attn"] and not has_flash_attention(g):
                 if name not in skipped:
                     skipped.append(name)
@@ -401,7 +422,10 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
             raise InputError(path, f"[{req}]", None, "a required table", f"add a [{req}] table")
     for tname, allowed in _TABLES.items():
         if tname in doc:
-            _check_keys(path, tname, doc[tname], allowed)
+            table = doc[tname]
+            if tname == "cluster" and isinstance(table, dict):   # [cluster.<gpu>] tables: checked below
+                table = {k: v for k, v in table.items() if not isinstance(v, dict)}
+            _check_keys(path, tname, table, allowed)
     tr, cl, pa_ = doc["training"], doc["cluster"], doc["parallel"]
     for tname, table, keys in (("training", tr, ("num_tokens", "global_batch_size", "micro_batch_size")),
                                ("cluster", cl, ("gpu",)), ("parallel", pa_, ("tp", "pp"))):
@@ -412,22 +436,20 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         raise InputError(path, "cluster.num_gpus / cluster.num_nodes",
                          "both given" if "num_gpus" in cl else "neither given",
                          "exactly one of the two", "give the job size as num_gpus or as num_nodes")
-    overrides = {}
-    for k, (lo, hi) in OVERRIDE_RANGES.items():
-        if k in cl:
-            v = cl[k]
-            if k == "gpus_per_node":
-                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                    raise InputError(path, f"cluster.{k}", v, f"one integer from {lo} to {hi}")
-                overrides[k] = v
-            else:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-                    raise InputError(path, f"cluster.{k}", v, f"one number from {lo:g} to {hi:g}")
-                overrides[k] = float(v)
+    overrides = _overrides(path, "cluster", cl)
+    names = _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS))
+    per_gpu = {}
+    for k, v in cl.items():
+        if isinstance(v, dict):     # [cluster.<gpu>]: overrides for that GPU only
+            if k not in names:
+                raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
+                                 + ", ".join(names), did_you_mean(k, names, f"add {k!r} to cluster.gpu or "
+                                                                            "remove the table"))
+            _check_keys(path, f"cluster.{k}", v, set(OVERRIDE_RANGES))
+            per_gpu[k] = {**overrides, **_overrides(path, f"cluster.{k}", v)}
     settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
     settings["vpp"] = _vpps(path, pa_.get("vpp", 1))
-    gpus, notes = machine_variants(_strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS)), settings,
-                                   overrides, calibration or {}, path)
+    gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu)
     size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
     chunk = doc.get("output", {}).get("chunk_size", 1 << 18)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:
