@@ -96,13 +96,25 @@ def test_where_keeps_the_frontier_of_the_plans_that_meet_it(tiny_sweep):
     key = ["model", "num_gpus", "tp", "pp", "micro_batch_size", "global_batch_size", "recompute"]
     assert got.height == want.height > 0
     assert sorted(got.select(key).cast(pl.String).rows()) == sorted(want.select(key).cast(pl.String).rows())
-    # without the conditions the frontier differs (the test can fail)
-    assert pareto(tiny_sweep, objectives).height != got.height or (got["memory_per_gpu_GiB"] <= limit).all()
+    assert (got["memory_per_gpu_GiB"] <= limit).all()
+    unconditional = pareto(tiny_sweep, objectives)
+    assert sorted(unconditional.select(key).cast(pl.String).rows()) != sorted(got.select(key).cast(pl.String).rows())
+
+
+def test_where_and_objectives_on_columns_an_older_folder_lacks_are_input_errors(tiny_sweep, tmp_path):
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(tiny_sweep, old)
+    for part in old.glob("part-*.parquet"):
+        pl.read_parquet(part).drop("sequence_parallel", "vpp").write_parquet(part)
+    for kwargs in (dict(where=["sequence_parallel==true"]), dict(by=["vpp"])):
+        with pytest.raises(InputError, match="older vtrain_fast"):
+            pareto(old, ["cost_usd"], **kwargs)
 
 
 @pytest.mark.parametrize("cond, needle", [
-    ("memory_per_gpu_GiB=<72", "a number"), ("memory_per_gpu_GiB 72", "COLUMN OP VALUE"), ("memory<=72", "did you mean 'memory_per_gpu_GiB'"),
-    ("mfu>=high", "a number"), ("gpu<3", "== or !="), ("sequence_parallel==yes", "true or false"),
+    ("memory_per_gpu_GiB=<72", "finite number"), ("memory_per_gpu_GiB 72", "COLUMN OP VALUE"), ("memory<=72", "did you mean 'memory_per_gpu_GiB'"),
+    ("mfu>=high", "finite number"), ("tp==2.5", "whole number"), ("iter_s<=nan", "finite"), ("status==ok", "other than status"), ("gpu==h100", "did you mean"), ("gpu<3", "== or !="), ("sequence_parallel==yes", "true or false"),
     ("tp>=", "COLUMN OP VALUE"),
 ])
 def test_a_bad_where_names_the_condition_and_a_fix(tiny_sweep, cond, needle):

@@ -147,6 +147,19 @@ def test_top_k_of_a_higher_is_better_column_says_how_to_get_the_largest(tiny_spe
     assert "write top:K:-mfu" not in out
 
 
+def test_presets_keep_their_names_in_a_narrow_terminal(monkeypatch):
+    from rich.console import Console
+
+    from vtrain_fast import cli as cli_module
+    from vtrain_fast.hardware import PRESETS
+    from vtrain_fast.models import MODEL_PRESETS
+    narrow = Console(width=90, record=True)
+    monkeypatch.setattr(cli_module, "console", narrow)
+    cli_module.presets()
+    text = narrow.export_text()
+    assert all(name in text for name in list(MODEL_PRESETS) + list(PRESETS))
+
+
 def test_presets_lists_every_model_and_gpu_preset(cli):
     from vtrain_fast.hardware import PRESETS
     from vtrain_fast.models import MODEL_PRESETS

@@ -82,7 +82,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
     _parse_shard(shard)
     folder = output or Path("results") / s.name
-    if not overwrite and shard is None and (folder / "manifest.json").is_file():
+    if not overwrite and not dry_run and shard is None and (folder / "manifest.json").is_file():
         from .writer import read_json
         try:
             done = read_json(folder / "manifest.json")
@@ -101,7 +101,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     jobs = [k for k, n in (("model", len(s.models)), ("num_tokens", len(s.num_tokens))) if n > 1]
     if keep.startswith(("frontier", "top")) and jobs and "loss" not in kept.objectives:
         console.print(f"note: the spec trains several jobs ({', '.join(jobs)} vary) and --keep {keep} keeps one "
-                      "set of rows across them, where shorter or smaller runs win; for each job's plans use "
+                      "set of rows across them, so one job's plans can crowd out the others'; for each job's plans use "
                       "--keep feasible (or all) and `vtrain-fast pareto --by " + " --by ".join(jobs) + "`, or "
                       "one spec per job", style="yellow", markup=False)
     for g in {g.name: g for g in s.gpus}.values():
@@ -151,11 +151,11 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         import polars as pl
         from .report import print_frame
         from .writer import PART_GLOB
-        from .query import CONFIG_COLUMNS, varying_setting_columns
-        column = keep.split(":")[-1]
+        from .query import CONFIG_COLUMNS, HEADLINE_COLUMNS, varying_setting_columns
+        column = kept.objectives[0]       # the full column name (a short one is resolved)
         metric = column.lstrip("-")
-        cols = list(dict.fromkeys(CONFIG_COLUMNS + tuple(varying_setting_columns(folder)) + (
-            metric, "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")))
+        cols = list(dict.fromkeys(CONFIG_COLUMNS + tuple(varying_setting_columns(folder)) + (metric,)
+                                  + HEADLINE_COLUMNS))
         rows = (pl.read_parquet(str(folder / PART_GLOB)).select(cols)
                 .sort(metric, descending=column.startswith("-"), nulls_last=True))
         print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,))
@@ -217,14 +217,14 @@ def presets():
                                                                   m.seq_length) / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/models.py)",
-                console=console)
+                console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, peak_TFLOPs=g.peak_tflops, hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
                               intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
                               gpus_per_node=g.gpus_per_node, tdp_W=g.tdp_W, usd_per_gpu_hour=g.usd_per_gpu_hour,
                               pue=g.pue, reserved_GiB=g.reserved_GiB, calibrated=g.calibrated)
                          for g in PRESETS.values()])
     print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; the source and date of every number in "
-                "vtrain_fast/hardware.py; \\[cluster] keys override them)", console=console)
+                "vtrain_fast/hardware.py; \\[cluster] keys override them)", console=console, keep=("gpu",))
 
 
 @app.command()
@@ -258,7 +258,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     from .report import PLOT_SUFFIXES, print_frame
     minimize = resolve_objectives("command line", minimize)
     by = resolve_groups("command line", by)
-    condition = where_filter("command line", where)
+    where_filter("command line", where)     # malformed conditions fail before any work
     if top < 1:
         raise InputError("command line", "--top", top, "a whole number >= 1",
                          "rows to print (per group with --by), e.g. --top 20")
@@ -272,7 +272,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
             raise InputError("command line", "--plot", str(plot), "a file name ending in " +
                              ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
     front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where))
-    if output:
+    if output and front.height:
         write_table_atomic(front, output)
         front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize]))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
@@ -280,12 +280,12 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     if front.height == 0:
         console.print(f"{folder}: no feasible plan (status ok{', meeting --where' if where else ''}) to rank; see "
                       "the status counts in its manifest.json: try larger tp/pp, recompute = full or more GPUs"
-                      + (", or loosen --where" if where else ""))
+                      + (", or loosen --where" if where else "") + (f"; {output} not written" if output else ""))
         return
     from .writer import read_manifest
     if not read_manifest(folder).get("keep", "all").startswith("frontier"):
         from .query import varying_job_columns
-        mixed = [c for c in varying_job_columns(folder) if c not in by]
+        mixed = [c for c in varying_job_columns(folder, list(where)) if c not in by]
         if mixed:
             console.print(f"note: the rows train different jobs ({', '.join(mixed)} vary), so shorter or smaller "
                           f"runs dominate this frontier; add {' '.join('--by ' + c for c in mixed)} for one "
@@ -307,7 +307,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         from .query import feasible_sample
         from .report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])
-        plot_frontier(front, feasible_sample(folder, [x, y], condition=condition), x, y, tuple(by), plot)
+        plot_frontier(front, feasible_sample(folder, [x, y], where=list(where)), x, y, tuple(by), plot)
         console.print(f"plot: {plot}")
 
 
@@ -327,20 +327,22 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     old_outputs = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
     if set(OUTPUT_NAMES) | {"status"} <= set(plans.columns):
         plans = plans.drop(old_outputs)
-        console.print(f"note: {csv} has output columns ({_plural(len(old_outputs), 'column')}: "
-                      f"{', '.join(old_outputs[:4])}{', ...' if len(old_outputs) > 4 else ''}); they are "
-                      "recomputed, not read", style="yellow", markup=False)
+        console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'output column')}); they are "
+                      "recomputed, not read, with the presets' cluster values and the calibration given here: a "
+                      "sweep's [cluster] overrides (prices, reserved memory, gpus_per_node) are not in the file; "
+                      "pass --calibration, and give network overrides as columns (gpus_per_node, intra_node_GBps, "
+                      "inter_node_Gbps)", style="yellow", markup=False)
     df = evaluate_frame(plans, str(csv), _calibration(calibration))
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
+    from .query import HEADLINE_COLUMNS
     from .schema import COLUMNS, SETTING_FIELDS
     known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
     labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
     settings = [c for c in SETTING_FIELDS if c in df.columns and df[c].n_unique() > 1]
     shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
-        c for c in ("status", "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
-        if c in df.columns]
+        c for c in ("status",) + HEADLINE_COLUMNS if c in df.columns]
     print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console)
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 

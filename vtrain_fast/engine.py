@@ -44,8 +44,8 @@ from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from .kernels.params import HW_FIELDS
-from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, resolve_column, setting_values
-from .spec import RECOMPUTE_VALUES, SweepSpec, did_you_mean, variant_label
+from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
+from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
 from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
                      shard_manifest_name, storage_schema, write_json_atomic)
@@ -130,14 +130,14 @@ def _numeric_columns() -> tuple[str, ...]:
 
 def _objective(where: str, value: str) -> str:
     """``value`` (``COL`` or ``-COL``, a table header's short name allowed) with the full column
-    name; :class:`InputError` unless COL is numeric."""
-    sign = "-" if value.startswith("-") else ""
-    name = resolve_column(value[len(sign):])
-    if not name or "-" in name or name not in _numeric_columns():
+    name (:func:`vtrain_fast.query.resolve_objectives`); :class:`InputError` unless COL is a
+    numeric input or output the sweep kernels evaluate (not a setting column such as vpp)."""
+    from .query import resolve_objectives
+    out = resolve_objectives(where, [value], where)[0]
+    if out.lstrip("-") not in _numeric_columns():
         raise InputError(where, where, value, "numeric columns: " + ", ".join(_numeric_columns()),
-                         did_you_mean(value.lstrip("-"), _numeric_columns(),
-                                      "prefix a column with '-' to maximise it, e.g. -mfu"))
-    return sign + name
+                         "rank by an input or output of the cost model, e.g. -mfu")
+    return out
 
 
 def parse_keep(keep: str | Keep = "all", minimize: list[str] | tuple | None = None) -> Keep:

@@ -304,7 +304,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
 
 
 def read_csv(path: str | Path) -> pl.DataFrame:
-    """Read a configurations CSV.
+    """Read a configurations file: CSV, or Parquet (``.parquet``, ``.pq``, e.g. written by
+    ``pareto -o``; categorical columns come back as text).
 
     Raises
     ------
@@ -313,7 +314,13 @@ def read_csv(path: str | Path) -> pl.DataFrame:
     """
     p = Path(path)
     if not p.is_file():
-        raise InputError(str(p), "file", str(p), "an existing CSV file")
+        raise InputError(str(p), "file", str(p), "an existing CSV or Parquet file")
+    if p.suffix.lower() in (".parquet", ".pq"):
+        try:
+            df = pl.read_parquet(p)
+        except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for bad files
+            raise InputError(str(p), "Parquet", str(e).splitlines()[0], "a Parquet file") from None
+        return df.with_columns(pl.col(pl.Categorical, pl.Enum).cast(pl.String))
     try:
         return pl.read_csv(p, infer_schema_length=None)
     except Exception as e:  # polars raises several error types for malformed CSV

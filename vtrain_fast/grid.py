@@ -13,12 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from dataclasses import replace
-
 from .hardware import machine_vector
 from .kernels.params import HW_FIELDS
 from .kernels.sweep import AXES, PREFIX_AXES, prefix_table
-from .spec import RECOMPUTE_VALUES, SweepSpec
+from .spec import RECOMPUTE_VALUES, SweepSpec, repeat_cases
 
 INT64_MAX = 2 ** 63 - 1
 # Largest pruning table built (entries of uint8); beyond it sweeps run unpruned.
@@ -110,49 +108,6 @@ def build_grid(spec: SweepSpec) -> Grid:
         gbss=i64(spec.global_batch_size), recomputes=i64(recompute_codes),
         num_points=n,
     )
-
-
-def _effective(preset, tp_gt_1: bool, pp_gt_1: bool, dp_gt_1: bool):
-    """``preset`` with the training settings that have no effect at tp, pp, dp of these kinds
-    reset to their defaults, as the cost model prices them: ``vpp`` only at pp > 1
-    (``kernels.step.virtual_stages``), sequence parallelism only at tp > 1 (it splits over tp),
-    the asynchronous TP all-reduce only at tp > 1 and without sequence parallelism (which always
-    overlaps; ``kernels.step.micro_batch_costs``), the distributed optimizer and overlapped
-    gradient reduction only at dp > 1 (nothing to shard or reduce)."""
-    return replace(preset,
-                   vpp=preset.vpp if pp_gt_1 else 1,
-                   sequence_parallel=preset.sequence_parallel and tp_gt_1,
-                   async_tensor_model_parallel_allreduce=(preset.async_tensor_model_parallel_allreduce
-                                                          and tp_gt_1 and not preset.sequence_parallel),
-                   distributed_optimizer=preset.distributed_optimizer and dp_gt_1,
-                   overlap_grad_reduce=preset.overlap_grad_reduce and dp_gt_1)
-
-
-def repeat_cases(presets) -> list[int]:
-    """Per machine of a sweep's gpu axis, the bit mask ``kernels.step.repeats`` reads: bit
-    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where an earlier machine prices every plan of
-    that kind the same (:func:`_effective` equal), so its rows would repeat that machine's.
-
-    Parameters
-    ----------
-    presets : sequence of GPUPreset
-        The gpu axis (``SweepSpec.gpus``).
-
-    Returns
-    -------
-    list of int
-        One mask (0-255) per preset; 0 for the first of each set of equal machines.
-    """
-    masks = []
-    for i, g in enumerate(presets):
-        mask = 0
-        for case in range(8):
-            kind = (bool(case & 1), bool(case & 2), bool(case & 4))
-            mine = _effective(g, *kind)
-            if any(_effective(e, *kind) == mine for e in presets[:i]):
-                mask |= 1 << case
-        masks.append(mask)
-    return masks
 
 
 def _hw_table(presets) -> np.ndarray:

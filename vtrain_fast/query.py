@@ -4,6 +4,7 @@ Query functions read Parquet only; they never evaluate the cost model.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pyarrow as pa
 
 from .errors import InputError
 from .kernels.sweep import pareto_sorted
-from .schema import COLUMNS, SCHEMA, SETTING_FIELDS, resolve_column
+from .schema import COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT, resolve_column
 from .spec import did_you_mean
 from .writer import PART_GLOB, read_manifest
 
@@ -23,6 +24,8 @@ GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "p
                  "seq_length") + tuple(SETTING_FIELDS)     # + vpp and the training switches
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
+# The outputs every printed table of plans shows.
+HEADLINE_COLUMNS = ("iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:
@@ -59,7 +62,7 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
     return mask
 
 
-def resolve_objectives(where: str, minimize) -> list[str]:
+def resolve_objectives(where: str, minimize, option: str = "--minimize") -> list[str]:
     """``--minimize`` values with full column names (a table header's short name is accepted,
     a leading ``-`` kept).
 
@@ -73,7 +76,7 @@ def resolve_objectives(where: str, minimize) -> list[str]:
         sign = "-" if m.startswith("-") else ""
         name = resolve_column(m[len(sign):])
         if name not in NUMERIC_COLUMNS:
-            raise InputError(where, "--minimize", m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS),
+            raise InputError(where, option, m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS),
                              did_you_mean(name, NUMERIC_COLUMNS, "prefix a column with '-' to maximise it, e.g. -mfu"))
         out.append(sign + name)
     return out
@@ -101,15 +104,18 @@ _CONDITION = re.compile(r"^\s*([A-Za-z_][\w/]*)\s*(<=|>=|==|!=|<|>|=)\s*(.*?)\s*
 _OPS = {"<=": "le", ">=": "ge", "==": "eq", "=": "eq", "!=": "ne", "<": "lt", ">": "gt"}
 
 
-def where_filter(where: str, conditions) -> pl.Expr | None:
+def where_filter(where: str, conditions) -> tuple:
     """One Polars filter from ``--where`` conditions ``COLUMN OP VALUE`` (all must hold): OP is
-    one of ``<= < >= > == !=`` for numeric columns, ``==``/``!=`` for the others (``gpu ==
-    h100-sxm-80gb``, ``sequence_parallel == true``); short column names are accepted.
+    one of ``<= < >= > == !=`` for numeric columns (a finite number; a whole one for integer
+    columns), ``==``/``!=`` for the others (``gpu == h100-sxm-80gb``, ``sequence_parallel ==
+    true``); short column names are accepted.
 
     Returns
     -------
-    polars.Expr or None
-        None when there are no conditions.
+    tuple
+        ``(expr, values)``: the ``polars.Expr`` (None when there are no conditions) and, per
+        column named, the values it was compared with (``{column: [value, ...]}``), for checks
+        against a folder (:func:`pareto`).
 
     Raises
     ------
@@ -118,7 +124,7 @@ def where_filter(where: str, conditions) -> pl.Expr | None:
         kind, or an order comparison on a non-numeric column.
     """
     names = SCHEMA.names
-    exprs = []
+    exprs, values = [], {}
     for cond in conditions or ():
         m = _CONDITION.match(cond)
         if not m or not m.group(3):
@@ -130,12 +136,18 @@ def where_filter(where: str, conditions) -> pl.Expr | None:
             raise InputError(where, "--where", cond, "a column of the results: " + ", ".join(names),
                              did_you_mean(col, names, "name a column of the results"))
         kind = SCHEMA.field(col).type
+        if col == "status":
+            raise InputError(where, "--where", cond, "a column other than status (only ok plans are ranked)",
+                             "drop this condition")
         if col in NUMERIC_COLUMNS:
             try:
                 value = float(raw)
             except ValueError:
-                raise InputError(where, "--where", cond, f"a number after {op} for the numeric column {col}",
-                                 f"e.g. --where '{col}{op}72'") from None
+                value = math.nan
+            whole = kind == pa.int64()
+            if not math.isfinite(value) or (whole and value != int(value)):
+                raise InputError(where, "--where", cond, f"a finite {'whole ' if whole else ''}number after {op} "
+                                 f"for the column {col}", f"e.g. --where '{col}{op}{4 if whole else 72}'")
             expr = getattr(pl.col(col), _OPS[op])(value)
         else:
             if op not in ("==", "=", "!="):
@@ -148,15 +160,43 @@ def where_filter(where: str, conditions) -> pl.Expr | None:
                 expr = pl.col(col) == (raw.lower() == "true")
             else:
                 expr = pl.col(col).cast(pl.String) == raw
+                values.setdefault(col, []).append(raw)
             if op == "!=":
                 expr = ~expr
+        values.setdefault(col, [])
         exprs.append(expr)
     if not exprs:
-        return None
+        return None, values
     out = exprs[0]
     for e in exprs[1:]:
         out = out & e
-    return out
+    return out, values
+
+
+def _no_effect(setting: str) -> pl.Expr:
+    """Rows where ``setting`` has no effect (:data:`~vtrain_fast.schema.SETTING_NO_EFFECT`)."""
+    tp1, pp1, dp1, with_sp = SETTING_NO_EFFECT[setting]
+    expr = pl.lit(False)
+    for on, cond in ((tp1, pl.col("tp") == 1), (pp1, pl.col("pp") == 1), (dp1, pl.col("dp") == 1),
+                     (with_sp, pl.col("sequence_parallel"))):
+        if on:
+            expr = expr | cond
+    return expr
+
+
+def with_every_value_where_inert(lf: pl.LazyFrame, settings) -> pl.LazyFrame:
+    """``lf`` with each row whose setting (of ``settings``) has no effect repeated once per value
+    that setting takes in ``lf``: a sweep prices such a plan once (status ``repeat`` for the
+    others), but it is a plan of every value, so a frontier per value (``--by``) or of one value
+    (``--where``) must count it."""
+    for setting in settings:
+        if not any(SETTING_NO_EFFECT[setting]):
+            continue
+        vals = lf.select(pl.col(setting).unique().sort()).collect()[setting].to_list()
+        if len(vals) > 1:
+            lf = lf.with_columns(pl.when(_no_effect(setting)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[setting])))
+                                 .otherwise(pl.concat_list(setting)).alias(setting)).explode(setting)
+    return lf
 
 
 def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
@@ -195,7 +235,7 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
     minimize = resolve_objectives(str(folder), minimize)
     objectives = [(m.lstrip("-"), m.startswith("-")) for m in minimize]
     by = resolve_groups(str(folder), by)
-    condition = where_filter(str(folder), where)
+    condition, _ = where_filter(str(folder), where)
     manifest = read_manifest(folder)
     stored = manifest.get("keep", "all")
     if stored.startswith("top"):
@@ -216,15 +256,7 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
                          "the objectives this folder was reduced with: " + " ".join(manifest.get("objectives") or []),
                          "it kept only that frontier; rerun the sweep with --keep all, --keep feasible or "
                          "--keep frontier with these objectives")
-    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
-    if condition is not None:
-        lf = lf.filter(condition)
-    have = set(lf.collect_schema().names())
-    for b in by:
-        if b not in have:
-            raise InputError(str(folder), "--by", b, "columns of this folder's rows",
-                             "the folder was written by an older vtrain_fast without this column; "
-                             "rerun the sweep with --overwrite")
+    lf = feasible_plans(folder, where, by, [n for n, _ in objectives])
     names = [n for n, _ in objectives]
     cols = [c for c in lf.collect_schema().names()] if all_columns else frontier_columns(folder, by, names)
     # reduce with the objectives (and group keys) only, then fetch the frontier rows' columns
@@ -248,13 +280,56 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
 JOB_COLUMNS = ("model", "num_tokens")
 
 
+def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyFrame:
+    """The feasible rows (``status == "ok"``) of ``folder`` as a lazy frame, with the plans a
+    setting in ``by`` or ``where`` does not affect counted for each of its values
+    (:func:`with_every_value_where_inert`), then the ``where`` conditions (:func:`where_filter`).
+
+    Raises
+    ------
+    InputError
+        A ``by``, ``where`` or ``needed`` column the folder's rows lack (an older version), or a
+        ``where`` value no row has (:func:`check_where_values`).
+    """
+    condition, where_values = where_filter(str(folder), where)
+    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    have = set(lf.collect_schema().names())
+    for option, named in (("--by", by), ("--where", list(where_values)), ("--minimize", needed)):
+        for b in named:
+            if b not in have:
+                raise InputError(str(folder), option, b, "columns of this folder's rows",
+                                 "the folder was written by an older vtrain_fast without this column; "
+                                 "rerun the sweep with --overwrite")
+    check_where_values(folder, lf, where_values)
+    lf = with_every_value_where_inert(lf, [c for c in SETTING_FIELDS if c in by or c in where_values])
+    return lf if condition is None else lf.filter(condition)
+
+
+def check_where_values(folder, lf: pl.LazyFrame, where_values: dict) -> None:
+    """Refuse a ``--where`` value of a text column (model, gpu, recompute) that no row of the
+    folder has: a misspelt name would otherwise match nothing without a word.
+
+    Raises
+    ------
+    InputError
+        Naming the value, the values the folder has and the closest one.
+    """
+    for col, wanted in where_values.items():
+        if not wanted:
+            continue
+        have = [str(v) for v in lf.select(pl.col(col).cast(pl.String).unique().sort()).collect()[col].to_list()]
+        for w in wanted:
+            if w not in have:
+                raise InputError(str(folder), "--where", f"{col}=={w}", f"a {col} of this folder: " + ", ".join(have),
+                                 did_you_mean(w, have, f"name one of the {col} values above"))
+
+
 def frontier_columns(folder: str | Path, by: list[str], objectives: list[str]) -> list[str]:
     """Columns a frontier table shows: the groups, the plan (:data:`CONFIG_COLUMNS` and the
     settings that were axes, :func:`varying_setting_columns`), the objectives and the headline
     outputs."""
-    return list(dict.fromkeys(list(by) + list(CONFIG_COLUMNS) + list(objectives) + [
-        "iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd"]
-        + varying_setting_columns(folder)))
+    return list(dict.fromkeys(list(by) + list(CONFIG_COLUMNS) + list(objectives) + list(HEADLINE_COLUMNS)
+                              + varying_setting_columns(folder)))
 
 
 def varying_setting_columns(folder: str | Path) -> list[str]:
@@ -279,7 +354,7 @@ def varying_setting_columns(folder: str | Path) -> list[str]:
     return [c for c, n in zip(cols, counts) if n > 1]
 
 
-def varying_job_columns(folder: str | Path) -> list[str]:
+def varying_job_columns(folder: str | Path, where=None) -> list[str]:
     """Of the columns that define the training job (``model``, ``num_tokens``), those with more
     than one value among the feasible rows of ``folder``: a frontier across them compares plans
     for different jobs (a shorter run is always cheaper), so ``pareto --by`` them is usually meant.
@@ -289,24 +364,20 @@ def varying_job_columns(folder: str | Path) -> list[str]:
     list of str
         Column names, in :data:`JOB_COLUMNS` order (empty when every row trains the same job).
     """
-    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    lf = feasible_plans(folder, where)
     counts = lf.select([pl.col(c).n_unique() for c in JOB_COLUMNS]).collect().row(0)
     return [c for c, n in zip(JOB_COLUMNS, counts) if n > 1]
 
 
-def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000,
-                    condition: pl.Expr | None = None) -> pl.DataFrame:
-    """About ``n`` feasible rows (``status == "ok"``, and ``condition`` when given) of
+def feasible_sample(folder: str | Path, columns: list[str], n: int = 100_000, where=None) -> pl.DataFrame:
+    """About ``n`` feasible rows (:func:`feasible_plans` with the ``where`` conditions) of
     ``folder``, ``columns`` only: every k-th one when there are more (for plots), read lazily.
 
     Returns
     -------
     polars.DataFrame
     """
-    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
-    if condition is not None:
-        lf = lf.filter(condition)
-    lf = lf.select(columns)
+    lf = feasible_plans(folder, where).select(columns)
     count = lf.select(pl.len()).collect().item()
     if count > n:
         lf = lf.gather_every(-(-count // n))     # every k-th feasible row, without loading the rest

@@ -32,12 +32,15 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None) -> Table:
-    """A rich table of ``df`` (first ``max_rows`` rows), with short headers."""
+def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None, keep: tuple = ()) -> Table:
+    """A rich table of ``df`` (first ``max_rows`` rows), with short headers; the columns in
+    ``keep`` are never narrowed below their longest value (others are, when space runs out)."""
     table = Table(title=title, show_lines=False)
-    for c in df.columns:
-        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric() else "left")
     rows = df.rows() if max_rows is None else df.head(max_rows).rows()
+    for k, c in enumerate(df.columns):
+        whole = max([len(SHORT_NAMES.get(c, c))] + [len(_fmt(r[k])) for r in rows]) if c in keep else None
+        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric() else "left",
+                         min_width=whole)
     for r in rows:
         table.add_row(*(_fmt(v) for v in r))
     return table
@@ -72,7 +75,7 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.Data
                 notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
             df = df.drop(c)
     if hidden:
-        notes.append(f"not shown for the terminal's width: {', '.join(hidden)} (widen it, or -o FILE)")
+        notes.append(f"not shown for the terminal's width: {', '.join(hidden)} (widen the terminal)")
     return df, notes
 
 
@@ -84,7 +87,7 @@ def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, conso
     shown, notes = fit_columns(shown, console.width, keep)
     if notes:
         title += "\n" + ", ".join(notes)
-    console.print(frame_table(shown, title))
+    console.print(frame_table(shown, title, keep=keep))
     if max_rows is not None and df.height > max_rows:
         console.print(f"({df.height - max_rows:,} more rows not shown; use --top or -o FILE.parquet)")
 

@@ -57,6 +57,23 @@ INPUT_COLUMNS = (
 SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_flash_attn": "flash_attn",
                   "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap",
                   "async_tensor_model_parallel_allreduce": "tp_overlap"}
+# Where each setting has no effect on the cost model, as (tp == 1, pp == 1, dp == 1, with sequence
+# parallelism): vpp only interleaves a pipeline (kernels.step.virtual_stages); sequence parallelism
+# splits over tp (ops.sequence_split); the asynchronous TP all-reduce needs tp > 1 and is always on
+# with sequence parallelism (step.micro_batch_costs); the distributed optimizer and overlapped
+# gradient reduction need dp > 1 (nothing to shard or reduce). Setting value there: SETTING_DEFAULTS.
+# Sweeps price such plans once (status repeat, spec.repeat_cases); pareto counts them for every
+# value of the setting (query). tests/test_setting_axes.py checks the table against the kernels.
+SETTING_NO_EFFECT = {
+    "vpp": (False, True, False, False),
+    "sequence_parallel": (True, False, False, False),
+    "use_flash_attn": (False, False, False, False),
+    "distributed_optimizer": (False, False, True, False),
+    "overlap_grad_reduce": (False, False, True, False),
+    "async_tensor_model_parallel_allreduce": (True, False, False, True),
+}
+SETTING_DEFAULTS = {"vpp": 1, "sequence_parallel": False, "use_flash_attn": False, "distributed_optimizer": False,
+                    "overlap_grad_reduce": False, "async_tensor_model_parallel_allreduce": False}
 
 
 def setting_values(column: str, field_values):

@@ -36,13 +36,14 @@ import difflib
 import itertools
 import math
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import InputError
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        get_preset, with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
+from .schema import SETTING_DEFAULTS, SETTING_NO_EFFECT
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of kernels.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
@@ -264,9 +265,9 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     tuple
         ``(presets, notes)``: the presets (``GPUPreset``, a tuple) and what was skipped (a
         tuple of str): with ``use_flash_attn = [false, true]``, the ``true`` machines of a GPU
-        without FlashAttention kernels are left out, and with
-        ``async_tensor_model_parallel_allreduce = [false, true]`` its ``true`` machines with
-        sequence parallelism (identical to the ``false`` ones), each named in a note.
+        without FlashAttention kernels are left out, and machines that price every plan like an
+        earlier one (:func:`repeat_cases` 255, e.g. the asynchronous TP all-reduce with sequence
+        parallelism), each named in a note.
 
     Raises
     ------
@@ -274,7 +275,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
         (:func:`check_flash_attention`).
     """
-    presets, skipped, redundant = [], [], False
+    presets, skipped = [], []
     for name in names:
         for combo in itertools.product(*settings.values()):
             g = with_overrides(get_preset(name), calibration.get(name), **(per_gpu or {}).get(name, overrides),
@@ -283,19 +284,58 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                 if name not in skipped:
                     skipped.append(name)
                 continue
-            if g.sequence_parallel and g.async_tensor_model_parallel_allreduce and \
-                    False in settings["async_tensor_model_parallel_allreduce"]:
-                redundant = True    # the same machine as without the flag: SP always overlaps
-                continue
             check_flash_attention(g, where, "training.use_flash_attn")
             presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
-    if redundant:
-        notes += ("async_tensor_model_parallel_allreduce = true is left out where sequence_parallel = true: "
-                  "with sequence parallelism the reduce-scatter is always overlapped, so those machines "
-                  "would repeat the false ones",)
-    return tuple(presets), notes
+    # a machine whose settings change no plan beyond an earlier machine's (e.g. the asynchronous
+    # TP all-reduce with sequence parallelism, which always overlaps) would only repeat its rows
+    masks = repeat_cases(presets)
+    repeated = [g for g, m in zip(presets, masks) if m == 255]
+    if repeated:
+        axes = [k for k in settings if len({getattr(g, k) for g in presets}) > 1]
+        notes += (f"{len(repeated)} setting combination(s) left out because they price every plan like an "
+                  "earlier one (settings without effect there, see README): "
+                  + "; ".join(variant_label(g, axes) for g in repeated[:4]) + ("; ..." if len(repeated) > 4 else ""),)
+    return tuple(g for g, m in zip(presets, masks) if m != 255), notes
+
+
+def effective_settings(preset, tp_is_1: bool, pp_is_1: bool, dp_is_1: bool):
+    """``preset`` with each training setting that has no effect on plans of this kind
+    (:data:`~vtrain_fast.schema.SETTING_NO_EFFECT`) set to its default: two presets whose
+    effective settings are equal price every such plan alike."""
+    sp = preset.sequence_parallel and not tp_is_1
+    kind = (tp_is_1, pp_is_1, dp_is_1, sp)
+    return replace(preset, **{k: SETTING_DEFAULTS[k] for k, where in SETTING_NO_EFFECT.items()
+                              if any(w and c for w, c in zip(where, kind))})
+
+
+def repeat_cases(presets) -> list[int]:
+    """Per machine of a sweep's gpu axis, the bit mask ``kernels.step.repeats`` reads: bit
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where an earlier machine prices every plan of that
+    kind alike (:func:`effective_settings` equal), so its rows would repeat that machine's.
+
+    Parameters
+    ----------
+    presets : sequence of GPUPreset
+        The gpu axis (``SweepSpec.gpus``).
+
+    Returns
+    -------
+    list of int
+        One mask (0-255) per preset; 0 for the first of each set of equal machines, 255 for a
+        machine that repeats an earlier one everywhere.
+    """
+    masks = []
+    for i, g in enumerate(presets):
+        mask = 0
+        for case in range(8):
+            kind = (not case & 1, not case & 2, not case & 4)
+            mine = effective_settings(g, *kind)
+            if any(effective_settings(e, *kind) == mine for e in presets[:i]):
+                mask |= 1 << case
+        masks.append(mask)
+    return masks
 
 
 def variant_label(preset, axes) -> str:
@@ -442,9 +482,16 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     for k, v in cl.items():
         if isinstance(v, dict):     # [cluster.<gpu>]: overrides for that GPU only
             if k not in names:
+                fix = (f"add {k!r} to cluster.gpu or remove the table" if k in PRESETS
+                       else did_you_mean(k, names, f"add {k!r} to cluster.gpu or remove the table"))
                 raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
-                                 + ", ".join(names), did_you_mean(k, names, f"add {k!r} to cluster.gpu or "
-                                                                            "remove the table"))
+                                 + ", ".join(names), fix)
+            settings_here = [key for key in v if key in TRAINING_FLAGS or key == "vpp"]
+            if settings_here:
+                raise InputError(path, f"cluster.{k}.{settings_here[0]}", v[settings_here[0]],
+                                 "cluster keys: " + ", ".join(sorted(OVERRIDE_RANGES)),
+                                 "training settings apply to every GPU of the sweep: give them in [training] "
+                                 "(vpp in [parallel]), as a list to compare values")
             _check_keys(path, f"cluster.{k}", v, set(OVERRIDE_RANGES))
             per_gpu[k] = {**overrides, **_overrides(path, f"cluster.{k}", v)}
     settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
