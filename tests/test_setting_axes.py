@@ -251,3 +251,26 @@ def test_top_k_by_a_short_column_name(write_spec, tmp_path, cli):
     res = cli("sweep", write_spec(AXES_SPEC.format(sp="false", vpp="1")), "-o", tmp_path / "top",
               "--keep", "top:3:iter_s")
     assert res.exit_code == 0 and "iteration_time_s" in res.output, res.output
+
+
+@pytest.mark.parametrize("extra, condition", [
+    ("tp = 1", "sequence_parallel==true"),                       # every SP plan is a repeat
+    ("pp = 1\nvpp = [1, 2]", "vpp==2"),
+    ("sequence_parallel = true\nasync_tensor_model_parallel_allreduce = [false, true]",
+     "async_tensor_model_parallel_allreduce==true"),            # those machines are left out
+])
+def test_a_value_without_plans_of_its_own_still_has_its_frontier(write_spec, tmp_path, cli, extra, condition):
+    from vtrain_fast.query import pareto
+    base = AXES_SPEC.format(sp="[false, true]", vpp="1").replace(
+        'gpu = ["a100-sxm4-80gb", "h100-sxm-80gb"]', 'gpu = "a100-sxm4-80gb"')
+    for line in extra.splitlines():
+        key = line.split("=")[0].strip()
+        base = "\n".join(l for l in base.splitlines() if not l.startswith(key + " "))
+        section = "[parallel]" if key in ("tp", "pp", "vpp") else "[training]"
+        base = base.replace(section, section + "\n" + line)
+    folder = tmp_path / "f"
+    assert cli("sweep", write_spec(base, "f.toml"), "-o", folder).exit_code == 0
+    got = pareto(folder, ["iteration_time_s", "cost_usd"], where=[condition])
+    assert got.height > 0
+    setting, value = condition.split("==")
+    assert (got[setting].cast(pl.String).str.to_lowercase() == value).all()

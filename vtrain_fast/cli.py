@@ -274,7 +274,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where))
     if output and front.height:
         write_table_atomic(front, output)
-        front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize]))
+        front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize], list(where)))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
              + (f"; per {', '.join(by)}" if by else "") + (f"; where {' and '.join(where)}" if where else "") + ")")
     if front.height == 0:

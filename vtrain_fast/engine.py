@@ -689,6 +689,7 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
                           "intra_node_GBps": g.intra_node_GBps, "inter_node_Gbps": g.inter_node_Gbps,
                           "calibration": vars(g.calibration)} for g in spec.gpus},
         "setting_axes": list(spec.setting_axes),
+        "setting_values": {k: list(vals) for k, vals in spec.settings},
         "machine_vectors": {variant_label(g, spec.setting_axes): row
                             for g, row in zip(spec.gpus, grid.hw_table.tolist())},
         "elapsed_s": 0.0,

@@ -184,15 +184,15 @@ def _no_effect(setting: str) -> pl.Expr:
     return expr
 
 
-def with_every_value_where_inert(lf: pl.LazyFrame, settings) -> pl.LazyFrame:
-    """``lf`` with each row whose setting (of ``settings``) has no effect repeated once per value
-    that setting takes in ``lf``: a sweep prices such a plan once (status ``repeat`` for the
-    others), but it is a plan of every value, so a frontier per value (``--by``) or of one value
-    (``--where``) must count it."""
-    for setting in settings:
+def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFrame:
+    """``lf`` with each row whose setting has no effect repeated once per value of that setting
+    (``settings``: name -> the values the sweep took): a sweep prices such a plan once (status
+    ``repeat`` for the others, or the machine left out), but it is a plan of every value, so a
+    frontier per value (``--by``) or of one value (``--where``) must count it."""
+    for setting, vals in settings.items():
         if not any(SETTING_NO_EFFECT[setting]):
             continue
-        vals = lf.select(pl.col(setting).unique().sort()).collect()[setting].to_list()
+        vals = sorted(set(vals))
         if len(vals) > 1:
             lf = lf.with_columns(pl.when(_no_effect(setting)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[setting])))
                                  .otherwise(pl.concat_list(setting)).alias(setting)).explode(setting)
@@ -258,7 +258,7 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
                          "--keep frontier with these objectives")
     lf = feasible_plans(folder, where, by, [n for n, _ in objectives])
     names = [n for n, _ in objectives]
-    cols = [c for c in lf.collect_schema().names()] if all_columns else frontier_columns(folder, by, names)
+    cols = [c for c in lf.collect_schema().names()] if all_columns else frontier_columns(folder, by, names, where)
     # reduce with the objectives (and group keys) only, then fetch the frontier rows' columns
     row = pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
     group = (pl.struct(by).rank("dense") if by else pl.lit(0)).alias("_group")
@@ -301,7 +301,13 @@ def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyF
                                  "the folder was written by an older vtrain_fast without this column; "
                                  "rerun the sweep with --overwrite")
     check_where_values(folder, lf, where_values)
-    lf = with_every_value_where_inert(lf, [c for c in SETTING_FIELDS if c in by or c in where_values])
+    named = [c for c in SETTING_FIELDS if c in by or c in where_values]
+    if named:
+        swept = read_manifest(folder).get("setting_values") or {}
+        every = pl.scan_parquet(str(Path(folder) / PART_GLOB))     # older folders: values of any row
+        lf = with_every_value_where_inert(lf, {c: swept[c] if c in swept else
+                                               every.select(pl.col(c).unique()).collect()[c].to_list()
+                                               for c in named})
     return lf if condition is None else lf.filter(condition)
 
 
@@ -324,12 +330,13 @@ def check_where_values(folder, lf: pl.LazyFrame, where_values: dict) -> None:
                                  did_you_mean(w, have, f"name one of the {col} values above"))
 
 
-def frontier_columns(folder: str | Path, by: list[str], objectives: list[str]) -> list[str]:
+def frontier_columns(folder: str | Path, by: list[str], objectives: list[str], where=None) -> list[str]:
     """Columns a frontier table shows: the groups, the plan (:data:`CONFIG_COLUMNS` and the
-    settings that were axes, :func:`varying_setting_columns`), the objectives and the headline
-    outputs."""
+    settings that were axes, :func:`varying_setting_columns`), the objectives, the headline
+    outputs and the columns the ``where`` conditions name."""
+    named = list(where_filter(str(folder), where)[1])
     return list(dict.fromkeys(list(by) + list(CONFIG_COLUMNS) + list(objectives) + list(HEADLINE_COLUMNS)
-                              + varying_setting_columns(folder)))
+                              + varying_setting_columns(folder) + named))
 
 
 def varying_setting_columns(folder: str | Path) -> list[str]:

@@ -63,7 +63,8 @@ SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_f
 # with sequence parallelism (step.micro_batch_costs); the distributed optimizer and overlapped
 # gradient reduction need dp > 1 (nothing to shard or reduce). Setting value there: SETTING_DEFAULTS.
 # Sweeps price such plans once (status repeat, spec.repeat_cases); pareto counts them for every
-# value of the setting (query). tests/test_setting_axes.py checks the table against the kernels.
+# value of the setting (query). tests/test_setting_axes.py checks the table against the kernels
+# (test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly) and the query.
 SETTING_NO_EFFECT = {
     "vpp": (False, True, False, False),
     "sequence_parallel": (True, False, False, False),

@@ -483,7 +483,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         if isinstance(v, dict):     # [cluster.<gpu>]: overrides for that GPU only
             if k not in names:
                 fix = (f"add {k!r} to cluster.gpu or remove the table" if k in PRESETS
-                       else did_you_mean(k, names, f"add {k!r} to cluster.gpu or remove the table"))
+                       else did_you_mean(k, names, "remove the table, or name it after a GPU of cluster.gpu"))
                 raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
                                  + ", ".join(names), fix)
             settings_here = [key for key in v if key in TRAINING_FLAGS or key == "vpp"]
