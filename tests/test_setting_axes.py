@@ -174,7 +174,8 @@ def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, c
     assert "sequence_parallel" in res.output and "use_flash_attn" not in res.output
     # the file holds whole plans (every column) and evaluates to the same rows
     front = pl.read_csv(tmp_path / "front.csv")
-    assert front.columns == pl.read_parquet(str(full / "part-*.parquet")).columns
+    from vtrain_fast.evaluate import CLUSTER_COLUMNS
+    assert front.columns == pl.read_parquet(str(full / "part-*.parquet")).columns + list(CLUSTER_COLUMNS)
     res = cli("evaluate", tmp_path / "front.csv", "-o", tmp_path / "again.parquet")
     assert res.exit_code == 0 and "recomputed" in res.output, res.output
     again = pl.read_parquet(tmp_path / "again.parquet")

@@ -211,3 +211,22 @@ def test_a_gpu_table_under_cluster_overrides_that_gpu_only():
                          (PER_GPU_SPEC.format(h100="gpu = 'a100-sxm4-80gb'"), "cluster.h100-sxm-80gb.gpu")):
         with pytest.raises(InputError, match=needle.replace(".", r"\.")):
             parse_spec(text, "s.toml")
+
+
+def test_a_written_frontier_evaluates_to_the_same_rows_under_cluster_overrides(write_spec, tmp_path, cli):
+    """pareto -o carries each GPU's cluster values (spec overrides and [cluster.<gpu>] tables), so
+    evaluate prices the plans exactly as the sweep did."""
+    from vtrain_fast.kernels.step import OUTPUT_NAMES
+    spec = PER_GPU_SPEC.format(h100="usd_per_gpu_hour = 3.5\npue = 1.2").replace(
+        "num_gpus = 32", "num_nodes = [4, 8]\ngpus_per_node = 4\nreserved_GiB = 20").replace(
+        "tp = 1\npp = 1", "tp = [1, 2]\npp = [1, 2]")
+    folder = tmp_path / "f"
+    assert cli("sweep", write_spec(spec), "-o", folder).exit_code == 0
+    res = cli("pareto", folder, "--minimize", "cost_usd", "--minimize", "iteration_time_s", "-o", tmp_path / "f.csv")
+    assert res.exit_code == 0, res.output
+    res = cli("evaluate", tmp_path / "f.csv", "-o", tmp_path / "e.parquet")
+    assert res.exit_code == 0, res.output
+    front, again = pl.read_csv(tmp_path / "f.csv"), pl.read_parquet(tmp_path / "e.parquet")
+    assert set(front["usd_per_gpu_hour"].to_list()) <= {2.0, 3.5} and (front["gpus_per_node"] == 4).all()
+    for col in list(OUTPUT_NAMES) + ["num_nodes"]:
+        assert front[col].to_list() == again[col].to_list(), col

@@ -328,10 +328,9 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     if set(OUTPUT_NAMES) | {"status"} <= set(plans.columns):
         plans = plans.drop(old_outputs)
         console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'output column')}); they are "
-                      "recomputed, not read, with the presets' cluster values and the calibration given here: a "
-                      "sweep's [cluster] overrides (prices, reserved memory, gpus_per_node) are not in the file; "
-                      "pass --calibration, and give network overrides as columns (gpus_per_node, intra_node_GBps, "
-                      "inter_node_Gbps)", style="yellow", markup=False)
+                      "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
+                      "calibration given here (--calibration: a sweep's calibration file is not in the file)",
+                      style="yellow", markup=False)
     df = evaluate_frame(plans, str(csv), _calibration(calibration))
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())

@@ -687,6 +687,7 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
         "sweep_key": sweep_key(spec, grid, keep, plan),
         "gpus": {g.name: {"usd_per_gpu_hour": g.usd_per_gpu_hour, "gpus_per_node": g.gpus_per_node,
                           "intra_node_GBps": g.intra_node_GBps, "inter_node_Gbps": g.inter_node_Gbps,
+                          "pue": g.pue, "reserved_GiB": g.reserved_GiB,
                           "calibration": vars(g.calibration)} for g in spec.gpus},
         "setting_axes": list(spec.setting_axes),
         "setting_values": {k: list(vals) for k, vals in spec.settings},

@@ -22,8 +22,10 @@ from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
+# Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
+CLUSTER_COLUMNS = ("gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "usd_per_gpu_hour", "pue", "reserved_GiB")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
-            "gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "num_tokens", *TRAINING_FLAGS, "vpp")
+            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, "vpp")
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
 INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
@@ -233,10 +235,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     _str_column(df, "precision", where, PRECISIONS, "bf16")
     gpu = _str_column(df, "gpu", where, tuple(PRESETS), "")
     gpn = _int_column(df, "gpus_per_node", where, 0)
-    lo, hi = OVERRIDE_RANGES["intra_node_GBps"]
-    intra = _float_column(df, "intra_node_GBps", where, None, lo, hi)
-    lo, hi = OVERRIDE_RANGES["inter_node_Gbps"]
-    inter = _float_column(df, "inter_node_Gbps", where, None, lo, hi)
+    cluster = {k: _float_column(df, k, where, None, *OVERRIDE_RANGES[k]) for k in CLUSTER_COLUMNS[1:]}
     tokens = _float_column(df, "num_tokens", where, DEFAULT_NUM_TOKENS, 1.0, 1e16)
     flags = {name: [v in ("true", "1") for v in
                     _str_column(df, name, where, ("true", "false", "1", "0"), "false")]
@@ -247,12 +246,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
     for i in range(n):
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
-        key = (gpu[i], int(gpn[i]), float(intra[i]), float(inter[i]), int(vpp[i]), *row_flags.values())
+        values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
+        key = (gpu[i], int(gpn[i]), *values.values(), int(vpp[i]), *row_flags.values())
         if key not in cache:
-            ov = dict(gpus_per_node=int(gpn[i]) or None,
-                      intra_node_GBps=None if np.isnan(intra[i]) else float(intra[i]),
-                      inter_node_Gbps=None if np.isnan(inter[i]) else float(inter[i]),
-                      vpp=int(vpp[i]), **row_flags)
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
             preset = with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             cache[key] = machine_vector(preset)

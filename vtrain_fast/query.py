@@ -274,7 +274,24 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
         mask[sel[pareto_mask(vals[sel])]] = True
     keep = obj["_row"].to_numpy()[mask]
     frontier = (lf.select([row] + cols).filter(pl.col("_row").is_in(keep.tolist())).collect().drop("_row"))
+    if all_columns:
+        frontier = with_cluster_columns(frontier, manifest)
     return frontier.sort(by + [names[0]], descending=[False] * len(by) + [objectives[0][1]])
+
+
+def with_cluster_columns(rows: pl.DataFrame, manifest: dict) -> pl.DataFrame:
+    """``rows`` with each GPU's cluster values of the sweep (``gpus_per_node``,
+    ``intra_node_GBps``, ``inter_node_Gbps``, ``usd_per_gpu_hour``, ``pue``, ``reserved_GiB``:
+    presets with the spec's ``[cluster]`` overrides, from the manifest) as columns, so that
+    ``evaluate`` prices a written plan as the sweep did (the calibration file aside)."""
+    from .evaluate import CLUSTER_COLUMNS
+    gpus = manifest.get("gpus") or {}
+    gpu = rows["gpu"].cast(pl.String)
+    extra = []
+    for key in CLUSTER_COLUMNS:
+        if gpus and all(key in v for v in gpus.values()) and key not in rows.columns:
+            extra.append(gpu.replace_strict({n: v[key] for n, v in gpus.items()}, default=None).alias(key))
+    return rows.with_columns(extra) if extra else rows
 
 
 JOB_COLUMNS = ("model", "num_tokens")
