@@ -230,3 +230,20 @@ def test_a_written_frontier_evaluates_to_the_same_rows_under_cluster_overrides(w
     assert set(front["usd_per_gpu_hour"].to_list()) <= {2.0, 3.5} and (front["gpus_per_node"] == 4).all()
     for col in list(OUTPUT_NAMES) + ["num_nodes"]:
         assert front[col].to_list() == again[col].to_list(), col
+
+
+def test_keep_all_that_cannot_fit_on_disk_is_refused_before_work(write_spec, tmp_path, cli, monkeypatch):
+    import shutil
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 0, 10**6))   # 1 MB free
+    tokens = ", ".join(str(1e9 + k) for k in range(1_000))
+    text = ONE_POINT_SPEC.format(training="").replace("num_tokens = 1e9", f"num_tokens = [{tokens}]")
+    out = tmp_path / "big"
+    res = cli("sweep", write_spec(text), "-o", out, "--dry-run")     # 1,000 points: >= 10 kB, fine
+    assert res.exit_code == 0, res.output
+    text = text.replace("micro_batch_size = 1", "micro_batch_size = [" + ", ".join(map(str, range(1, 201))) + "]")
+    res = cli("sweep", write_spec(text, "b.toml"), "-o", out, "--dry-run")   # 200,000 points: >= 2 MB
+    assert res.exit_code == 2 and "--keep all" in res.output and "--keep frontier" in res.output, res.output
+    assert not out.exists()
+    assert cli("sweep", write_spec(text, "f.toml"), "-o", out, "--dry-run", "--keep", "frontier").exit_code == 0

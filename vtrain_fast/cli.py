@@ -116,6 +116,8 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
                       "expect more optimism here; see README 'What the model does not cover'",
                       style="yellow", markup=False)
+    if kept.mode == "all":
+        _check_room_for_rows(folder, n)
     if dry_run:
         console.print(f"dry run: {n:,} points over {len(s.gpus)} machines "
                       f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")
@@ -168,6 +170,33 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
             from .query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
         pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [])
+
+
+# Parquet bytes per kept row, a lower bound: `make bench` measures about 15 on the default sweep.
+MIN_BYTES_PER_ROW = 10
+
+
+def _check_room_for_rows(folder: Path, rows: int) -> None:
+    """Refuse a ``--keep all`` sweep whose rows cannot fit on the disk of ``folder`` (at
+    :data:`MIN_BYTES_PER_ROW` each), before any work.
+
+    Raises
+    ------
+    InputError
+        Naming the rows, the bytes needed and free, and the fix.
+    """
+    import shutil
+    place = folder.resolve()
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    need = rows * MIN_BYTES_PER_ROW
+    if need > free:
+        raise InputError(str(folder), "--keep all", f"{rows:,} rows",
+                         f"at most about {free // MIN_BYTES_PER_ROW:,} rows here (at least {need / 1e9:,.0f} GB "
+                         f"needed, {free / 1e9:,.0f} GB free)",
+                         "keep fewer rows (--keep feasible, --keep frontier or --keep top:K:COL), shorten "
+                         "some axes, or split the sweep with --shard K/N over machines with room")
 
 
 # Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
