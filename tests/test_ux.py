@@ -247,3 +247,5 @@ def test_keep_all_that_cannot_fit_on_disk_is_refused_before_work(write_spec, tmp
     assert res.exit_code == 2 and "--keep all" in res.output and "--keep frontier" in res.output, res.output
     assert not out.exists()
     assert cli("sweep", write_spec(text, "f.toml"), "-o", out, "--dry-run", "--keep", "frontier").exit_code == 0
+    # a shard writes its slice: 200,000 / 4 points, >= 0.5 MB, fits
+    assert cli("sweep", write_spec(text, "s.toml"), "-o", out, "--dry-run", "--shard", "2/4").exit_code == 0

@@ -116,8 +116,8 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
                       "expect more optimism here; see README 'What the model does not cover'",
                       style="yellow", markup=False)
-    if kept.mode == "all":
-        _check_room_for_rows(folder, n)
+    if kept.mode == "all":        # a shard writes its slice of the rows
+        _check_room_for_rows(folder, -(-n // _parse_shard(shard)[1]) if shard else n)
     if dry_run:
         console.print(f"dry run: {n:,} points over {len(s.gpus)} machines "
                       f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")
