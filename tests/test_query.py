@@ -141,3 +141,13 @@ def test_a_narrow_table_names_the_differing_columns_it_leaves_out():
     shown, notes = fit_columns(df, 30, keep=("iteration_time_s", "cost_usd"))
     assert "dp" not in shown.columns and any("not shown" in n and "dp" in n for n in notes)
     assert any(n == "model = m" for n in notes)      # a column with one value is named with it
+
+
+def test_breakdown_shows_components_that_add_up_to_the_iteration_time(tiny_sweep, cli):
+    from vtrain_fast.query import BREAKDOWN_COLUMNS
+    front = pareto(tiny_sweep, ["cost_usd", "train_days"], breakdown=True)
+    parts = front.select(BREAKDOWN_COLUMNS).to_numpy().sum(axis=1)
+    assert np.allclose(parts, front["iteration_time_s"].to_numpy(), rtol=1e-9, atol=0.0)
+    assert not set(BREAKDOWN_COLUMNS) & set(pareto(tiny_sweep, ["cost_usd", "train_days"]).columns)
+    res = cli("pareto", tiny_sweep, "--breakdown", "--top", "2")
+    assert res.exit_code == 0 and "bubble_s" in res.output, res.output

@@ -169,7 +169,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         if not keep.startswith("frontier"):
             from .query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
-        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [])
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [], False)
 
 
 # Parquet bytes per kept row, a lower bound: `make bench` measures about 15 on the default sweep.
@@ -280,7 +280,10 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                                                help="PNG of the first two objectives: feasible plans and frontier"),
            where: List[str] = typer.Option([], "--where",
                                            help="only plans meeting COLUMN OP VALUE (repeat), e.g. "
-                                                "'memory_per_gpu_GiB<=72', 'train_days<=90', 'gpu==h100-sxm-80gb'")):
+                                                "'memory_per_gpu_GiB<=72', 'train_days<=90', 'gpu==h100-sxm-80gb'"),
+           breakdown: bool = typer.Option(False, "--breakdown",
+                                          help="also show where each plan's iteration time goes (compute, TP, "
+                                               "pipeline, data-parallel communication, bubble, optimizer)")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import check_table_path, write_table_atomic
     from .query import frontier_columns, pareto as pareto_frontier, resolve_groups, resolve_objectives, where_filter
@@ -300,10 +303,12 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         if plot.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
             raise InputError("command line", "--plot", str(plot), "a file name ending in " +
                              ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
-    front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where))
+    front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where),
+                            breakdown=breakdown)
     if output and front.height:
         write_table_atomic(front, output)
-        front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize], list(where)))
+        front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize], list(where),
+                                              breakdown))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
              + (f"; per {', '.join(by)}" if by else "") + (f"; where {' and '.join(where)}" if where else "") + ")")
     if front.height == 0:
@@ -326,7 +331,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         if shown.height < front.height:
             title += f"; first {top} of each group"
         top = shown.height
-    print_frame(shown, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize))
+    from .query import BREAKDOWN_COLUMNS
+    print_frame(shown, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize)
+                + (BREAKDOWN_COLUMNS if breakdown else ()))
     if shown.height < front.height:
         console.print(f"({front.height - shown.height:,} more frontier rows not shown; raise --top or "
                       "write them all with -o FILE.parquet)")
@@ -344,8 +351,10 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
 @_user_errors
 def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row"),
              output: Path = typer.Option(..., "-o", "--output", help="output file, .parquet or .csv"),
-             calibration: Optional[Path] = CalibrationOpt):
-    """Evaluate explicit configurations from a CSV file."""
+             calibration: Optional[Path] = CalibrationOpt,
+             breakdown: bool = typer.Option(False, "--breakdown",
+                                            help="also show where each plan's iteration time goes")):
+    """Evaluate explicit configurations from a CSV or Parquet file."""
     from .evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
     from .report import print_frame
     from .kernels.step import OUTPUT_NAMES
@@ -363,14 +372,14 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     df = evaluate_frame(plans, str(csv), _calibration(calibration))
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
-    from .query import HEADLINE_COLUMNS
+    from .query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS
     from .schema import COLUMNS, SETTING_FIELDS
     known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
     labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
     settings = [c for c in SETTING_FIELDS if c in df.columns and df[c].n_unique() > 1]
     shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
-        c for c in ("status",) + HEADLINE_COLUMNS if c in df.columns]
+        c for c in ("status",) + HEADLINE_COLUMNS + (BREAKDOWN_COLUMNS if breakdown else ()) if c in df.columns]
     print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console)
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 

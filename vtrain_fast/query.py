@@ -26,6 +26,8 @@ CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_siz
                   "global_batch_size", "recompute", "num_tokens")
 # The outputs every printed table of plans shows.
 HEADLINE_COLUMNS = ("iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
+# Where an iteration's time goes (they add up to iteration_time_s): `--breakdown` shows them.
+BREAKDOWN_COLUMNS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s")
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:
@@ -200,7 +202,7 @@ def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFra
 
 
 def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
-           all_columns: bool = False, where: list[str] | None = None) -> pl.DataFrame:
+           all_columns: bool = False, where: list[str] | None = None, breakdown: bool = False) -> pl.DataFrame:
     """The Pareto frontier of the feasible rows (``status == "ok"``) of a results folder.
 
     Parameters
@@ -217,6 +219,8 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
         again) instead of :func:`frontier_columns`.
     where : list of str, optional
         Conditions the plans must meet (:func:`where_filter`), applied before the frontier.
+    breakdown : bool
+        Add the time components (:data:`BREAKDOWN_COLUMNS`) to the columns returned.
 
     Returns
     -------
@@ -258,7 +262,8 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
                          "--keep frontier with these objectives")
     lf = feasible_plans(folder, where, by, [n for n, _ in objectives])
     names = [n for n, _ in objectives]
-    cols = [c for c in lf.collect_schema().names()] if all_columns else frontier_columns(folder, by, names, where)
+    cols = ([c for c in lf.collect_schema().names()] if all_columns
+            else frontier_columns(folder, by, names, where, breakdown))
     # reduce with the objectives (and group keys) only, then fetch the frontier rows' columns
     row = pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
     group = (pl.struct(by).rank("dense") if by else pl.lit(0)).alias("_group")
@@ -347,12 +352,15 @@ def check_where_values(folder, lf: pl.LazyFrame, where_values: dict) -> None:
                                  did_you_mean(w, have, f"name one of the {col} values above"))
 
 
-def frontier_columns(folder: str | Path, by: list[str], objectives: list[str], where=None) -> list[str]:
+def frontier_columns(folder: str | Path, by: list[str], objectives: list[str], where=None,
+                     breakdown: bool = False) -> list[str]:
     """Columns a frontier table shows: the groups, the plan (:data:`CONFIG_COLUMNS` and the
     settings that were axes, :func:`varying_setting_columns`), the objectives, the headline
-    outputs and the columns the ``where`` conditions name."""
+    outputs, the columns the ``where`` conditions name and, with ``breakdown``, where the
+    iteration time goes (:data:`BREAKDOWN_COLUMNS`)."""
     named = list(where_filter(str(folder), where)[1])
     return list(dict.fromkeys(list(by) + list(CONFIG_COLUMNS) + list(objectives) + list(HEADLINE_COLUMNS)
+                              + (list(BREAKDOWN_COLUMNS) if breakdown else [])
                               + varying_setting_columns(folder) + named))
 
 
