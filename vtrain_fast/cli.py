@@ -380,7 +380,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
         c for c in ("status",) + HEADLINE_COLUMNS + (BREAKDOWN_COLUMNS if breakdown else ()) if c in df.columns]
-    print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console)
+    print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console,
+                keep=("iteration_time_s",) + (BREAKDOWN_COLUMNS if breakdown else ()))
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 
 
