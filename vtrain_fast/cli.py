@@ -80,7 +80,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     from .spec import load_spec
     s = load_spec(spec, _calibration(calibration))
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
-    _parse_shard(shard)
+    shard_kn = _parse_shard(shard)
     folder = output or Path("results") / s.name
     if not overwrite and not dry_run and shard is None and (folder / "manifest.json").is_file():
         from .writer import read_json
@@ -117,7 +117,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "expect more optimism here; see README 'What the model does not cover'",
                       style="yellow", markup=False)
     if kept.mode == "all":        # a shard writes its slice of the rows
-        _check_room_for_rows(folder, -(-n // _parse_shard(shard)[1]) if shard else n)
+        _check_room_for_rows(folder, -(-n // shard_kn[1]) if shard_kn else n)
     if dry_run:
         console.print(f"dry run: {n:,} points over {len(s.gpus)} machines "
                       f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")

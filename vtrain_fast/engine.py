@@ -45,6 +45,7 @@ from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from .kernels.params import HW_FIELDS
 from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
+from .query import resolve_objectives
 from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
 from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, clear_folder, part_name, read_json, remove_leftovers,
@@ -132,7 +133,6 @@ def _objective(where: str, value: str) -> str:
     """``value`` (``COL`` or ``-COL``, a table header's short name allowed) with the full column
     name (:func:`vtrain_fast.query.resolve_objectives`); :class:`InputError` unless COL is a
     numeric input or output the sweep kernels evaluate (not a setting column such as vpp)."""
-    from .query import resolve_objectives
     out = resolve_objectives(where, [value], where)[0]
     if out.lstrip("-") not in _numeric_columns():
         raise InputError(where, where, value, "numeric columns: " + ", ".join(_numeric_columns()),

@@ -239,7 +239,6 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
     minimize = resolve_objectives(str(folder), minimize)
     objectives = [(m.lstrip("-"), m.startswith("-")) for m in minimize]
     by = resolve_groups(str(folder), by)
-    condition, _ = where_filter(str(folder), where)
     manifest = read_manifest(folder)
     stored = manifest.get("keep", "all")
     if stored.startswith("top"):
@@ -251,7 +250,7 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
         raise InputError(str(folder), "--by", " ".join(by), "no --by on a folder reduced to one frontier",
                          "a global frontier does not hold the frontier of each group; rerun the sweep "
                          "with --keep all or --keep feasible")
-    if stored.startswith("frontier") and condition is not None:
+    if stored.startswith("frontier") and where:
         raise InputError(str(folder), "--where", " ".join(where), "no --where on a folder reduced to one frontier",
                          "the frontier under conditions is not part of the unconditional one; rerun the "
                          "sweep with --keep all or --keep feasible")

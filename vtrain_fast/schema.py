@@ -61,7 +61,7 @@ SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_f
 # parallelism): vpp only interleaves a pipeline (kernels.step.virtual_stages); sequence parallelism
 # splits over tp (ops.sequence_split); the asynchronous TP all-reduce needs tp > 1 and is always on
 # with sequence parallelism (step.micro_batch_costs); the distributed optimizer and overlapped
-# gradient reduction need dp > 1 (nothing to shard or reduce). Setting value there: SETTING_DEFAULTS.
+# gradient reduction need dp > 1 (nothing to shard or reduce). Value there: the GPUPreset default.
 # Sweeps price such plans once (status repeat, spec.repeat_cases); pareto counts them for every
 # value of the setting (query). tests/test_setting_axes.py checks the table against the kernels
 # (test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly) and the query.
@@ -73,8 +73,6 @@ SETTING_NO_EFFECT = {
     "overlap_grad_reduce": (False, False, True, False),
     "async_tensor_model_parallel_allreduce": (True, False, False, True),
 }
-SETTING_DEFAULTS = {"vpp": 1, "sequence_parallel": False, "use_flash_attn": False, "distributed_optimizer": False,
-                    "overlap_grad_reduce": False, "async_tensor_model_parallel_allreduce": False}
 
 
 def setting_values(column: str, field_values):

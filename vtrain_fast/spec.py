@@ -43,7 +43,7 @@ from .errors import InputError
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        get_preset, with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
-from .schema import SETTING_DEFAULTS, SETTING_NO_EFFECT
+from .schema import SETTING_NO_EFFECT
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of kernels.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
@@ -137,7 +137,7 @@ class SweepSpec:
     def setting_axes(self) -> tuple:
         """Names of the training settings (in :attr:`settings` order) that take more than one
         value among the machines of the gpu axis (after :func:`machine_variants` left some out)."""
-        return tuple(k for k, _ in self.settings if len({getattr(g, k) for g in self.gpus}) > 1)
+        return varying_settings(self.gpus, [k for k, _ in self.settings])
 
     @property
     def num_points(self) -> int:
@@ -293,7 +293,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     masks = repeat_cases(presets)
     repeated = [g for g, m in zip(presets, masks) if m == 255]
     if repeated:
-        axes = [k for k in settings if len({getattr(g, k) for g in presets}) > 1]
+        axes = varying_settings(presets, settings)
         notes += (f"{len(repeated)} setting combination(s) left out because they price every plan like an "
                   "earlier one (settings without effect there, see README): "
                   + "; ".join(variant_label(g, axes) for g in repeated[:4]) + ("; ..." if len(repeated) > 4 else ""),)
@@ -302,11 +302,12 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
 
 def effective_settings(preset, tp_is_1: bool, pp_is_1: bool, dp_is_1: bool):
     """``preset`` with each training setting that has no effect on plans of this kind
-    (:data:`~vtrain_fast.schema.SETTING_NO_EFFECT`) set to its default: two presets whose
+    (:data:`~vtrain_fast.schema.SETTING_NO_EFFECT`) set to its ``GPUPreset`` default: two presets whose
     effective settings are equal price every such plan alike."""
     sp = preset.sequence_parallel and not tp_is_1
     kind = (tp_is_1, pp_is_1, dp_is_1, sp)
-    return replace(preset, **{k: SETTING_DEFAULTS[k] for k, where in SETTING_NO_EFFECT.items()
+    defaults = {f.name: f.default for f in fields(preset)}      # GPUPreset's: vpp 1, switches off
+    return replace(preset, **{k: defaults[k] for k, where in SETTING_NO_EFFECT.items()
                               if any(w and c for w, c in zip(where, kind))})
 
 
@@ -326,16 +327,21 @@ def repeat_cases(presets) -> list[int]:
         One mask (0-255) per preset; 0 for the first of each set of equal machines, 255 for a
         machine that repeats an earlier one everywhere.
     """
-    masks = []
-    for i, g in enumerate(presets):
-        mask = 0
-        for case in range(8):
-            kind = (not case & 1, not case & 2, not case & 4)
+    masks = [0] * len(presets)
+    for case in range(8):
+        kind = (not case & 1, not case & 2, not case & 4)
+        seen = set()                  # effective presets (frozen, hashable) met so far
+        for i, g in enumerate(presets):
             mine = effective_settings(g, *kind)
-            if any(effective_settings(e, *kind) == mine for e in presets[:i]):
-                mask |= 1 << case
-        masks.append(mask)
+            if mine in seen:
+                masks[i] |= 1 << case
+            seen.add(mine)
     return masks
+
+
+def varying_settings(presets, names) -> tuple:
+    """Of the settings ``names`` (in that order), those with more than one value among ``presets``."""
+    return tuple(k for k in names if len({getattr(g, k) for g in presets}) > 1)
 
 
 def variant_label(preset, axes) -> str:
