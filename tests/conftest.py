@@ -61,6 +61,12 @@ pp = 1
 """
 
 
+def flat(text: str) -> str:
+    """``text`` with every run of whitespace (line breaks a console may insert) as one space:
+    message checks must not depend on the terminal width or the length of a temp path."""
+    return " ".join(str(text).split())
+
+
 @pytest.fixture
 def write_spec(tmp_path):
     """Factory: write TOML text (dedented) to ``tmp_path/<name>`` and return the path."""
@@ -95,6 +101,16 @@ def tiny_sweep(tmp_path_factory):
     result = CliRunner().invoke(app, ["sweep", str(spec), "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture
+def wide_console(monkeypatch):
+    """Tables printed by the CLI 200 columns wide, whatever the terminal or $COLUMNS: for tests
+    of which columns a table shows (narrow terminals leave columns out, and say so)."""
+    from rich.console import Console
+
+    import vtrain_fast.cli as cli_module
+    monkeypatch.setattr(cli_module, "console", Console(width=200, emoji=False, soft_wrap=True))
 
 
 @pytest.fixture

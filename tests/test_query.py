@@ -143,7 +143,7 @@ def test_a_narrow_table_names_the_differing_columns_it_leaves_out():
     assert any(n == "model = m" for n in notes)      # a column with one value is named with it
 
 
-def test_breakdown_shows_components_that_add_up_to_the_iteration_time(tiny_sweep, cli):
+def test_breakdown_shows_components_that_add_up_to_the_iteration_time(tiny_sweep, cli, wide_console):
     from vtrain_fast.query import BREAKDOWN_COLUMNS
     front = pareto(tiny_sweep, ["cost_usd", "train_days"], breakdown=True)
     parts = front.select(BREAKDOWN_COLUMNS).to_numpy().sum(axis=1)

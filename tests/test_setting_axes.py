@@ -160,7 +160,7 @@ def test_flash_attention_list_skips_a_gpu_without_the_kernel_and_says_so():
         parse_spec(text.replace("[false, true]", "true"), "s.toml")
 
 
-def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, cli):
+def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, cli, wide_console):
     path = write_spec(AXES_SPEC.format(sp="[false, true]", vpp="1"), "axes.toml")
     out = tmp_path / "axes"
     res = cli("sweep", path, "-o", out, "--keep", "top:5:iteration_time_s")

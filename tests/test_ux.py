@@ -8,7 +8,7 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from conftest import ONE_POINT_SPEC, TINY_SPEC
+from conftest import ONE_POINT_SPEC, TINY_SPEC, flat
 from vtrain_fast.calibrate import fit
 from vtrain_fast.errors import InputError
 from vtrain_fast.hardware import PRESETS
@@ -244,7 +244,9 @@ def test_keep_all_that_cannot_fit_on_disk_is_refused_before_work(write_spec, tmp
     assert res.exit_code == 0, res.output
     text = text.replace("micro_batch_size = 1", "micro_batch_size = [" + ", ".join(map(str, range(1, 201))) + "]")
     res = cli("sweep", write_spec(text, "b.toml"), "-o", out, "--dry-run")   # 200,000 points: >= 2 MB
-    assert res.exit_code == 2 and "--keep all" in res.output and "--keep frontier" in res.output, res.output
+    msg = flat(res.output)
+    assert res.exit_code == 2 and "--keep all" in msg and "--keep frontier" in msg, res.output
+    assert "(at least 1.9 MiB needed, 977 KiB free)" in msg, res.output
     assert not out.exists()
     assert cli("sweep", write_spec(text, "f.toml"), "-o", out, "--dry-run", "--keep", "frontier").exit_code == 0
     # a shard writes its slice: 200,000 / 4 points, >= 0.5 MB, fits

@@ -17,11 +17,13 @@ from .errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM training time, memory, cost and energy for millions of plans.")
-err = Console(stderr=True, emoji=False)
+# Messages (errors, notes, summaries) are never wrapped by rich (soft_wrap): a terminal wraps
+# them itself, and a log or a test reads each message as one line whatever the width.
+err = Console(stderr=True, emoji=False, soft_wrap=True)
 # Tables fit the terminal; when the output is not a terminal (a pipe, a file, CI) they get 160
 # columns, or $COLUMNS when set.
-console = (Console(emoji=False) if Console().is_terminal or os.environ.get("COLUMNS")
-           else Console(width=160, emoji=False))
+console = (Console(emoji=False, soft_wrap=True) if Console().is_terminal or os.environ.get("COLUMNS")
+           else Console(width=160, emoji=False, soft_wrap=True))
 
 
 def _status_line(counts: dict) -> str:
@@ -185,16 +187,13 @@ def _check_room_for_rows(folder: Path, rows: int) -> None:
     InputError
         Naming the rows, the bytes needed and free, and the fix.
     """
-    import shutil
-    place = folder.resolve()
-    while not place.exists() and place != place.parent:
-        place = place.parent
-    free = shutil.disk_usage(place).free
+    from .errors import format_bytes, free_bytes
+    free = free_bytes(folder)
     need = rows * MIN_BYTES_PER_ROW
-    if need > free:
+    if free is not None and need > free:
         raise InputError(str(folder), "--keep all", f"{rows:,} rows",
-                         f"at most about {free // MIN_BYTES_PER_ROW:,} rows here (at least {need / 1e9:,.0f} GB "
-                         f"needed, {free / 1e9:,.0f} GB free)",
+                         f"at most about {free // MIN_BYTES_PER_ROW:,} rows here (at least {format_bytes(need)} "
+                         f"needed, {format_bytes(free)} free)",
                          "keep fewer rows (--keep feasible, --keep frontier or --keep top:K:COL), shorten "
                          "some axes, or split the sweep with --shard K/N over machines with room")
 

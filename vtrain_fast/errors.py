@@ -26,6 +26,30 @@ def _toml(value) -> str:
     return repr(value)
 
 
+def format_bytes(n: float) -> str:
+    """``n`` bytes in a readable binary unit: ``512 B``, ``1.5 KiB``, ``977 KiB``, ``3.2 GiB``."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} PiB"    # pragma: no cover
+
+
+def free_bytes(path) -> int | None:
+    """Free bytes on the file system that holds ``path`` (its nearest existing folder), or
+    None if that cannot be told."""
+    import shutil
+    from pathlib import Path
+    place = Path(path).absolute()
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    try:
+        return shutil.disk_usage(place).free
+    except OSError:
+        return None
+
+
 def check_output_file(path) -> None:
     """Raise :class:`InputError` unless ``path`` can be written as a file (it is not a folder
     and its parent is not a file)."""

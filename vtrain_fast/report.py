@@ -87,7 +87,7 @@ def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, conso
     shown, notes = fit_columns(shown, console.width, keep)
     if notes:
         title += "\n" + ", ".join(notes)
-    console.print(frame_table(shown, title, keep=keep))
+    console.print(frame_table(shown, title, keep=keep), soft_wrap=False)   # a table fits the width
     if max_rows is not None and df.height > max_rows:
         console.print(f"({df.height - max_rows:,} more rows not shown; use --top or -o FILE.parquet)")
 
