@@ -5,6 +5,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from conftest import vouch_for_files
 from vtrain_fast import engine
 from vtrain_fast.errors import InputError
 from vtrain_fast.query import pareto, pareto_mask
@@ -107,6 +108,7 @@ def test_where_and_objectives_on_columns_an_older_folder_lacks_are_input_errors(
     shutil.copytree(tiny_sweep, old)
     for part in old.glob("part-*.parquet"):
         pl.read_parquet(part).drop("sequence_parallel", "vpp").write_parquet(part)
+    vouch_for_files(old)                    # an intact folder of an older version's columns
     for kwargs in (dict(where=["sequence_parallel==true"]), dict(by=["vpp"])):
         with pytest.raises(InputError, match="older vtrain_fast"):
             pareto(old, ["cost_usd"], **kwargs)

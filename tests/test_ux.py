@@ -61,7 +61,7 @@ def test_top_k_sweep_prints_its_rows(tiny_spec_path, tmp_path, cli, tiny_sweep):
             .select(pl.col("mfu").max()).collect().item())
     assert f"{best:.3f}" in res.output
     res = cli("pareto", out)
-    assert res.exit_code == 2 and "pl.read_parquet" in _flat(res.output)
+    assert res.exit_code == 2 and "scan_results" in _flat(res.output)
 
 
 def test_rerun_of_finished_sweep_fails_before_any_output(tiny_spec_path, tmp_path, cli):

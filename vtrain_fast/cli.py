@@ -84,13 +84,16 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
     shard_kn = _parse_shard(shard)
     folder = output or Path("results") / s.name
+    from .errors import check_output_folder
+    check_output_folder(folder)
     if not overwrite and not dry_run and shard is None and (folder / "manifest.json").is_file():
-        from .writer import read_json
+        from .writer import folder_problems, read_json
         try:
             done = read_json(folder / "manifest.json")
         except (OSError, ValueError):
             done = {}
-        if isinstance(done, dict) and done.get("complete"):
+        # a finished folder whose files fail their check goes on: the run rebuilds them
+        if done.get("complete") and not folder_problems(folder, done):
             raise InputError(str(folder), "output folder", str(folder), "a new folder or an unfinished sweep",
                              f"it already holds the finished sweep {done.get('name')!r}: read it with "
                              f"`vtrain-fast pareto {folder}`, pass --overwrite to recompute it, or choose "
@@ -137,7 +140,8 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
 
         try:
             manifest = run_sweep(s, folder, overwrite=overwrite, on_progress=advance, keep=keep,
-                                 minimize=minimize, shard=shard, scheduler=scheduler, threads=threads)
+                                 minimize=minimize, shard=shard, scheduler=scheduler, threads=threads,
+                                 on_note=lambda text: console.print(f"note: {text}", style="yellow", markup=False))
         except KeyboardInterrupt:
             progress.stop()
             err.print(f"interrupted: {folder} is incomplete; rerun the same command to resume "
@@ -154,13 +158,12 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     elif keep.startswith("top"):
         import polars as pl
         from .report import print_frame
-        from .writer import PART_GLOB
-        from .query import CONFIG_COLUMNS, HEADLINE_COLUMNS, varying_setting_columns
+        from .query import CONFIG_COLUMNS, HEADLINE_COLUMNS, scan_results, varying_setting_columns
         column = kept.objectives[0]       # the full column name (a short one is resolved)
         metric = column.lstrip("-")
         cols = list(dict.fromkeys(CONFIG_COLUMNS + tuple(varying_setting_columns(folder)) + (metric,)
                                   + HEADLINE_COLUMNS))
-        rows = (pl.read_parquet(str(folder / PART_GLOB)).select(cols)
+        rows = (scan_results(folder).select(cols).collect()
                 .sort(metric, descending=column.startswith("-"), nulls_last=True))
         print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,))
         if not column.startswith("-") and metric in HIGHER_IS_BETTER:

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .errors import InputError
+from .errors import InputError, check_output_folder
 from .grid import Grid, build_grid, check_index_space, pruning_table
 from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
@@ -47,9 +47,9 @@ from .kernels.params import HW_FIELDS
 from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
 from .query import resolve_objectives
 from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
-from .writer import (MANIFEST, SHARD_MANIFEST_RE, FolderLock, PartWriter,
-                     candidate_name, clear_folder, part_name, read_json, remove_leftovers,
-                     shard_manifest_name, storage_schema, write_json_atomic)
+from .writer import (MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
+                     candidate_name, check_files, clear_folder, file_problem, part_name, read_json,
+                     rebuild_fix, remove_leftovers, shard_manifest_name, storage_schema, write_json_atomic)
 
 _STATUS_DICT = pa.array(STATUS_LABELS, pa.string())
 _RECOMPUTE_DICT = pa.array(RECOMPUTE_VALUES, pa.string())
@@ -477,7 +477,7 @@ class _SyncSink:
             release()
 
     def finish(self, chunk: int, writer: PartWriter, info: dict, record: Callable[[dict], None]) -> None:
-        info["part"] = writer.close()
+        _closed(info, writer.close())
         record(info)
 
 
@@ -519,7 +519,7 @@ class _LaneSink:
 
     def finish(self, chunk, writer, info, record) -> None:
         def job():
-            info["part"] = writer.close()
+            _closed(info, writer.close())
             self.done.put(info)
         self._submit(chunk, job)
         self.lane_of.pop(chunk, None)
@@ -552,8 +552,16 @@ class _LaneSink:
 
 
 def _new_info(chunk: int, n: int) -> dict:
+    """A chunk's manifest entry: its points, rows, status counts, and its file (``part`` or
+    ``candidates`` by name, ``file`` the record readers check; None when it kept no rows)."""
     return {"chunk": chunk, "points": n, "rows": 0, "status_counts": [0] * NUM_STATUS,
-            "pruned": 0, "part": None, "candidates": None}
+            "pruned": 0, "part": None, "candidates": None, "file": None}
+
+
+def _closed(info: dict, record: dict | None) -> None:
+    """Enter a row chunk's closed part file (``record``, or None: no rows) into ``info``."""
+    info["part"] = record["name"] if record else None
+    info["file"] = record
 
 
 def run_chunk(ev: ChunkEvaluator, folder: Path, chunk: int, sink, record: Callable[[dict], None],
@@ -652,7 +660,7 @@ def run_chunk(ev: ChunkEvaluator, folder: Path, chunk: int, sink, record: Callab
             ev.give_rows(b)
     else:
         w.write(CANDIDATE_SCHEMA.empty_table())
-    w.close()
+    info["file"] = w.close()             # its name is relative to the folder: reduce/c-NNNNNN.parquet
     info["rows"] = int(c_idx.size)
     info["candidates"] = name
     record(info)
@@ -675,6 +683,7 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
         "name": spec.name,
         "package": "vtrain_fast",
         "version": __version__,
+        "format": MANIFEST_FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "spec_path": spec.path,
         "spec": spec.source,
@@ -705,10 +714,61 @@ def _chunk_files(folder: Path, chunks) -> list[Path]:
     return out
 
 
-def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool) -> dict:
-    """Start or resume the run described by ``header`` in ``folder``; return its state."""
+def _check_one_split(folder: Path, shard: tuple[int, int]) -> None:
+    """Refuse shard ``K/N`` in a folder that holds shards of a split into another number of
+    slices: their chunks overlap, so both would write the same files."""
+    for p in folder.iterdir():
+        m = SHARD_MANIFEST_RE.match(p.name)
+        if m and int(m.group(2)) != shard[1]:
+            raise InputError(str(folder), "--shard", f"{shard[0]}/{shard[1]}",
+                             f"K/{m.group(2)}, the split of the shards already in this folder ({p.name})",
+                             f"run the shards as K/{m.group(2)}, or give this split its own -o (or delete the "
+                             f"manifest-shard-*-of-{m.group(2)}.json files and their parts first)")
+
+
+def _damaged_chunks(folder: Path, state: dict, chunks: range) -> list[tuple[int, str, str]]:
+    """``(chunk, file name, problem)`` of the recorded chunks of ``chunks`` whose file fails its
+    check (:func:`~vtrain_fast.writer.file_problem`)."""
+    bad = []
+    for c in chunks:
+        info = state["chunks"].get(str(c))
+        if info and info.get("file"):
+            prob = file_problem(folder, info["file"])
+            if prob:
+                bad.append((c, info["file"]["name"], prob))
+    return bad
+
+
+def _final_problems(folder: Path, state: dict) -> list[tuple[str, str]]:
+    """``(name, problem)`` of the files a finished manifest lists that fail their check."""
+    files = state.get("files") or {}
+    return [(n, prob) for n in state.get("parts") or [] if n in files and (prob := file_problem(folder, files[n]))]
+
+
+# Keys a finished manifest adds to the run's state (:func:`finalize`); dropped when a damaged
+# folder is reopened for repair.
+_FINAL_KEYS = ("complete", "num_rows", "status_counts", "pruned_points", "parts", "files", "shards")
+
+
+def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
+              on_note: Callable[[str], None] | None = None) -> dict:
+    """Start or resume the run described by ``header`` in ``folder``; return its state.
+
+    Resuming checks every recorded chunk's file: a missing, truncated or damaged one is deleted
+    and its chunk evaluated again. A finished folder of the same sweep whose files fail their
+    check is reopened the same way (repair); one whose files pass is refused (already done).
+
+    Raises
+    ------
+    InputError
+        The folder holds other results, a different sweep, a finished and intact copy of this
+        sweep, shards of another split, or a manifest from an older version.
+    """
     name = shard_manifest_name(shard)
     path = folder / name
+    note = on_note or (lambda text: None)
+    if shard is not None:
+        _check_one_split(folder, shard)
     others = [p for p in folder.iterdir() if not p.name.startswith(".lock")]
     if overwrite:
         if shard is None:
@@ -729,12 +789,29 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool)
                              "the same spec, calibration, --keep and chunking as the interrupted run",
                              "the folder holds a different sweep; pass --overwrite to replace it, "
                              "or choose another -o")
+        if old.get("format", 1) < MANIFEST_FORMAT or not isinstance(old.get("chunks"), dict):
+            raise InputError(str(path), "format", old.get("format", 1), f"{MANIFEST_FORMAT}",
+                             "the folder was written by an older vtrain_fast; rerun with --overwrite")
+        damaged = _damaged_chunks(folder, old, chunks)
+        final = _final_problems(folder, old) if old.get("complete") and shard is None else []
         if old.get("complete"):
-            raise InputError(str(folder), "output folder", str(folder),
-                             "an unfinished sweep to resume, or an empty or new folder",
-                             "it already holds this finished sweep; pass --overwrite to recompute it")
+            if not damaged and not final:
+                raise InputError(str(folder), "output folder", str(folder),
+                                 "an unfinished or damaged sweep to resume, or an empty or new folder",
+                                 "it already holds this finished sweep, every file intact; pass --overwrite to "
+                                 "recompute it" + (f", or run `vtrain-fast merge {folder}`" if shard else ""))
+            for k in _FINAL_KEYS:
+                old.pop(k, None)
+            old["complete"] = False
+            if shard is not None and (folder / MANIFEST).exists():
+                (folder / MANIFEST).unlink()      # the merged result no longer holds: merge again after
+            for n, prob in final:
+                note(f"{n} is {prob}; it is written again from the chunks")
+        for c, n, prob in damaged:
+            note(f"{n} is {prob}; chunk {c} is evaluated again")
+            del old["chunks"][str(c)]
         remove_leftovers(folder, None if shard is None else chunks)
-        done = set(old.get("chunks", {}))
+        done = set(old["chunks"])
         stale = [c for c in chunks if str(c) not in done]
         for p in _chunk_files(folder, stale):
             if p.exists():
@@ -768,11 +845,24 @@ def _totals(chunks: dict) -> tuple[np.ndarray, int, int]:
     return counts, rows, pruned
 
 
+def chunk_records(chunks: dict) -> list[dict]:
+    """The file records of the chunks in ``chunks`` (a manifest's ``chunks``), in chunk order."""
+    return [info["file"] for _, info in sorted(chunks.items(), key=lambda kv: int(kv[0])) if info.get("file")]
+
+
 def finalize(folder: Path, state: dict, keep: Keep) -> dict:
     """Turn a state whose chunks are all done into the final ``manifest.json``: list the part
-    files, or (frontier / top) merge every chunk's candidates into ``part-000000.parquet``."""
+    files with their records (``files``), or (frontier / top) merge every chunk's candidates
+    into ``part-000000.parquet``. Every chunk's file is checked first.
+
+    Raises
+    ------
+    InputError
+        A chunk's file is missing, truncated or damaged (:func:`~vtrain_fast.writer.check_files`).
+    """
     chunks = state["chunks"]
     counts, rows, pruned = _totals(chunks)
+    check_files(folder, chunk_records(chunks), rebuild_fix(state))
     if keep.reduces:
         tables = [pq.read_table(folder / info["candidates"]) for _, info in sorted(
             chunks.items(), key=lambda kv: int(kv[0])) if info.get("rows")]
@@ -787,21 +877,23 @@ def finalize(folder: Path, state: dict, keep: Keep) -> dict:
         result = table.take(pa.array(pos, pa.int64())).drop_columns([INDEX_COLUMN])
         w = PartWriter(folder, part_name(0), STORAGE_SCHEMA, DICTIONARY_COLUMNS)
         w.write(result.cast(STORAGE_SCHEMA))
-        parts = [w.close()]
+        records = [w.close()]
         rows = result.num_rows
     else:
-        parts = sorted(info["part"] for info in chunks.values() if info.get("part"))
-        if not parts:           # nothing feasible: an empty part keeps scans working
+        records = sorted((info["file"] for info in chunks.values() if info.get("part")), key=lambda r: r["name"])
+        if not records:           # nothing feasible: an empty part keeps scans working
             w = PartWriter(folder, part_name(0), STORAGE_SCHEMA)
             w.write(STORAGE_SCHEMA.empty_table())
-            parts = [w.close()]
+            records = [w.close()]
     manifest = {k: v for k, v in state.items() if k != "chunks"}
     manifest.update({
         "complete": True,
+        "format": MANIFEST_FORMAT,
         "num_rows": int(rows),
         "status_counts": dict(zip(STATUS_LABELS, map(int, counts))),
         "pruned_points": int(pruned),
-        "parts": parts,
+        "parts": [r["name"] for r in records],
+        "files": {r["name"]: r for r in records},
         "chunks": chunks,
     })
     write_json_atomic(folder / MANIFEST, manifest)
@@ -830,7 +922,8 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
               minimize: list[str] | None = None, shard: str | tuple[int, int] | None = None,
               scheduler: str | None = None, threads: int | None = None,
               writer_threads: int | None = None, chunk_points: int | None = None,
-              batch_points: int | None = None, prune: bool = True) -> dict:
+              batch_points: int | None = None, prune: bool = True,
+              on_note: Callable[[str], None] | None = None) -> dict:
     """Evaluate the points of ``spec`` and write ``folder/part-*.parquet`` plus the manifest.
 
     Parameters
@@ -861,6 +954,8 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
         Override the plan (:func:`plan_sweep`); results do not depend on them.
     prune : bool
         Skip infeasible sub-spaces in the reduced modes (never changes results).
+    on_note : callable, optional
+        Called with a sentence for each file a resumed run finds damaged and rebuilds.
 
     Returns
     -------
@@ -870,10 +965,12 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
     Raises
     ------
     InputError
-        Folder holds other results, another process writes it, bad keep/shard/scheduler,
-        index space too large.
+        Folder holds other results (or shards of another split), another process writes it,
+        bad keep/shard/scheduler, index space too large, a write fails (disk full, file-size
+        limit, unwritable place: the failed chunk is not recorded, so a rerun completes it).
     """
     folder = Path(folder)
+    check_output_folder(folder)
     keep = parse_keep(keep, minimize)
     shard = _parse_shard(shard)
     if scheduler is not None:
@@ -889,8 +986,9 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
     if threads:
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     try:
-        with FolderLock(folder, shard):
-            state = _open_run(folder, header, shard, chunks, overwrite)
+        with FolderLock(folder, shard) as folder_lock:
+            with folder_lock.opening():
+                state = _open_run(folder, header, shard, chunks, overwrite, on_note)
             mpath = folder / shard_manifest_name(shard)
             lock = threading.Lock()
 

@@ -1,6 +1,8 @@
 """User-facing errors. Each names the file, the key or column, the value, what is allowed and a fix."""
 from __future__ import annotations
 
+import errno
+
 
 class InputError(ValueError):
     """Bad user input (spec, CSV, calibration file, results folder).
@@ -14,6 +16,10 @@ class InputError(ValueError):
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
+
+    def __reduce__(self):
+        # picklable with its five fields (a Dask worker's error reaches the client whole)
+        return type(self), (self.where, self.key, self.value, self.allowed, self.fix)
 
 
 def _toml(value) -> str:
@@ -50,6 +56,22 @@ def free_bytes(path) -> int | None:
         return None
 
 
+def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
+    """The :class:`InputError` for a write to ``path`` that failed with ``exc`` (disk full,
+    file-size limit, read-only or unwritable place): the path, the system's reason, the free
+    space on that disk and the fix."""
+    free = free_bytes(path)
+    room = f"; {format_bytes(free)} free there" if free is not None else ""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        fix = ("free some space (or raise the file-size limit, ulimit -f) or choose another -o, then rerun the "
+               "same command: finished work is kept")
+    else:
+        fix = "choose a folder you can write to (-o), or fix its permissions, then rerun the same command"
+    return InputError(str(path), what, str(path), "a place that can be written, with room",
+                      f"writing it failed: {reason}{room}; {fix}")
+
+
 def check_output_file(path) -> None:
     """Raise :class:`InputError` unless ``path`` can be written as a file (it is not a folder
     and its parent is not a file)."""
@@ -66,6 +88,22 @@ def check_output_file(path) -> None:
             break
 
 
+def check_output_folder(path) -> None:
+    """Raise :class:`InputError` unless ``path`` can be a results folder: a folder or nothing
+    yet, with no file among its parents."""
+    from pathlib import Path
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(str(p), "output folder", str(p), "a folder (or a name not yet taken)",
+                         f"it is a file; choose another -o, e.g. {p.with_name(p.name + '-results')}")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(str(p), "output folder", str(p), "a path whose folders are folders",
+                                 f"{parent} is a file; choose another -o")
+            break
+
+
 def write_atomically(path, write) -> None:
     """Create ``path`` through a temporary name and an atomic rename: ``write(tmp_path)``
     writes the content, so that an interrupted run leaves no half-written file that looks
@@ -74,13 +112,22 @@ def write_atomically(path, write) -> None:
     Raises
     ------
     InputError
-        If ``path`` is a folder or lies under a file (:func:`check_output_file`).
+        If ``path`` is a folder or lies under a file (:func:`check_output_file`), or the write
+        fails (disk full, file-size limit, unwritable place: the message names the path, the
+        system's reason and the free space; the temporary file is removed).
     """
     import os
     from pathlib import Path
     check_output_file(path)
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, p)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, p)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise write_failure(p, e) from None

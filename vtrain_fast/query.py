@@ -16,7 +16,7 @@ from .errors import InputError
 from .kernels.sweep import pareto_sorted
 from .schema import COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT, resolve_column
 from .spec import did_you_mean
-from .writer import PART_GLOB, read_manifest
+from .writer import read_manifest, result_paths
 
 NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.float64()))
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
@@ -244,8 +244,8 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
     if stored.startswith("top"):
         raise InputError(str(folder), "keep", stored, "a folder with every row or every feasible row",
                          "this folder kept only the top rows of one column, so it cannot give a Pareto "
-                         "frontier; read those rows with polars (pl.read_parquet('" + str(Path(folder) / PART_GLOB)
-                         + "')) or rerun the sweep with --keep all or --keep feasible")
+                         "frontier; read those rows with vtrain_fast.query.scan_results('" + str(folder)
+                         + "') or rerun the sweep with --keep all or --keep feasible")
     if stored.startswith("frontier") and by:
         raise InputError(str(folder), "--by", " ".join(by), "no --by on a folder reduced to one frontier",
                          "a global frontier does not hold the frontier of each group; rerun the sweep "
@@ -301,6 +301,19 @@ def with_cluster_columns(rows: pl.DataFrame, manifest: dict) -> pl.DataFrame:
 JOB_COLUMNS = ("model", "num_tokens")
 
 
+def scan_results(folder: str | Path) -> pl.LazyFrame:
+    """Every row of a finished results folder, lazily: the part files its manifest lists, each
+    checked against its record first (:func:`vtrain_fast.writer.result_paths`); no other file
+    in the folder is read.
+
+    Raises
+    ------
+    InputError
+        Unfinished folder, or a listed file missing, truncated or damaged.
+    """
+    return pl.scan_parquet([str(p) for p in result_paths(folder)])
+
+
 def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyFrame:
     """The feasible rows (``status == "ok"``) of ``folder`` as a lazy frame, with the plans a
     setting in ``by`` or ``where`` does not affect counted for each of its values
@@ -313,7 +326,7 @@ def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyF
         ``where`` value no row has (:func:`check_where_values`).
     """
     condition, where_values = where_filter(str(folder), where)
-    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB)).filter(pl.col("status") == "ok")
+    lf = scan_results(folder).filter(pl.col("status") == "ok")
     have = set(lf.collect_schema().names())
     for option, named in (("--by", by), ("--where", list(where_values)), ("--minimize", needed)):
         for b in named:
@@ -325,7 +338,7 @@ def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyF
     named = [c for c in SETTING_FIELDS if c in by or c in where_values]
     if named:
         swept = read_manifest(folder).get("setting_values") or {}
-        every = pl.scan_parquet(str(Path(folder) / PART_GLOB))     # older folders: values of any row
+        every = scan_results(folder)     # older folders: values of any row
         lf = with_every_value_where_inert(lf, {c: swept[c] if c in swept else
                                                every.select(pl.col(c).unique()).collect()[c].to_list()
                                                for c in named})
@@ -374,7 +387,7 @@ def varying_setting_columns(folder: str | Path) -> list[str]:
     list of str
         Column names, in :data:`~vtrain_fast.schema.SETTING_FIELDS` order.
     """
-    lf = pl.scan_parquet(str(Path(folder) / PART_GLOB))
+    lf = scan_results(folder)
     cols = [c for c in SETTING_FIELDS if c in lf.collect_schema().names()]
     axes = read_manifest(folder).get("setting_axes")
     if axes is not None:

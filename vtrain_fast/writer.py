@@ -2,6 +2,13 @@
 ``manifest.json`` that says ``"complete": true`` only when the sweep has finished. A folder
 without a complete manifest is an unfinished sweep and every reader refuses it.
 
+A folder is trusted only as far as its manifest vouches for it: the manifest records every file
+it uses (``files``: name -> rows, bytes and SHA-256 of the content, taken when the file was
+written) and readers (:func:`result_paths`) read those files only, after checking each one; a
+file that is missing, of another size or content, or not listed (a part copied in from
+another sweep) is never read. Rerunning the sweep command rebuilds the chunks whose files fail
+the check.
+
 While a sweep runs, its manifest (``manifest.json``, or ``manifest-shard-K-of-N.json`` for one
 shard of a sweep split over machines) is rewritten after every finished chunk and lists the
 chunks whose part files are final; that is what makes a killed sweep resumable. A lock file
@@ -9,7 +16,9 @@ chunks whose part files are final; that is what makes a killed sweep resumable. 
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -19,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError
+from .errors import InputError, format_bytes, free_bytes, write_failure
 
 MANIFEST = "manifest.json"
 PART_GLOB = "part-*.parquet"
@@ -32,30 +41,69 @@ SHARD_MANIFEST_RE = re.compile(r"^manifest-shard-(\d+)-of-(\d+)\.json$")
 ROW_GROUP_ROWS = 1 << 18
 
 
+# Format of the manifests this version writes: 2 adds the file records (``files`` and each
+# chunk's ``file``) that readers check.
+MANIFEST_FORMAT = 2
+# A manifest larger than this is not one of ours (a 2^24-chunk sweep's is ~10 MB).
+MAX_MANIFEST_BYTES = 256 << 20
+
+
 def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to ``path`` via a temporary file and an atomic rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict:
-    """Read a JSON file written by :func:`write_json_atomic`.
+    """Write JSON to ``path`` via a temporary file and an atomic rename (the old file stays
+    whole when the write fails).
 
     Raises
     ------
     InputError
-        If the file is not valid JSON.
+        If the file cannot be written (:func:`write_failure`).
     """
+    tmp = path.with_name(path.name + ".tmp")
     try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=1, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _unlink_quietly(tmp)
+        raise write_failure(path, e, "manifest") from None
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON object written by :func:`write_json_atomic`.
+
+    Raises
+    ------
+    InputError
+        If the file cannot be read, is not a regular file or too large, is not valid JSON, or
+        holds something other than a JSON object.
+    """
+    path = Path(path)
+    fix = "rerun the sweep with --overwrite to rebuild the folder, or delete it"
+    try:
+        st = path.stat()
+        if not path.is_file() or st.st_size > MAX_MANIFEST_BYTES:
+            raise InputError(str(path), "manifest", str(path),
+                             f"a regular file of at most {format_bytes(MAX_MANIFEST_BYTES)} written by vtrain-fast", fix)
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as e:
-        raise InputError(str(path), "JSON", str(e), "a manifest written by vtrain-fast",
-                         "delete the folder or rerun with --overwrite") from None
+            doc = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(str(path), "manifest", f"not JSON ({e})", "a manifest written by vtrain-fast",
+                         fix) from None
+    except OSError as e:
+        raise InputError(str(path), "manifest", str(path), "a readable file",
+                         f"reading it failed: {e.strerror or e}") from None
+    if not isinstance(doc, dict):
+        raise InputError(str(path), "manifest", f"a JSON {type(doc).__name__}",
+                         "a JSON object written by vtrain-fast", fix)
+    return doc
 
 
 def shard_manifest_name(shard: tuple[int, int] | None) -> str:
@@ -94,7 +142,11 @@ class FolderLock:
         self._fds: list[int] = []
 
     def _take(self, name: str, mode: int) -> None:
-        fd = os.open(self.folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            self.release()
+            raise write_failure(self.folder, e, "output folder") from None
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -108,13 +160,31 @@ class FolderLock:
         self._fds.append(fd)
 
     def __enter__(self) -> "FolderLock":
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_failure(self.folder, e, "output folder") from None
         if self.shard is None:
             self._take(LOCK, fcntl.LOCK_EX)
         else:
             self._take(LOCK, fcntl.LOCK_SH)
             self._take(f"{LOCK}-shard-{self.shard[0]}-of-{self.shard[1]}", fcntl.LOCK_EX)
         return self
+
+    @contextlib.contextmanager
+    def opening(self):
+        """While a run opens (checks the folder and writes its manifest): exclusive among
+        shards too (``.lock-open``, waited for), so that two shards never both find a folder
+        free of the other's split (see ``engine._check_one_split``)."""
+        if self.shard is None:
+            yield
+            return
+        fd = os.open(self.folder / f"{LOCK}-open", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         for fd in self._fds:
@@ -157,12 +227,27 @@ def storage_schema(schema: pa.Schema, nullable: tuple[str, ...]) -> pa.Schema:
     return pa.schema([f.with_nullable(f.name in nullable) for f in schema])
 
 
+def sha256_of(path: Path) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in 1 MiB blocks)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def file_record(path: Path, rows: int) -> dict:
+    """What a manifest records of a written file: ``{"name", "rows", "bytes", "sha256"}``."""
+    path = Path(path)
+    return {"name": path.name, "rows": int(rows), "bytes": path.stat().st_size, "sha256": sha256_of(path)}
+
+
 class PartWriter:
     """Write record batches as row groups of one Parquet file, ``folder/name``.
 
-    The file is written as ``name.tmp`` and renamed by :meth:`close`, so a part file that
-    exists is complete. zstd compression, column statistics on, dictionary encoding for
-    ``dictionary_columns`` (default: all).
+    The file is written as ``name.tmp``, checksummed and renamed by :meth:`close`, so a part
+    file that exists is complete and its record (:func:`file_record`) describes it. zstd
+    compression, column statistics on, dictionary encoding for ``dictionary_columns`` (default:
+    all). A write that fails (disk full, file-size limit, read-only place) removes the
+    temporary file and raises :class:`InputError` (:func:`write_failure`); the final name is
+    never created.
     """
 
     def __init__(self, folder: Path, name: str, schema: pa.Schema,
@@ -173,28 +258,65 @@ class PartWriter:
         self.rows = 0
         self._writer = None
 
+    @property
+    def tmp_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".tmp")
+
+    def _failed(self, e: OSError) -> InputError:
+        w, self._writer = self._writer, None
+        if w is not None:
+            try:
+                w.close()
+            except Exception:        # the stream is already broken; the file goes anyway
+                pass
+        _unlink_quietly(self.tmp_path)
+        return write_failure(self.path, e, "part file")
+
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
-        """Append ``batch`` (one row group per call, at most :data:`ROW_GROUP_ROWS` rows)."""
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(
-                self.path.with_name(self.path.name + ".tmp"), self.schema, compression="zstd",
-                write_statistics=True,
-                use_dictionary=True if self.dictionary_columns is None else self.dictionary_columns)
+        """Append ``batch`` (one row group per call, at most :data:`ROW_GROUP_ROWS` rows).
+
+        Raises
+        ------
+        InputError
+            If the write fails (:func:`write_failure`); the temporary file is removed.
+        """
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         if table.schema != self.schema:
             table = table.cast(self.schema)
-        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        try:
+            if self._writer is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(
+                    self.tmp_path, self.schema, compression="zstd", write_statistics=True,
+                    use_dictionary=True if self.dictionary_columns is None else self.dictionary_columns)
+            self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        except OSError as e:
+            raise self._failed(e) from None
         self.rows += table.num_rows
 
-    def close(self) -> str | None:
-        """Finish and rename the file; return its name, or None if nothing was written."""
+    def close(self) -> dict | None:
+        """Finish, checksum and rename the file; return its record (:func:`file_record`), or
+        None if nothing was written.
+
+        Raises
+        ------
+        InputError
+            If finishing the file fails (:func:`write_failure`); the temporary file is removed.
+        """
         if self._writer is None:
             return None
-        self._writer.close()
-        self._writer = None
-        os.replace(self.path.with_name(self.path.name + ".tmp"), self.path)
-        return self.name
+        try:
+            self._writer.close()
+            self._writer = None
+            with open(self.tmp_path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            record = file_record(self.tmp_path, self.rows)
+            record["name"] = self.name
+            os.replace(self.tmp_path, self.path)
+            remember_verified(self.path, record)
+        except OSError as e:
+            raise self._failed(e) from None
+        return record
 
 
 def remove_leftovers(folder: Path, chunks=None) -> None:
@@ -210,17 +332,69 @@ def remove_leftovers(folder: Path, chunks=None) -> None:
             p.unlink()
 
 
+def file_problem(folder: Path, record: dict) -> str | None:
+    """What is wrong with the file a manifest records (``record``: :func:`file_record`), or
+    None when it is present with its recorded size and content."""
+    path = Path(folder) / record["name"]
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if not path.is_file():
+        return "not a regular file"
+    if st.st_size != record["bytes"]:
+        return (f"{st.st_size:,} bytes where the manifest records {record['bytes']:,} "
+                f"({'truncated' if st.st_size < record['bytes'] else 'replaced or appended to'})")
+    key = _stat_key(path, st)
+    if _VERIFIED.get(key) == record["sha256"]:
+        return None
+    try:
+        digest = sha256_of(path)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if digest != record["sha256"]:
+        return "damaged or replaced (its SHA-256 differs from the one recorded when it was written)"
+    _VERIFIED[key] = digest
+    return None
+
+
+# Files already checked (or written) in this process, by (path, inode, size, mtime): a query
+# reads a folder several times and hashes each file once.
+_VERIFIED: dict = {}
+
+
+def _stat_key(path: Path, st: os.stat_result) -> tuple:
+    return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def remember_verified(path: Path, record: dict) -> None:
+    """Note that ``path`` as it is now has ``record``'s content (it was just written)."""
+    path = Path(path)
+    _VERIFIED[_stat_key(path, path.stat())] = record["sha256"]
+
+
+def is_empty_of_results(folder: Path) -> bool:
+    """True when ``folder`` holds nothing a sweep writes (an empty or unrelated folder)."""
+    return not any(is_sweep_file(p.name) for p in folder.iterdir())
+
+
 def read_manifest(folder: str | Path) -> dict:
-    """Return the manifest of a finished results folder.
+    """Return the manifest of a finished results folder (not checking its files: see
+    :func:`result_paths`).
 
     Raises
     ------
     InputError
-        If the folder does not exist or the sweep did not finish (no manifest, or one that is
-        not complete).
+        If the folder does not exist, holds no results, or the sweep did not finish (no
+        manifest, or one that is not complete), or the manifest is not a JSON object.
     """
     folder = Path(folder)
     if not folder.is_dir():
+        if folder.exists():
+            raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
+                             "it is a file; give the folder the sweep wrote (-o), e.g. results/<name>")
         raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
                          "run `vtrain-fast sweep SPEC.toml -o DIR` first")
     path = folder / MANIFEST
@@ -229,6 +403,10 @@ def read_manifest(folder: str | Path) -> dict:
             raise InputError(str(folder), MANIFEST, None, "a merged sweep",
                              f"the folder holds shards of a sweep; run `vtrain-fast merge {folder}` "
                              "once all shards have finished")
+        if is_empty_of_results(folder):
+            raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
+                             "it holds no vtrain-fast results (no manifest.json, no part files); give the "
+                             "folder a sweep wrote (-o), or run `vtrain-fast sweep SPEC.toml -o DIR` first")
         raise InputError(str(folder), MANIFEST, None, "a finished sweep (manifest.json is written last)",
                          "the sweep was interrupted or is still running; rerun the same command to "
                          "resume it, or rerun it with --overwrite")
@@ -238,3 +416,61 @@ def read_manifest(folder: str | Path) -> dict:
                          "the sweep was interrupted or is still running; rerun the same command to "
                          "resume it, or rerun it with --overwrite")
     return manifest
+
+
+def rebuild_fix(manifest: dict) -> str:
+    """How to rebuild a folder's damaged files: rerun the sweep (or its shards, then merge)."""
+    spec = manifest.get("spec_path") or "SPEC.toml"
+    if manifest.get("shards"):
+        return (f"rerun the shard commands of this sweep (vtrain-fast sweep {spec} --shard K/{manifest['shards']} "
+                "-o DIR; each rebuilds only its damaged chunks), then vtrain-fast merge DIR")
+    return (f"rerun the same sweep command (vtrain-fast sweep {spec} -o DIR with the same options) to rebuild "
+            "only the damaged chunks")
+
+
+def check_files(folder: Path, records, fix: str) -> None:
+    """Raise :class:`InputError` naming the first recorded file that is missing, truncated or
+    damaged (:func:`file_problem`), and how many others are, with ``fix``."""
+    bad = [(r["name"], prob) for r in records if (prob := file_problem(folder, r))]
+    if bad:
+        name, prob = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(str(Path(folder) / name), "part file", name,
+                         "the file as the manifest recorded it (its size and SHA-256)", f"it is {prob}{more}; {fix}")
+
+
+def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]:
+    """``(file name, problem)`` of every file ``manifest`` records (the parts it lists and each
+    chunk's file) that fails its check (:func:`file_problem`); empty for an intact folder."""
+    records = dict((manifest.get("files") or {}))
+    for info in (manifest.get("chunks") or {}).values():
+        if isinstance(info, dict) and isinstance(info.get("file"), dict):
+            records.setdefault(info["file"]["name"], info["file"])
+    return [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r))]
+
+
+def result_paths(folder: str | Path, manifest: dict | None = None) -> list[Path]:
+    """The files of a finished results folder, as its manifest lists them, each checked
+    (:func:`file_problem`): the only files readers read.
+
+    Raises
+    ------
+    InputError
+        As :func:`read_manifest`; a folder written before file records (format < 2); a listed
+        file that is missing, truncated or damaged, naming it and how to rebuild it.
+    """
+    folder = Path(folder)
+    manifest = manifest or read_manifest(folder)
+    files = manifest.get("files")
+    if manifest.get("format", 1) < MANIFEST_FORMAT or not isinstance(files, dict):
+        raise InputError(str(folder / MANIFEST), "format", manifest.get("format", 1),
+                         f"{MANIFEST_FORMAT} (a manifest that records each file's size and checksum)",
+                         "the folder was written by an older vtrain_fast; rerun the sweep with --overwrite")
+    parts = manifest.get("parts")
+    if not isinstance(parts, list) or not parts or not all(isinstance(n, str) and isinstance(files.get(n), dict)
+                                                          for n in parts):
+        raise InputError(str(folder / MANIFEST), "parts", parts, "part files, each with its record under files",
+                         "the manifest was edited or damaged; rerun the sweep with --overwrite")
+    records = [files[name] for name in parts]
+    check_files(folder, records, rebuild_fix(manifest))
+    return [folder / r["name"] for r in records]
