@@ -1,12 +1,11 @@
 """Reading and writing calibration files (TOML, one table per GPU preset)."""
 from __future__ import annotations
 
-import os
 import tomllib
 from datetime import date
 from pathlib import Path
 
-from .errors import InputError, check_output_file
+from .errors import InputError, check_output_file, write_atomically
 
 
 def _fmt(v) -> str:
@@ -45,7 +44,5 @@ def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict
     for name, table in doc.get("meta", {}).items():
         lines.append(f'\n[meta."{name}"]')
         lines += [f"{k} = {_fmt(v)}" for k, v in table.items()]
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    text = "\n".join(lines) + "\n"
+    write_atomically(p, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

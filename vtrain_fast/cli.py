@@ -45,6 +45,14 @@ def _user_errors(func):
             # otherwise swallow as markup tags
             err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
             raise typer.Exit(2)
+        except OSError as e:
+            # the last line of defence: a file operation no check foresaw (each write path
+            # converts its own failures) still ends in one message and status 2, not a traceback
+            from .errors import write_failure
+            where = e.filename or "a file"
+            err.print(f"[bold red]error:[/] {escape(str(write_failure(where, e, 'file')))}", markup=True,
+                      highlight=False)
+            raise typer.Exit(2)
     return wrapper
 
 
@@ -156,7 +164,6 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     if shard:
         console.print(f"shard {shard} finished; when every shard has, run `vtrain-fast merge {folder}`")
     elif keep.startswith("top"):
-        import polars as pl
         from .report import print_frame
         from .query import CONFIG_COLUMNS, HEADLINE_COLUMNS, scan_results, varying_setting_columns
         column = kept.objectives[0]       # the full column name (a short one is resolved)
@@ -410,9 +417,8 @@ def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o
     print_frame(groups.filter(pl.col("set") == "multi"),
                 "Multi-node: ranking of plans within each model (Spearman)", console=console)
     if write_measurements:
-        write_measurements.mkdir(parents=True, exist_ok=True)
         for which in ("single", "multi"):
-            load_measurements(which).write_csv(write_measurements / f"vtrain_{which}.csv")
+            write_table_atomic(load_measurements(which), write_measurements / f"vtrain_{which}.csv")
         console.print(f"measurements: {write_measurements}/vtrain_single.csv, vtrain_multi.csv")
     groups_path = output.with_name(output.stem + "_groups" + output.suffix)
     write_table_atomic(rows, output)

@@ -536,6 +536,11 @@ class _LaneSink:
 
     def drain(self, record: Callable[[dict], None]) -> None:
         self.check()
+        self.record_finished(record)
+
+    def record_finished(self, record: Callable[[dict], None]) -> None:
+        """Record the chunks whose files are complete, without raising the errors of others
+        (after a failure, so that a rerun redoes only what is missing)."""
         while True:
             try:
                 record(self.done.get_nowait())
@@ -793,7 +798,9 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
             raise InputError(str(path), "format", old.get("format", 1), f"{MANIFEST_FORMAT}",
                              "the folder was written by an older vtrain_fast; rerun with --overwrite")
         damaged = _damaged_chunks(folder, old, chunks)
-        final = _final_problems(folder, old) if old.get("complete") and shard is None else []
+        chunk_files = {n for _, n, _ in damaged}
+        final = ([(n, prob) for n, prob in _final_problems(folder, old) if n not in chunk_files]
+                 if old.get("complete") and shard is None else [])
         if old.get("complete"):
             if not damaged and not final:
                 raise InputError(str(folder), "output folder", str(folder),
@@ -862,7 +869,7 @@ def finalize(folder: Path, state: dict, keep: Keep) -> dict:
     """
     chunks = state["chunks"]
     counts, rows, pruned = _totals(chunks)
-    check_files(folder, chunk_records(chunks), rebuild_fix(state))
+    check_files(folder, chunk_records(chunks), rebuild_fix(state, folder))
     if keep.reduces:
         tables = [pq.read_table(folder / info["candidates"]) for _, info in sorted(
             chunks.items(), key=lambda kv: int(kv[0])) if info.get("rows")]
@@ -1044,7 +1051,11 @@ def _run_local(ev: ChunkEvaluator, folder: Path, todo: list[int], record, on_pro
                       front=front, pool=pool)
             sink.drain(record)
     except BaseException:
-        sink.close(wait=False)     # as after a kill: queued writes dropped, chunks not recorded
+        sink.close(wait=False)     # queued writes dropped, their chunks not recorded
+        try:
+            sink.record_finished(record)    # chunks whose files were completed are kept
+        except Exception:                   # (a full disk may refuse the manifest too)
+            pass
         raise
     sink.close(wait=True)
     sink.drain(record)

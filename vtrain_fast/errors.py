@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 
 class InputError(ValueError):
@@ -60,10 +61,15 @@ def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
     """The :class:`InputError` for a write to ``path`` that failed with ``exc`` (disk full,
     file-size limit, read-only or unwritable place): the path, the system's reason, the free
     space on that disk and the fix."""
+    import re
     free = free_bytes(path)
     room = f"; {format_bytes(free)} free there" if free is not None else ""
-    reason = exc.strerror or type(exc).__name__
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    code = exc.errno
+    if code is None:       # Polars and Arrow put the system's code in the text: "... (os error 28)"
+        m = re.search(r"(?:os error|errno) (\d+)", str(exc))
+        code = int(m.group(1)) if m else None
+    reason = exc.strerror or (os.strerror(code) if code else str(exc) or type(exc).__name__)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         fix = ("free some space (or raise the file-size limit, ulimit -f) or choose another -o, then rerun the "
                "same command: finished work is kept")
     else:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .engine import output_arrays
-from .errors import InputError, write_atomically
+from .errors import InputError, check_output_file, write_atomically
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
@@ -339,6 +339,7 @@ def check_table_path(path: str | Path, option: str = "-o") -> None:
     if Path(path).is_dir():
         raise InputError("command line", option, str(path), "a file name, not a folder",
                          f"e.g. -o {Path(path) / 'results.parquet'}")
+    check_output_file(path)
     if Path(path).suffix.lower() not in TABLE_SUFFIXES:
         raise InputError("command line", option, str(path), "a file name ending in " + ", ".join(TABLE_SUFFIXES),
                          "e.g. -o results.parquet (Parquet) or -o results.csv (CSV)")

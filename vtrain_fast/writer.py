@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError, format_bytes, free_bytes, write_failure
+from .errors import InputError, format_bytes, write_failure
 
 MANIFEST = "manifest.json"
 PART_GLOB = "part-*.parquet"
@@ -257,6 +257,7 @@ class PartWriter:
         self.dictionary_columns = dictionary_columns
         self.rows = 0
         self._writer = None
+        self._error: InputError | None = None
 
     @property
     def tmp_path(self) -> Path:
@@ -270,7 +271,8 @@ class PartWriter:
             except Exception:        # the stream is already broken; the file goes anyway
                 pass
         _unlink_quietly(self.tmp_path)
-        return write_failure(self.path, e, "part file")
+        self._error = write_failure(self.path, e, "part file")
+        return self._error
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Append ``batch`` (one row group per call, at most :data:`ROW_GROUP_ROWS` rows).
@@ -280,6 +282,8 @@ class PartWriter:
         InputError
             If the write fails (:func:`write_failure`); the temporary file is removed.
         """
+        if self._error is not None:     # a failed file stays failed: no new file under its name
+            raise self._error
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         if table.schema != self.schema:
             table = table.cast(self.schema)
@@ -303,6 +307,8 @@ class PartWriter:
         InputError
             If finishing the file fails (:func:`write_failure`); the temporary file is removed.
         """
+        if self._error is not None:
+            raise self._error
         if self._writer is None:
             return None
         try:
@@ -418,14 +424,15 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
-def rebuild_fix(manifest: dict) -> str:
+def rebuild_fix(manifest: dict, folder: str | Path = "DIR") -> str:
     """How to rebuild a folder's damaged files: rerun the sweep (or its shards, then merge)."""
     spec = manifest.get("spec_path") or "SPEC.toml"
     if manifest.get("shards"):
-        return (f"rerun the shard commands of this sweep (vtrain-fast sweep {spec} --shard K/{manifest['shards']} "
-                "-o DIR; each rebuilds only its damaged chunks), then vtrain-fast merge DIR")
-    return (f"rerun the same sweep command (vtrain-fast sweep {spec} -o DIR with the same options) to rebuild "
-            "only the damaged chunks")
+        return (f"rerun the sweep on one machine (vtrain-fast sweep {spec} -o {folder} with the same options), or "
+                f"rerun its shards (--shard K/{manifest['shards']}) and then vtrain-fast merge {folder}; either "
+                "rebuilds only the damaged chunks")
+    return (f"rerun the same sweep command (vtrain-fast sweep {spec} -o {folder} with the same options) to "
+            "rebuild only the damaged chunks")
 
 
 def check_files(folder: Path, records, fix: str) -> None:
@@ -472,5 +479,5 @@ def result_paths(folder: str | Path, manifest: dict | None = None) -> list[Path]
         raise InputError(str(folder / MANIFEST), "parts", parts, "part files, each with its record under files",
                          "the manifest was edited or damaged; rerun the sweep with --overwrite")
     records = [files[name] for name in parts]
-    check_files(folder, records, rebuild_fix(manifest))
+    check_files(folder, records, rebuild_fix(manifest, folder))
     return [folder / r["name"] for r in records]
