@@ -892,6 +892,7 @@ def finalize(folder: Path, state: dict, keep: Keep) -> dict:
             w = PartWriter(folder, part_name(0), STORAGE_SCHEMA)
             w.write(STORAGE_SCHEMA.empty_table())
             records = [w.close()]
+    remove_leftovers(folder)     # temporary files of failed attempts (e.g. a lost Dask worker)
     manifest = {k: v for k, v in state.items() if k != "chunks"}
     manifest.update({
         "complete": True,
@@ -1023,6 +1024,7 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
                     state["elapsed_s"] = round(state.get("elapsed_s", 0.0) + time.perf_counter() - t0, 3)
                     write_json_atomic(mpath, state)
             if shard is not None:
+                remove_leftovers(folder, chunks)
                 counts, rows, pruned = _totals(state["chunks"])
                 state.update({"complete": True, "num_rows": rows, "pruned_points": pruned,
                               "status_counts": dict(zip(STATUS_LABELS, map(int, counts)))})

@@ -195,7 +195,7 @@ class FolderLock:
         self.release()
 
 
-_OWNED_RE = re.compile(r"^(manifest(-shard-\d+-of-\d+)?\.json(\.tmp)?|part-\d+\.parquet(\.tmp)?)$")
+_OWNED_RE = re.compile(r"^(manifest(-shard-\d+-of-\d+)?\.json(\.tmp)?|part-\d+\.parquet(\.[0-9a-f]+)?(\.tmp)?)$")
 
 
 def is_sweep_file(name: str) -> bool:
@@ -242,7 +242,9 @@ def file_record(path: Path, rows: int) -> dict:
 class PartWriter:
     """Write record batches as row groups of one Parquet file, ``folder/name``.
 
-    The file is written as ``name.tmp``, checksummed and renamed by :meth:`close`, so a part
+    The file is written as ``name.<unique>.tmp`` (two writers of one chunk, such as a Dask task
+    retried while the first attempt still runs, never share a temporary file), checksummed
+    and renamed by :meth:`close`, so a part
     file that exists is complete and its record (:func:`file_record`) describes it. zstd
     compression, column statistics on, dictionary encoding for ``dictionary_columns`` (default:
     all). A write that fails (disk full, file-size limit, read-only place) removes the
@@ -258,10 +260,11 @@ class PartWriter:
         self.rows = 0
         self._writer = None
         self._error: InputError | None = None
+        self._tag = os.urandom(4).hex()
 
     @property
     def tmp_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".tmp")
+        return self.path.with_name(f"{self.path.name}.{self._tag}.tmp")
 
     def _failed(self, e: OSError) -> InputError:
         w, self._writer = self._writer, None
@@ -332,7 +335,8 @@ def remove_leftovers(folder: Path, chunks=None) -> None:
         paths = [p for p in folder.glob("*.tmp") if is_sweep_file(p.name)]
         paths += list(folder.glob(f"{CANDIDATE_DIR}/*.tmp"))
     else:
-        paths = [folder / (name + ".tmp") for c in chunks for name in (part_name(c), candidate_name(c))]
+        paths = [p for c in chunks for name in (part_name(c), candidate_name(c))
+                 for p in folder.glob(name + "*.tmp")]
     for p in paths:
         if p.exists():
             p.unlink()
