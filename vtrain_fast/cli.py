@@ -91,6 +91,8 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     s = load_spec(spec, _calibration(calibration))
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
     shard_kn = _parse_shard(shard)
+    from .grid import check_index_space
+    check_index_space(s.num_points, str(spec))    # the dry run too, not only build_grid
     folder = output or Path("results") / s.name
     from .errors import check_output_folder
     check_output_folder(folder)
@@ -439,9 +441,10 @@ def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate colum
                                                       "--calibration's (or the preset's) values"),
               calibration: Optional[Path] = CalibrationOpt):
     """Least-squares fit of a few global efficiencies of one GPU type to measured iteration times."""
-    from .calfile import update_calibration_file
+    from .calfile import read_calibration_output, update_calibration_file
     from .calibrate import DEFAULT_FIT, calibration_values, fit
     from .evaluate import read_csv
+    read_calibration_output(output)     # a sweep spec or another TOML is refused before the fit
     start = (_calibration(calibration) or {}).get(gpu)
     cal, report = fit(read_csv(measurements), gpu, tuple(param) if param else DEFAULT_FIT, start, str(measurements))
     update_calibration_file(output, gpu, calibration_values(cal), meta={
@@ -465,11 +468,23 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
                    inter_node_gbps: Optional[float] = typer.Option(None, "--inter-node-Gbps", help="NIC bandwidth per GPU of the measured cluster [preset]"),
                    calibration: Optional[Path] = CalibrationOpt):
     """Fit latency, per-step latency and bus-bandwidth efficiency to nccl-tests measurements."""
-    from .calfile import update_calibration_file
-    from .hardware import PRESETS, machine_vector, with_overrides
-    from .nccl import fit_tables, read_table
+    from .calfile import read_calibration_output, update_calibration_file
+    from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
+    from .nccl import MAX_RANKS, check_fit, fit_tables, read_table
     if gpu not in PRESETS:
         raise InputError("command line", "--gpu", gpu, "GPU presets " + ", ".join(PRESETS))
+    # 0 is a value, not "not given": --gpus-per-node 0 used to fit the intra-node model
+    for opt, key, value in (("--gpus-per-node", "gpus_per_node", gpus_per_node),
+                            ("--inter-node-Gbps", "inter_node_Gbps", inter_node_gbps)):
+        lo, hi = OVERRIDE_RANGES[key]
+        if value is not None and not lo <= value <= hi:      # NaN and inf too
+            raise InputError("command line", opt, value, f"{'a whole number' if key == 'gpus_per_node' else 'a number'}"
+                             f" from {lo:g} to {hi:g}", f"{opt} of the measured cluster, or leave it out for the "
+                             f"preset's ({getattr(PRESETS[gpu], key):g})")
+    if ranks is not None and not 2 <= ranks <= MAX_RANKS:
+        raise InputError("command line", "--ranks", ranks, f"a whole number from 2 to {MAX_RANKS:,}",
+                         "the GPUs every table was measured on, or leave it out to read it from the files")
+    read_calibration_output(output)     # a sweep spec or another TOML is refused before the fit
     preset = with_overrides(PRESETS[gpu], (_calibration(calibration) or {}).get(gpu),
                             gpus_per_node=gpus_per_node, inter_node_Gbps=inter_node_gbps)
     tables = [read_table(f, collective, ranks) for f in files]
@@ -479,6 +494,7 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
     else:
         link = preset.intra_node_GBps
         res = fit_tables(tables, link, hw=machine_vector(preset))
+    check_fit(res, ", ".join(str(f) for f in files[:3]) + (", ..." if len(files) > 3 else ""), link)
     if res["mape_pct"] > 10.0:
         model = "hierarchical tree model" if inter_node else "ring model"
         err.print(f"warning: the fit's MAPE is {res['mape_pct']:.1f}%: the {model} does not describe these "

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from .engine import output_arrays
 from .errors import InputError, check_output_file, write_atomically
+from .inputs import MAX_TABLE_BYTES, check_input_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
@@ -18,7 +19,8 @@ from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
 from .schema import INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS, setting_values
 from .spec import INT_RANGES as SPEC_INT_RANGES
-from .spec import RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention
+from .spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention,
+                   check_reserved)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
@@ -252,6 +254,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
             preset = with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
+            check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = machine_vector(preset)
         hw_rows[i] = cache[key]
     # tp x pp x dp as floats first: each may be up to 10^8, their int64 product would wrap
@@ -304,24 +307,55 @@ def read_csv(path: str | Path) -> pl.DataFrame:
     """Read a configurations file: CSV, or Parquet (``.parquet``, ``.pq``, e.g. written by
     ``pareto -o``; categorical columns come back as text).
 
+    A CSV's separator is read from its header line (:func:`csv_separator`: comma, semicolon
+    or tab).
+
     Raises
     ------
     InputError
-        Unreadable or malformed file.
+        Missing or unreadable file; not a regular file (a folder, a device, a FIFO) or larger
+        than :data:`~vtrain_fast.inputs.MAX_TABLE_BYTES` (1 GiB); malformed file; a Parquet
+        column of lists or structs.
     """
     p = Path(path)
-    if not p.is_file():
-        raise InputError(str(p), "file", str(p), "an existing CSV or Parquet file")
+    check_input_file(p, "CSV or Parquet file", MAX_TABLE_BYTES)
     if p.suffix.lower() in (".parquet", ".pq"):
         try:
             df = pl.read_parquet(p)
         except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for bad files
             raise InputError(str(p), "Parquet", str(e).splitlines()[0], "a Parquet file") from None
+        nested = [c for c, t in df.schema.items() if t.is_nested() or t == pl.Object]
+        if nested:
+            raise InputError(str(p), f"column {nested[0]}", str(df.schema[nested[0]]),
+                             "columns of numbers, text or true/false, one value per cell",
+                             f"drop the column {nested[0]!r} or flatten it into plain columns")
         return df.with_columns(pl.col(pl.Categorical, pl.Enum).cast(pl.String))
     try:
-        return pl.read_csv(p, infer_schema_length=None)
+        separator = csv_separator(p)
+    except OSError as e:
+        raise InputError(str(p), "file", str(p), "an existing, readable CSV or Parquet file",
+                         e.strerror or str(e)) from None
+    try:
+        return pl.read_csv(p, infer_schema_length=None, separator=separator)
     except Exception as e:  # polars raises several error types for malformed CSV
-        raise InputError(str(p), "CSV", str(e).splitlines()[0], "a comma-separated file with a header row") from None
+        raise InputError(str(p), "CSV", str(e).splitlines()[0],
+                         f"a {SEPARATOR_NAMES[separator]}-separated file with a header row") from None
+
+
+# Column separators a CSV header is recognised by (the first line), and their names for messages.
+SEPARATOR_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
+
+
+def csv_separator(path) -> str:
+    """The column separator of the CSV file ``path``, from its header line: ``,`` unless the
+    header has no comma and a semicolon or a tab (spreadsheets in many locales write ``;``)."""
+    with open(path, "rb") as f:
+        header = f.readline(1 << 16).decode("utf-8", errors="replace")
+    if "," in header:
+        return ","
+    counts = {sep: header.count(sep) for sep in (";", "\t")}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else ","
 
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")

@@ -22,7 +22,10 @@ import numpy as np
 from scipy.optimize import nnls
 
 from .errors import InputError
+from .inputs import MAX_TEXT_BYTES, read_input_bytes
 
+# Largest rank count of a table (the largest job of a sweep, spec.INT_RANGES["num_gpus"]).
+MAX_RANKS = 100_000_000
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")
 
 
@@ -76,10 +79,7 @@ def read_table(path: str | Path, collective: str | None = None, n: int | None = 
         Unreadable file, no data rows, unknown collective or rank count.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise InputError(str(p), "file", str(p), "a readable nccl-tests output file", e.strerror or "") from None
+    text = read_input_bytes(p, "nccl-tests output file", MAX_TEXT_BYTES).decode("utf-8", errors="replace")
     collective = collective or _guess_collective(p.name) or _guess_collective(text[:2000])
     if collective not in COLLECTIVES:
         raise InputError(str(p), "collective", collective, ", ".join(COLLECTIVES),
@@ -103,8 +103,9 @@ def read_table(path: str | Path, collective: str | None = None, n: int | None = 
         ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.M))
         m = re.search(r"(\d+)\s*gpus?\b", p.name, flags=re.I) or re.search(r"gpu_?(\d+)", p.name, flags=re.I)
         n = ranks or (int(m.group(1)) if m else None)
-    if not n or n < 2:
-        raise InputError(str(p), "ranks", n, "2 or more", "pass --ranks N")
+    if not n or not 2 <= n <= MAX_RANKS:
+        raise InputError(str(p), "ranks", n, f"a whole number from 2 to {MAX_RANKS:,}",
+                         "pass --ranks N, the GPUs the table was measured on")
     if len(sizes) < 3:
         raise InputError(str(p), "data rows", len(sizes), "at least 3 'size count type ... time' rows",
                          "give the stdout of an nccl-tests *_perf binary")
@@ -125,6 +126,8 @@ def _header_columns(text: str) -> tuple[int, int, float]:
 
 LATENCY_MAX_S = 1e-2
 STEP_LATENCY_MAX_S = 1e-3
+# A fit with a value clipped to its bound and a MAPE above this is refused, not written.
+MAX_CLIPPED_MAPE_PCT = 10.0
 
 
 def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None = None,
@@ -159,12 +162,21 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
     Raises
     ------
     InputError
-        Inter-node tables that do not span two or more nodes, or that are not all-reduces.
+        Inter-node tables that do not span two or more nodes, or that are not all-reduces;
+        ``gpus_per_node`` below 1 (0 does not mean "not given": pass None for an intra-node fit);
+        a link bandwidth that is not a finite number > 0.
     """
     from .kernels.comm import intra_allgather_s
+    if gpus_per_node is not None and not gpus_per_node >= 1:     # 0 is not "not given"
+        raise InputError(tables[0].path if tables else "<tables>", "gpus_per_node", gpus_per_node,
+                         "a whole number >= 1 (GPUs per node of the measured cluster)",
+                         "give --gpus-per-node, e.g. 8")
+    if not (math.isfinite(link_GBps) and link_GBps > 0):
+        raise InputError(tables[0].path if tables else "<tables>", "link bandwidth", link_GBps,
+                         "a finite number of GB/s > 0", "check --inter-node-Gbps and the preset")
     rows, target, fixed = [], [], []
     for t in tables:
-        if gpus_per_node:
+        if gpus_per_node is not None:
             if t.collective != "all_reduce":
                 raise InputError(t.path, "collective", t.collective, "all_reduce for --inter-node fits")
             g = min(t.n, gpus_per_node)
@@ -213,3 +225,21 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
     return dict(latency_s=float(coef[0]), step_latency_s=float(coef[1]), efficiency=float(1.0 / coef[2]),
                 mape_pct=float(np.mean(np.abs(pred - y) / y) * 100), rows=int(len(y)), clipped=clipped,
                 step_latency_kept=kept)
+
+
+def check_fit(res: dict, where: str, link_GBps: float) -> None:
+    """Refuse a fit of :func:`fit_tables` that ends on a bound (``res["clipped"]``) with a MAPE
+    above :data:`MAX_CLIPPED_MAPE_PCT`: the model does not describe the tables with the given
+    link and node size, and writing its values would only hide that.
+
+    Raises
+    ------
+    InputError
+        Naming the MAPE, the clipped values and what to check.
+    """
+    if res["clipped"] and res["mape_pct"] > MAX_CLIPPED_MAPE_PCT:
+        raise InputError(where, "fit", f"MAPE {res['mape_pct']:.1f}% with {', '.join(res['clipped'])} "
+                         "at the allowed bound",
+                         f"a fit within the bounds, or one with MAPE <= {MAX_CLIPPED_MAPE_PCT:g}%",
+                         f"check --gpu, --ranks, --gpus-per-node, --inter-node and the link bandwidth "
+                         f"({link_GBps:g} GB/s per GPU); no calibration was written")

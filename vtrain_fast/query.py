@@ -71,7 +71,8 @@ def resolve_objectives(where: str, minimize, option: str = "--minimize") -> list
     Raises
     ------
     InputError
-        A value that is not a numeric column, with the closest name as the fix.
+        A value that is not a numeric column, with the closest name as the fix; a column given
+        twice (also as its short and its full name, or as ``COL`` and ``-COL``).
     """
     out = []
     for m in minimize:
@@ -80,6 +81,11 @@ def resolve_objectives(where: str, minimize, option: str = "--minimize") -> list
         if name not in NUMERIC_COLUMNS:
             raise InputError(where, option, m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS),
                              did_you_mean(name, NUMERIC_COLUMNS, "prefix a column with '-' to maximise it, e.g. -mfu"))
+        twice = [o for o in out if o.lstrip("-") == name]
+        if twice:
+            raise InputError(where, option, m, "each column once (short and full names name the same column: "
+                             f"{m!r} is {name}, given already as {twice[0]!r})",
+                             f"drop the second {option} {m}")
         out.append(sign + name)
     return out
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import InputError
+from .inputs import MAX_TEXT_BYTES, read_input_bytes
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        get_preset, with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
@@ -439,6 +440,50 @@ def _description(where, value) -> str:
     return value
 
 
+# Longest file name (one path component) most file systems allow, in bytes (NAME_MAX).
+MAX_NAME_BYTES = 255
+
+
+def check_reserved(preset, reserved_GiB, where: str, key: str) -> None:
+    """Refuse ``reserved_GiB`` (memory kept free per GPU; None: the preset's) at or above the
+    memory of ``preset``'s GPU, which would leave the model nothing and mark every plan
+    ``out_of_memory``.
+
+    Raises
+    ------
+    InputError
+        Naming ``key``, the value and the GPU's memory.
+    """
+    if reserved_GiB is not None and reserved_GiB >= preset.hbm_GiB:
+        raise InputError(where, key, reserved_GiB, f"less than the {preset.hbm_GiB:g} GiB of memory of "
+                         f"{preset.name} (hbm_GiB)", "reserved_GiB is the memory kept free per GPU (CUDA "
+                         f"context, NCCL, allocator; default {get_preset(preset.name).reserved_GiB:g}): give a few GiB, e.g. 6.0")
+
+
+def check_name(where: str, name) -> None:
+    """Refuse a sweep ``name`` that cannot be the results folder ``results/<name>``: not a
+    non-empty string, a path separator (``/`` or ``\\``), a NUL or other control character, a
+    leading ``.``, or longer than :data:`MAX_NAME_BYTES` bytes in UTF-8.
+
+    Raises
+    ------
+    InputError
+        Naming the key ``name``.
+    """
+    allowed = (f"a non-empty string of at most {MAX_NAME_BYTES} bytes (UTF-8) without '/', '\\' or control "
+               "characters that does not start with '.' (it names the folder results/<name>)")
+    if not isinstance(name, str) or not name:
+        raise InputError(where, "name", name, allowed, 'e.g. name = "gpt3-175b-plans"')
+    bad = [c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127]
+    if bad or name.startswith("."):
+        raise InputError(where, "name", name, allowed,
+                         f"remove the character {bad[0]!r}" if bad else "remove the leading '.'")
+    size = len(name.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise InputError(where, "name", name[:40] + "...", allowed,
+                         f"shorten the name ({size} bytes) to {MAX_NAME_BYTES} bytes or fewer")
+
+
 def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None) -> SweepSpec:
     """Parse and validate a sweep spec.
 
@@ -500,6 +545,10 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
                                  "(vpp in [parallel]), as a list to compare values")
             _check_keys(path, f"cluster.{k}", v, set(OVERRIDE_RANGES))
             per_gpu[k] = {**overrides, **_overrides(path, f"cluster.{k}", v)}
+    for g in names:     # memory kept free must leave some for the model, on every GPU
+        own = isinstance(cl.get(g), dict) and "reserved_GiB" in cl[g]
+        check_reserved(get_preset(g), per_gpu.get(g, overrides).get("reserved_GiB"), path,
+                       f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB")
     settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
     settings["vpp"] = _vpps(path, pa_.get("vpp", 1))
     gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu)
@@ -508,8 +557,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:
         raise InputError(path, "output.chunk_size", chunk, f"an integer from 1 to {1 << 24}")
     name = doc.get("name", Path(path).stem)
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        raise InputError(path, "name", name, "a non-empty string without '/' that does not start with '.'")
+    check_name(path, name)
     return SweepSpec(
         name=name,
         description=_description(path, doc.get("description", "")),
@@ -537,13 +585,13 @@ def load_spec(path: str | Path, calibration: dict | None = None) -> SweepSpec:
     Raises
     ------
     InputError
-        The file is missing or unreadable, or the spec is invalid.
+        The file is missing, unreadable, not a regular file or larger than 16 MiB
+        (:data:`~vtrain_fast.inputs.MAX_TEXT_BYTES`), or the spec is invalid.
     """
     p = Path(path)
+    data = read_input_bytes(p, "TOML file", MAX_TEXT_BYTES)
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except OSError as e:
-        raise InputError(str(p), "file", str(p), "a readable TOML file", e.strerror or str(e)) from None
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file",
                          "save the spec as UTF-8 text") from None
@@ -562,13 +610,13 @@ def load_calibration(path: str | Path) -> dict:
     Raises
     ------
     InputError
-        Unreadable file, unknown preset or field, value out of range.
+        Unreadable file (or not a regular file, or over 16 MiB), unknown preset or field,
+        value out of range.
     """
     p = Path(path)
+    data = read_input_bytes(p, "TOML file", MAX_TEXT_BYTES)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8-sig"))
-    except OSError as e:
-        raise InputError(str(p), "file", str(p), "a readable TOML file", e.strerror or str(e)) from None
+        doc = tomllib.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file") from None
     except tomllib.TOMLDecodeError as e:
