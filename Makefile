@@ -1,18 +1,43 @@
-# One-command set-up: every target creates .venv if needed and installs the package into it.
+# One-command set-up: every target creates .venv if needed and installs into it the tested
+# dependency versions of requirements.lock, then the package itself (editable, no dependencies).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LOCK   := requirements.lock
 
-.PHONY: sweep test bench validate calibrate clean
+.PHONY: sweep test bench validate calibrate clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+# pip check: the lock must satisfy pyproject.toml's ranges (a dependency added there and not
+# locked yet stops here).
+$(STAMP): $(BIN)/python pyproject.toml $(LOCK)
+	$(BIN)/python -m pip install --quiet -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@out=$$($(BIN)/python -m pip check) || { echo "$$out" >&2; \
+	  echo "$(LOCK) does not satisfy pyproject.toml's dependencies: run 'make lock'" >&2; exit 2; }
 	touch $(STAMP)
+
+# Refresh requirements.lock: install '.[test]' from pyproject.toml's ranges into a throw-away
+# venv (newest versions the package index offers) and freeze it. Then run 'make test' and commit
+# the lock if it passes.
+lock:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip; \
+	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[test]'; \
+	pyver=$$("$$tmp/venv/bin/python" -c 'import platform; print(platform.python_version(), platform.machine())'); \
+	{ echo "# Tested dependency versions of vtrain_fast (runtime and test extras): 'make' installs"; \
+	  echo "# exactly these (pip install -r $(LOCK), then pip install --no-deps -e .)."; \
+	  echo "# Made by 'make lock' with Python $$pyver from pyproject.toml's ranges;"; \
+	  echo "# refresh with 'make lock', then run 'make test' before committing it."; \
+	  "$$tmp/venv/bin/python" -m pip freeze --exclude-editable | grep -v -i '^vtrain[-_]fast[=@ ]'; \
+	} > "$$tmp/lock"; \
+	mv "$$tmp/lock" $(LOCK); \
+	echo "wrote $(LOCK) ($$(grep -c '==' $(LOCK)) pins, Python $$pyver)"
 
 sweep: $(STAMP)
 	$(BIN)/vtrain-fast sweep sweeps/gpt3-175b-a100.toml --overwrite --pareto
