@@ -5,7 +5,7 @@ other chunks are still pending; the sweep must finish on the other worker with e
 and the manifest of a local run of the same spec.
 
 The kill is made race-free with SIGSTOP: the test watches ``/proc/PID/fd`` of each worker for an
-open ``part-*.parquet.tmp``, freezes that worker, checks (while nothing can change) that the
+open ``part-*.parquet.*.tmp``, freezes that worker, checks (while nothing can change) that the
 manifest records at least one finished chunk, not this one and not all of them, and only then
 sends SIGKILL. Nothing in the workers is patched; the ports are chosen by the operating system
 (``--port 0``, address read back from the scheduler file).
@@ -58,7 +58,7 @@ STARTUP_S = 90      # scheduler file, both workers registered
 SWEEP_S = 240       # the distributed sweep, kill included
 POLL_S = 0.005
 GRACE_S = 5         # SIGTERM to SIGKILL at teardown (a worker closing waits for its running task)
-TMP_RE = re.compile(r"part-(\d{6})\.parquet\.tmp$")
+TMP_RE = re.compile(r"part-(\d{6})\.parquet(\.[0-9a-f]+)?\.tmp$")     # PartWriter's temporary names
 
 
 def _flat(text: str) -> str:
@@ -151,7 +151,7 @@ def _wait_for(condition, timeout: float, what: str, procs: Processes):
 
 
 def _writing(pid: int) -> set[int]:
-    """Chunks whose ``part-*.parquet.tmp`` process ``pid`` has open (from ``/proc/PID/fd``)."""
+    """Chunks whose ``part-*.parquet.*.tmp`` process ``pid`` has open (from ``/proc/PID/fd``)."""
     chunks = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -245,7 +245,7 @@ def test_sweep_survives_a_killed_worker(tmp_path, cli, processes):
                 if mid and 0 < len(done_now) < num_chunks:
                     w.send_signal(signal.SIGKILL)
                     killed = {"worker": name, "chunk": mid[0], "recorded": sorted(done_now),
-                              "tmp": (remote / f"part-{mid[0]:06d}.parquet.tmp").exists(),
+                              "tmp": bool(list(remote.glob(f"part-{mid[0]:06d}.parquet*.tmp"))),
                               "part": (remote / f"part-{mid[0]:06d}.parquet").exists()}
                     break
                 w.send_signal(signal.SIGCONT)
