@@ -389,3 +389,26 @@ def test_one_point_spec_still_sweeps(write_spec, tmp_path, cli):
     out = tmp_path / "one"
     assert cli("sweep", write_spec(ONE_POINT_SPEC.format(training="")), "-o", out).exit_code == 0
     assert cli("pareto", out).exit_code == 0
+
+
+def test_a_chunk_the_cluster_cannot_finish_is_one_message_and_a_rerun_resumes(spec_path, tmp_path, monkeypatch):
+    """A task that fails on every attempt (as when its workers keep dying) ends the sweep with
+    an InputError naming the chunk, not a Dask traceback; the finished chunks stay recorded."""
+    from vtrain_fast import distributed as dist
+    real = dist.chunk_task
+
+    def doomed(key, grid, keep, plan, folder, chunk, threads, prune):
+        if chunk == 2:
+            raise ConnectionError("worker lost")
+        return real(key, grid, keep, plan, folder, chunk, threads, prune)
+    monkeypatch.setattr(dist, "chunk_task", doomed)
+    out = tmp_path / "cluster"
+    spec = load_spec(spec_path)
+    with pytest.raises(InputError) as e:
+        engine.run_sweep(spec, out, scheduler="local:1", **CHUNKS)
+    msg = flat(e.value)
+    assert "chunk 2 did not finish" in msg and "resumes" in msg, msg
+    assert "2" not in _manifest(out)["chunks"]
+    monkeypatch.undo()
+    m = engine.run_sweep(spec, out, scheduler="local:1", **CHUNKS)
+    assert m["complete"] and m["num_rows"] == 1296

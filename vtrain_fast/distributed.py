@@ -109,6 +109,17 @@ def connect(scheduler):
     return client, client.close
 
 
+def _cluster_failure(scheduler, chunk, exc: Exception) -> InputError:
+    """The one-message error for a chunk the cluster could not finish (``KilledWorker``: the
+    workers that ran it died more often than the scheduler allows; or a lost scheduler)."""
+    name = type(exc).__name__
+    why = ("the workers that ran it died each time (KilledWorker): look in their logs for a kill "
+           "or an out-of-memory event") if name == "KilledWorker" else f"{name}: {str(exc)[:300]}"
+    return InputError(str(scheduler), "--scheduler", str(scheduler), "a cluster that finishes every chunk",
+                      f"chunk {chunk} did not finish: {why}; the chunks that finished are recorded, so rerunning "
+                      "the same command resumes the sweep (give the workers more memory, or use --threads 1)")
+
+
 def run_chunks_dask(scheduler, grid, keep, plan, folder: Path, todo: list[int],
                     record: Callable[[dict], None], on_progress: Callable[[int], None] | None,
                     threads: int | None = None, prune: bool = True, key: str | None = None) -> None:
@@ -143,8 +154,14 @@ def run_chunks_dask(scheduler, grid, keep, plan, folder: Path, todo: list[int],
             futures.append(client.submit(chunk_task, key, grid, keep, plan, str(folder), c,
                                          threads or 1, prune, key=f"vtrain-{key[:12]}-{nonce}-chunk-{c}",
                                          retries=RETRIES, pure=False))
+        chunk_of = {f.key: c for f, c in zip(futures, todo)}
         for fut in as_completed(futures):
-            info = fut.result()
+            try:
+                info = fut.result()
+            except InputError:
+                raise
+            except Exception as e:      # lost workers beyond allowed-failures, a scheduler gone
+                raise _cluster_failure(scheduler, chunk_of.get(fut.key), e) from None
             record(info)
             if on_progress:
                 on_progress(info["points"])
