@@ -372,7 +372,7 @@ def test_input_errors_survive_pickling_whole():
 
 
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (1536, "1.5 KiB"), (10**6, "977 KiB"),
-                                     (2 * 10**6, "1.9 MiB"), (3 << 30, "3.0 GiB")])
+                                     (2 * 10**6, "1.9 MiB"), (3 << 30, "3 GiB"), (16 << 20, "16 MiB"), (5 << 40, "5 TiB")])
 def test_sizes_are_printed_in_a_readable_unit(n, text):
     from vtrain_fast.errors import format_bytes
     assert format_bytes(n) == text

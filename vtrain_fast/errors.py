@@ -34,13 +34,15 @@ def _toml(value) -> str:
 
 
 def format_bytes(n: float) -> str:
-    """``n`` bytes in a readable binary unit: ``512 B``, ``1.5 KiB``, ``977 KiB``, ``3.2 GiB``."""
+    """``n`` bytes in a readable binary unit: ``512 B``, ``1.5 KiB``, ``977 KiB``, ``16 MiB``,
+    ``3.2 GiB``."""
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:,.1f} {unit}"
+            break
         n /= 1024
-    return f"{n:,.1f} PiB"    # pragma: no cover
+    text = f"{n:,.0f}" if unit == "B" or abs(n) >= 100 else f"{n:,.1f}".removesuffix(".0")
+    return f"{text} {unit}"
 
 
 def free_bytes(path) -> int | None:

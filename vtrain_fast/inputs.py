@@ -8,16 +8,12 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InputError, format_bytes
 
 # Sweep specs, calibration files and nccl-tests output: text of a few KiB.
 MAX_TEXT_BYTES = 16 * 2 ** 20
 # evaluate / calibrate inputs (CSV or Parquet): about 10 million configuration rows.
 MAX_TABLE_BYTES = 2 ** 30
-
-
-def _size(n: int) -> str:
-    return f"{n / 2 ** 30:g} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:g} MiB"
 
 
 def check_input_file(path, what: str, limit: int) -> int:
@@ -47,7 +43,7 @@ def check_input_file(path, what: str, limit: int) -> int:
                          f"give the path of a {what}")
     if st.st_size > limit:
         raise InputError(str(p), "file size", f"{st.st_size:,} bytes",
-                         f"at most {limit:,} bytes ({_size(limit)}) for a {what}",
+                         f"at most {limit:,} bytes ({format_bytes(limit)}) for a {what}",
                          "check the path; split a larger input into several files")
     return st.st_size
 
@@ -70,6 +66,6 @@ def read_input_bytes(path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
         raise InputError(str(p), "file", str(p), f"an existing, readable {what}", e.strerror or str(e)) from None
     if len(data) > limit:
         raise InputError(str(p), "file size", f"more than {limit:,} bytes",
-                         f"at most {limit:,} bytes ({_size(limit)}) for a {what}",
+                         f"at most {limit:,} bytes ({format_bytes(limit)}) for a {what}",
                          "check the path; split a larger input into several files")
     return data
