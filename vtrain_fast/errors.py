@@ -80,6 +80,16 @@ def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
                       f"writing it failed: {reason}{room}; {fix}")
 
 
+def _check_parents(p, what: str) -> None:
+    """Refuse ``p`` when the nearest of its parents that exists is a file."""
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(str(p), what, str(p), "a path whose folders are folders",
+                                 f"{parent} is a file; choose another -o")
+            break
+
+
 def check_output_file(path) -> None:
     """Raise :class:`InputError` unless ``path`` can be written as a file (it is not a folder
     and its parent is not a file)."""
@@ -88,12 +98,7 @@ def check_output_file(path) -> None:
     if p.is_dir():
         raise InputError(str(p), "output file", str(p), "a file name, not a folder",
                          f"give a file inside it, e.g. {p / 'out'}")
-    for parent in p.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(str(p), "output file", str(p), "a path whose folders are folders",
-                                 f"{parent} is a file")
-            break
+    _check_parents(p, "output file")
 
 
 def check_output_folder(path) -> None:
@@ -104,12 +109,7 @@ def check_output_folder(path) -> None:
     if p.exists() and not p.is_dir():
         raise InputError(str(p), "output folder", str(p), "a folder (or a name not yet taken)",
                          f"it is a file; choose another -o, e.g. {p.with_name(p.name + '-results')}")
-    for parent in p.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(str(p), "output folder", str(p), "a path whose folders are folders",
-                                 f"{parent} is a file; choose another -o")
-            break
+    _check_parents(p, "output folder")
 
 
 def write_atomically(path, write) -> None:
