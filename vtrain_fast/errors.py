@@ -47,16 +47,17 @@ def format_bytes(n: float) -> str:
 
 def free_bytes(path) -> int | None:
     """Free bytes on the file system that holds ``path`` (its nearest existing folder), or
-    None if that cannot be told."""
+    None if that cannot be told (a pseudo file system such as /sys reports a size of 0)."""
     import shutil
     from pathlib import Path
     place = Path(path).absolute()
     while not place.exists() and place != place.parent:
         place = place.parent
     try:
-        return shutil.disk_usage(place).free
+        usage = shutil.disk_usage(place)
     except OSError:
         return None
+    return usage.free if usage.total else None     # /sys, /proc: no size to tell
 
 
 def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
