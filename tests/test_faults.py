@@ -412,3 +412,24 @@ def test_a_chunk_the_cluster_cannot_finish_is_one_message_and_a_rerun_resumes(sp
     monkeypatch.undo()
     m = engine.run_sweep(spec, out, scheduler="local:1", **CHUNKS)
     assert m["complete"] and m["num_rows"] == 1296
+
+
+def test_parts_without_a_manifest_are_not_read_and_the_message_says_why(tiny_sweep, tmp_path, cli):
+    folder = tmp_path / "orphan"
+    shutil.copytree(tiny_sweep, folder)
+    (folder / "manifest.json").unlink()
+    res = cli("pareto", folder)
+    msg = flat(res.output)
+    assert res.exit_code == 2 and "nothing vouches for the 1 part file(s)" in msg and "--overwrite" in msg, msg
+    assert "resume" not in msg
+
+
+def test_a_narrow_table_notes_only_values_every_row_shares():
+    """A note ``tp = 2`` under a table cut to its first rows must hold for the rows not shown."""
+    from vtrain_fast.report import fit_columns
+    whole = pl.DataFrame({"tp": [2, 2, 8], "pp": [4, 4, 4], "model": ["m-" + "x" * 40] * 3,
+                          "cost_usd": [1.0, 2.0, 3.0]})
+    _, notes = fit_columns(whole.head(2), 40, keep=("cost_usd",), whole=whole)
+    assert "pp = 4" in ", ".join(notes) and "tp = 2" not in ", ".join(notes), notes
+    _, notes = fit_columns(whole.head(2), 40, keep=("cost_usd",))
+    assert "tp = 2" in ", ".join(notes)            # of the rows given, without the whole frame

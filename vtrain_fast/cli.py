@@ -134,9 +134,12 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     if kept.mode == "all":        # a shard writes its slice of the rows
         _check_room_for_rows(folder, -(-n // shard_kn[1]) if shard_kn else n)
     if dry_run:
-        console.print(f"dry run: {n:,} points over {len(s.gpus)} machines "
+        console.print(f"dry run: {n:,} points over {_plural(len(s.gpus), 'machine')} "
                       f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")
         return
+    if scheduler is not None:          # a bad --scheduler fails before the progress bar
+        from .distributed import check_scheduler
+        check_scheduler(scheduler)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:
@@ -207,7 +210,7 @@ def _check_room_for_rows(folder: Path, rows: int) -> None:
                          f"at most about {free // MIN_BYTES_PER_ROW:,} rows here (at least {format_bytes(need)} "
                          f"needed, {format_bytes(free)} free)",
                          "keep fewer rows (--keep feasible, --keep frontier or --keep top:K:COL), shorten "
-                         "some axes, or split the sweep with --shard K/N over machines with room")
+                         "some axes, or write to a disk with more room (-o)")
 
 
 # Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
@@ -343,7 +346,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
             title += f"; first {top} of each group"
         top = shown.height
     from .query import BREAKDOWN_COLUMNS
-    print_frame(shown, title, top, console, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize)
+    print_frame(shown, title, top, console, whole=front, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize)
                 + (BREAKDOWN_COLUMNS if breakdown else ()))
     if shown.height < front.height:
         console.print(f"({front.height - shown.height:,} more frontier rows not shown; raise --top or "
@@ -392,7 +395,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
         c for c in ("status",) + HEADLINE_COLUMNS + (BREAKDOWN_COLUMNS if breakdown else ()) if c in df.columns]
     print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console,
-                keep=("iteration_time_s",) + (BREAKDOWN_COLUMNS if breakdown else ()))
+                keep=("iteration_time_s",) + (BREAKDOWN_COLUMNS if breakdown else ()),
+                more_hint=f"every row is in {output}")
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 
 

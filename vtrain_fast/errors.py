@@ -13,7 +13,8 @@ class InputError(ValueError):
 
     def __init__(self, where: str, key: str, value, allowed: str, fix: str = ""):
         self.where, self.key, self.value, self.allowed, self.fix = where, key, value, allowed, fix
-        msg = f"{where}: {key} = {_toml(value)} is not allowed; allowed: {allowed}"
+        msg = (f"{where}: {key} is missing; wanted: {allowed}" if value is None
+               else f"{where}: {key} = {_toml(value)} is not allowed; allowed: {allowed}")
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)

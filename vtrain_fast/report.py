@@ -51,17 +51,25 @@ DROP_ORDER = ("num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s
               "micro_batch_size", "global_batch_size", "model")
 
 
-def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.DataFrame, list[str]]:
+def fit_columns(df: pl.DataFrame, width: int, keep: tuple = (),
+                whole: pl.DataFrame | None = None) -> tuple[pl.DataFrame, list[str]]:
     """Drop columns until ``df`` fits ``width`` characters: first those with one value in every
-    shown row (returned as ``name = value`` notes for the title), then :data:`DROP_ORDER` (named
-    in a note when they differ between rows). Columns in ``keep`` always stay."""
+    row of ``whole`` (the rows ``df`` was taken from; default ``df`` itself), returned as
+    ``name = value`` notes for the title, so that a note holds for every row and not just the
+    ones shown; then :data:`DROP_ORDER` (named in a note when they differ). Columns in ``keep``
+    always stay."""
+    whole = df if whole is None else whole
+
+    def constant(c):
+        return whole[c].n_unique() == 1 and df[c].n_unique() == 1
+
     def need(frame):
         return sum(max(len(SHORT_NAMES.get(c, c)), max((len(_fmt(v)) for v in frame[c].to_list()), default=0)) + 3
                    for c in frame.columns) + 1
     notes = []
     if need(df) > width and df.height > 1:
         for c in df.columns:
-            if c not in keep and df[c].n_unique() == 1:
+            if c not in keep and constant(c):
                 notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
                 df = df.drop(c)
     hidden = []
@@ -69,7 +77,7 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.Data
         if need(df) <= width:
             break
         if c in df.columns and c not in keep:
-            if df[c].n_unique() > 1:
+            if not constant(c):
                 hidden.append(SHORT_NAMES.get(c, c))
             else:
                 notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
@@ -80,16 +88,19 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = ()) -> tuple[pl.Data
 
 
 def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, console: Console | None = None,
-                keep: tuple = ()):
-    """Print ``df`` as a rich table that fits the console (see :func:`fit_columns`)."""
+                keep: tuple = (), whole: pl.DataFrame | None = None,
+                more_hint: str = "use --top or -o FILE.parquet"):
+    """Print ``df`` (its first ``max_rows`` rows) as a rich table that fits the console (see
+    :func:`fit_columns`; ``whole``: the rows ``df`` was taken from, for the notes of values every
+    row shares; default ``df``). ``more_hint`` follows the count of rows not shown."""
     console = console or Console()
     shown = df if max_rows is None else df.head(max_rows)
-    shown, notes = fit_columns(shown, console.width, keep)
+    shown, notes = fit_columns(shown, console.width, keep, df if whole is None else whole)
     if notes:
         title += "\n" + ", ".join(notes)
     console.print(frame_table(shown, title, keep=keep), soft_wrap=False)   # a table fits the width
     if max_rows is not None and df.height > max_rows:
-        console.print(f"({df.height - max_rows:,} more rows not shown; use --top or -o FILE.parquet)")
+        console.print(f"({df.height - max_rows:,} more rows not shown; {more_hint})")
 
 
 PLOT_SUFFIXES = ("png", "svg", "pdf")

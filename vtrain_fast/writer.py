@@ -413,6 +413,11 @@ def read_manifest(folder: str | Path) -> dict:
             raise InputError(str(folder), MANIFEST, None, "a merged sweep",
                              f"the folder holds shards of a sweep; run `vtrain-fast merge {folder}` "
                              "once all shards have finished")
+        parts = sorted(p.name for p in folder.glob("part-*.parquet"))
+        if parts:
+            raise InputError(str(folder), MANIFEST, None, "the manifest that vouches for the part files",
+                             f"it is gone, so nothing vouches for the {len(parts)} part file(s) here "
+                             f"({parts[0]}, ...): they are not read; rerun the sweep with --overwrite")
         if is_empty_of_results(folder):
             raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
                              "it holds no vtrain-fast results (no manifest.json, no part files); give the "
@@ -445,9 +450,10 @@ def check_files(folder: Path, records, fix: str) -> None:
     bad = [(r["name"], prob) for r in records if (prob := file_problem(folder, r))]
     if bad:
         name, prob = bad[0]
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        others = "; ".join(f"{n} is {p}" for n, p in bad[1:6]) + (f"; {len(bad) - 6} more" if len(bad) > 6 else "")
         raise InputError(str(Path(folder) / name), "part file", name,
-                         "the file as the manifest recorded it (its size and SHA-256)", f"it is {prob}{more}; {fix}")
+                         "the file as the manifest recorded it (its size and SHA-256)",
+                         f"it is {prob}" + (f"; also {others}" if others else "") + f"; {fix}")
 
 
 def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]:
