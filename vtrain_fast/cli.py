@@ -97,10 +97,12 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     from .errors import check_output_folder
     check_output_folder(folder)
     if not overwrite and not dry_run and shard is None and (folder / "manifest.json").is_file():
-        from .writer import folder_problems, read_json
+        from .writer import check_manifest, folder_problems, read_json
         try:
             done = read_json(folder / "manifest.json")
-        except (OSError, ValueError):
+            if done.get("complete"):
+                check_manifest(done, folder / "manifest.json")
+        except (OSError, ValueError):      # the run refuses it with the reason
             done = {}
         # a finished folder whose files fail their check goes on: the run rebuilds them
         if done.get("complete") and not folder_problems(folder, done):

@@ -48,7 +48,7 @@ from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, sett
 from .query import resolve_objectives
 from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
 from .writer import (MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
-                     candidate_name, check_files, clear_folder, file_problem, part_name, read_json,
+                     candidate_name, check_files, check_manifest, clear_folder, file_problem, part_name, read_json,
                      rebuild_fix, remove_leftovers, shard_manifest_name, storage_schema, write_json_atomic)
 
 _STATUS_DICT = pa.array(STATUS_LABELS, pa.string())
@@ -794,9 +794,7 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                              "the same spec, calibration, --keep and chunking as the interrupted run",
                              "the folder holds a different sweep; pass --overwrite to replace it, "
                              "or choose another -o")
-        if old.get("format", 1) < MANIFEST_FORMAT or not isinstance(old.get("chunks"), dict):
-            raise InputError(str(path), "format", old.get("format", 1), f"{MANIFEST_FORMAT}",
-                             "the folder was written by an older vtrain_fast; rerun with --overwrite")
+        check_manifest(old, path, whole=shard is None)
         damaged = _damaged_chunks(folder, old, chunks)
         chunk_files = {n for _, n, _ in damaged}
         final = ([(n, prob) for n, prob in _final_problems(folder, old) if n not in chunk_files]
@@ -1114,6 +1112,8 @@ def merge_shards(folder: str | Path) -> dict:
                              f"all {n} shards, finished",
                              f"missing: {missing or 'none'}; unfinished: {unfinished or 'none'}; "
                              "run (or rerun, to resume) those shards, then merge again")
+        for (k, n_), m in found.items():
+            check_manifest(m, folder / shard_manifest_name((k, n_)), whole=False)
         keys = {m["sweep_key"] for m in found.values()}
         if len(keys) != 1:
             raise InputError(str(folder), "shards", "different sweeps", "shards of one sweep",

@@ -51,12 +51,12 @@ def free_bytes(path) -> int | None:
     None if that cannot be told (a pseudo file system such as /sys reports a size of 0)."""
     import shutil
     from pathlib import Path
-    place = Path(path).absolute()
-    while not place.exists() and place != place.parent:
-        place = place.parent
     try:
+        place = Path(path).absolute()
+        while not place.exists() and place != place.parent:
+            place = place.parent
         usage = shutil.disk_usage(place)
-    except OSError:
+    except (OSError, ValueError):
         return None
     return usage.free if usage.total else None     # /sys, /proc: no size to tell
 
@@ -82,8 +82,18 @@ def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
                       f"writing it failed: {reason}{room}; {fix}")
 
 
+# Longest name of one file or folder most file systems allow, in bytes (NAME_MAX).
+MAX_NAME_BYTES = 255
+
+
 def _check_parents(p, what: str) -> None:
-    """Refuse ``p`` when the nearest of its parents that exists is a file."""
+    """Refuse ``p`` when one of its names is longer than the file system allows, or the
+    nearest of its parents that exists is a file."""
+    for part in p.parts:
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            raise InputError(str(p)[:80] + "...", what, part[:40] + "...",
+                             f"names of at most {MAX_NAME_BYTES} bytes per file or folder",
+                             "choose a shorter name")
     for parent in p.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -95,12 +105,20 @@ def _check_parents(p, what: str) -> None:
 def check_output_file(path) -> None:
     """Raise :class:`InputError` unless ``path`` can be written as a file (it is not a folder
     and its parent is not a file)."""
+    import re
     from pathlib import Path
     p = Path(path)
+    _check_parents(p, "output file")
     if p.is_dir():
         raise InputError(str(p), "output file", str(p), "a file name, not a folder",
                          f"give a file inside it, e.g. {p / 'out'}")
-    _check_parents(p, "output file")
+    # a results folder's own files (manifests, parts, candidates) are the sweep's alone
+    folder = p.parent.parent if p.parent.name == "reduce" else p.parent
+    if (re.match(r"^(manifest(-shard-\d+-of-\d+)?\.json|part-\d+\.parquet|c-\d+\.parquet)$", p.name)
+            and any(folder.glob("manifest*.json"))):
+        raise InputError(str(p), "output file", str(p), "a file that is not part of a results folder",
+                         f"{p.name} belongs to the results folder {folder}; choose another name, e.g. "
+                         f"{folder / ('my-' + p.name)}")
 
 
 def check_output_folder(path) -> None:
@@ -108,10 +126,10 @@ def check_output_folder(path) -> None:
     yet, with no file among its parents."""
     from pathlib import Path
     p = Path(path)
+    _check_parents(p, "output folder")
     if p.exists() and not p.is_dir():
         raise InputError(str(p), "output folder", str(p), "a folder (or a name not yet taken)",
                          f"it is a file; choose another -o, e.g. {p.with_name(p.name + '-results')}")
-    _check_parents(p, "output folder")
 
 
 def write_atomically(path, write) -> None:

@@ -370,10 +370,10 @@ def check_table_path(path: str | Path, option: str = "-o") -> None:
     InputError
         Naming the option, the path and the allowed suffixes.
     """
+    check_output_file(path)
     if Path(path).is_dir():
         raise InputError("command line", option, str(path), "a file name, not a folder",
                          f"e.g. -o {Path(path) / 'results.parquet'}")
-    check_output_file(path)
     if Path(path).suffix.lower() not in TABLE_SUFFIXES:
         raise InputError("command line", option, str(path), "a file name ending in " + ", ".join(TABLE_SUFFIXES),
                          "e.g. -o results.parquet (Parquet) or -o results.csv (CSV)")

@@ -39,7 +39,7 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .errors import InputError
+from .errors import MAX_NAME_BYTES, InputError
 from .inputs import MAX_TEXT_BYTES, read_input_bytes
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        get_preset, with_overrides)
@@ -440,8 +440,6 @@ def _description(where, value) -> str:
     return value
 
 
-# Longest file name (one path component) most file systems allow, in bytes (NAME_MAX).
-MAX_NAME_BYTES = 255
 
 
 def check_reserved(preset, reserved_GiB, where: str, key: str) -> None:

@@ -390,6 +390,92 @@ def is_empty_of_results(folder: Path) -> bool:
     return not any(is_sweep_file(p.name) for p in folder.iterdir())
 
 
+_FILE_NAME_RE = re.compile(r"^(part-\d{6}\.parquet|reduce/c-\d{6}\.parquet)$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _record_problem(record) -> str | None:
+    """What makes ``record`` not a file record this package writes, or None."""
+    if not isinstance(record, dict):
+        return "a file record that is not a table"
+    name = record.get("name")
+    if not isinstance(name, str) or not _FILE_NAME_RE.match(name):
+        return f"a file name {name!r} that is not a part (part-NNNNNN.parquet) or candidate file of the folder"
+    if not _count(record.get("rows")) or not _count(record.get("bytes")):
+        return f"{name}: rows and bytes that are not whole numbers >= 0"
+    if not isinstance(record.get("sha256"), str) or not _SHA256_RE.match(record["sha256"]):
+        return f"{name}: no SHA-256"
+    return None
+
+
+def check_manifest(manifest: dict, path: str | Path, whole: bool = True) -> None:
+    """Refuse a manifest whose structure this package could not have written (hand-edited or
+    damaged): the format, the plan, every chunk entry (its number inside the plan, its points
+    as the plan gives them, counts, and a file record whose rows are the chunk's) and, when
+    complete, the parts (each once, each recorded, rows adding up to ``num_rows``) and, for a
+    ``whole`` sweep (not one shard's manifest), every chunk of the plan.
+
+    Raises
+    ------
+    InputError
+        Naming the manifest, the field and the fix (rerun the sweep with --overwrite).
+    """
+    fix = "the manifest was edited or damaged; rerun the sweep with --overwrite"
+
+    def bad(field, value, allowed):
+        raise InputError(str(path), field, value, allowed, fix)
+
+    fmt = manifest.get("format", 1)
+    if not _count(fmt):
+        bad("format", fmt, "a whole number")
+    if fmt < MANIFEST_FORMAT:
+        raise InputError(str(path), "format", fmt, f"{MANIFEST_FORMAT} (a manifest that records each file's size and "
+                         "checksum)", "the folder was written by an older vtrain_fast; rerun the sweep with --overwrite")
+    plan = manifest.get("plan")
+    if (not isinstance(plan, dict) or not all(_count(plan.get(k)) for k in ("num_points", "chunk_points", "num_chunks"))
+            or not plan["chunk_points"]):
+        bad("plan", plan, "the plan a sweep records (num_points, chunk_points, num_chunks)")
+    chunks = manifest.get("chunks")
+    if not isinstance(chunks, dict):
+        bad("chunks", type(chunks).__name__, "a table of finished chunks")
+    for key, info in chunks.items():
+        if not key.isdigit() or int(key) >= plan["num_chunks"]:
+            bad("chunks", key, f"chunk numbers 0 to {plan['num_chunks'] - 1}")
+        c = int(key)
+        points = min(plan["chunk_points"], plan["num_points"] - c * plan["chunk_points"])
+        if not isinstance(info, dict) or info.get("chunk") != c or info.get("points") != points:
+            bad(f"chunks.{key}", "an entry of another chunk or size", f"chunk {c} with its {points:,} points")
+        counts = info.get("status_counts")
+        if (not _count(info.get("rows")) or not _count(info.get("pruned")) or not isinstance(counts, list)
+                or not all(_count(n) for n in counts) or sum(counts) + info["pruned"] > points):
+            bad(f"chunks.{key}", "counts", f"whole numbers >= 0, at most the chunk's {points:,} points")
+        rec = info.get("file")
+        name = info.get("part") or info.get("candidates")
+        if rec is None:
+            if name is not None or info["rows"]:
+                bad(f"chunks.{key}.file", None, "the record of the chunk's file")
+            continue
+        why = _record_problem(rec)
+        if why or rec["name"] != name or rec["rows"] != info["rows"]:
+            bad(f"chunks.{key}.file", rec.get("name") if isinstance(rec, dict) else rec,
+                why or "the record of the chunk's own file, with the chunk's rows")
+    if manifest.get("complete") and whole:
+        if len(chunks) != plan["num_chunks"]:
+            bad("chunks", f"{len(chunks):,} chunks", f"all {plan['num_chunks']:,} chunks of the plan")
+        files, parts = manifest.get("files"), manifest.get("parts")
+        if not isinstance(files, dict) or not all(not _record_problem(r) and r["name"] == n for n, r in files.items()):
+            bad("files", type(files).__name__, "a record (name, rows, bytes, SHA-256) for each part file")
+        if (not isinstance(parts, list) or not parts or len(set(map(str, parts))) != len(parts)
+                or not all(isinstance(n, str) and n in files for n in parts)):
+            bad("parts", parts, "part files, each once, each with its record under files")
+        if manifest.get("num_rows") != sum(files[n]["rows"] for n in parts):
+            bad("num_rows", manifest.get("num_rows"), "the rows of the part files added up")
+
+
 def read_manifest(folder: str | Path) -> dict:
     """Return the manifest of a finished results folder (not checking its files: see
     :func:`result_paths`).
@@ -426,10 +512,11 @@ def read_manifest(folder: str | Path) -> dict:
                          "the sweep was interrupted or is still running; rerun the same command to "
                          "resume it, or rerun it with --overwrite")
     manifest = read_json(path)
-    if not manifest.get("complete"):
+    if manifest.get("complete") is not True:
         raise InputError(str(path), "complete", manifest.get("complete"), "true",
                          "the sweep was interrupted or is still running; rerun the same command to "
                          "resume it, or rerun it with --overwrite")
+    check_manifest(manifest, path)
     return manifest
 
 
@@ -466,7 +553,7 @@ def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]
     return [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r))]
 
 
-def result_paths(folder: str | Path, manifest: dict | None = None) -> list[Path]:
+def result_paths(folder: str | Path) -> list[Path]:
     """The files of a finished results folder, as its manifest lists them, each checked
     (:func:`file_problem`): the only files readers read.
 
@@ -477,17 +564,8 @@ def result_paths(folder: str | Path, manifest: dict | None = None) -> list[Path]
         file that is missing, truncated or damaged, naming it and how to rebuild it.
     """
     folder = Path(folder)
-    manifest = manifest or read_manifest(folder)
-    files = manifest.get("files")
-    if manifest.get("format", 1) < MANIFEST_FORMAT or not isinstance(files, dict):
-        raise InputError(str(folder / MANIFEST), "format", manifest.get("format", 1),
-                         f"{MANIFEST_FORMAT} (a manifest that records each file's size and checksum)",
-                         "the folder was written by an older vtrain_fast; rerun the sweep with --overwrite")
-    parts = manifest.get("parts")
-    if not isinstance(parts, list) or not parts or not all(isinstance(n, str) and isinstance(files.get(n), dict)
-                                                          for n in parts):
-        raise InputError(str(folder / MANIFEST), "parts", parts, "part files, each with its record under files",
-                         "the manifest was edited or damaged; rerun the sweep with --overwrite")
+    manifest = read_manifest(folder)          # checked: check_manifest
+    files, parts = manifest["files"], manifest["parts"]
     records = [files[name] for name in parts]
     check_files(folder, records, rebuild_fix(manifest, folder))
     return [folder / r["name"] for r in records]
