@@ -433,3 +433,49 @@ def test_a_narrow_table_notes_only_values_every_row_shares():
     assert "pp = 4" in ", ".join(notes) and "tp = 2" not in ", ".join(notes), notes
     _, notes = fit_columns(whole.head(2), 40, keep=("cost_usd",))
     assert "tp = 2" in ", ".join(notes)            # of the rows given, without the whole frame
+
+
+def _small_disk(monkeypatch, folder: Path, capacity: int) -> None:
+    """``shutil.disk_usage`` of a disk of ``capacity`` bytes that holds only ``folder``'s files."""
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+
+    def disk_usage(path):
+        used = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+        return usage(capacity, used, max(capacity - used, 0))
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+
+
+def test_a_resume_needs_room_only_for_the_chunks_still_to_do(spec_path, tmp_path, monkeypatch):
+    out = tmp_path / "resume-room"
+    spec = load_spec(spec_path)
+    _failing_writes(monkeypatch, after=6)            # 3 of 6 chunks (2 row groups each) written
+    with pytest.raises(InputError):
+        engine.run_sweep(spec, out, writer_threads=1, **CHUNKS)
+    monkeypatch.undo()
+    done = len(_manifest(out)["chunks"])
+    assert 0 < done < 6
+    used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    still = 1296 - sum(i["points"] for i in _manifest(out)["chunks"].values())
+    # room for the missing rows (10 bytes each), not for all 1,296
+    _small_disk(monkeypatch, out, used + still * engine.MIN_BYTES_PER_ROW + 2_000)
+    assert 1296 * engine.MIN_BYTES_PER_ROW > still * engine.MIN_BYTES_PER_ROW + 2_000
+    m = engine.run_sweep(spec, out, writer_threads=1, **CHUNKS)
+    assert m["complete"] and m["num_rows"] == 1296
+
+
+def test_overwrite_counts_the_room_its_old_files_free(spec_path, tmp_path, cli, monkeypatch):
+    out = tmp_path / "ow"
+    assert cli("sweep", spec_path, "-o", out).exit_code == 0
+    used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    _small_disk(monkeypatch, out, used + 5_000)        # less than 12,960 bytes free until the old rows go
+    res = cli("sweep", spec_path, "-o", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    # a spec 30 times larger does not fit even in the room the old rows free: refused, naming the sizes
+    bigger = spec_path.with_name("bigger.toml")
+    bigger.write_text(TINY_SPEC.replace("num_tokens = [1e9]", "num_tokens = [" + ", ".join(
+        f"{k}e9" for k in range(1, 31)) + "]"))
+    before = _stamps(out)
+    res = cli("sweep", bigger, "-o", out, "--overwrite")
+    assert res.exit_code == 2 and "(at least 380 KiB needed, " in flat(res.output), res.output
+    assert _stamps(out) == before and _manifest(out)["complete"]     # refused before deleting anything

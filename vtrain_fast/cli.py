@@ -133,8 +133,11 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
                       "expect more optimism here; see README 'What the model does not cover'",
                       style="yellow", markup=False)
-    if kept.mode == "all":        # a shard writes its slice of the rows
-        _check_room_for_rows(folder, -(-n // shard_kn[1]) if shard_kn else n)
+    if kept.mode == "all" and (dry_run or not folder.exists()):
+        # a new sweep is refused before any work (a shard writes its slice of the rows); a resumed or
+        # overwritten one is checked by the run for the chunks still to do, once old files are gone
+        from .engine import check_room_for_rows
+        check_room_for_rows(folder, -(-n // shard_kn[1]) if shard_kn else n)
     if dry_run:
         console.print(f"dry run: {n:,} points over {_plural(len(s.gpus), 'machine')} "
                       f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")
@@ -189,30 +192,6 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
             from .query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
         pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [], False)
-
-
-# Parquet bytes per kept row, a lower bound: `make bench` measures about 15 on the default sweep.
-MIN_BYTES_PER_ROW = 10
-
-
-def _check_room_for_rows(folder: Path, rows: int) -> None:
-    """Refuse a ``--keep all`` sweep whose rows cannot fit on the disk of ``folder`` (at
-    :data:`MIN_BYTES_PER_ROW` each), before any work.
-
-    Raises
-    ------
-    InputError
-        Naming the rows, the bytes needed and free, and the fix.
-    """
-    from .errors import format_bytes, free_bytes
-    free = free_bytes(folder)
-    need = rows * MIN_BYTES_PER_ROW
-    if free is not None and need > free:
-        raise InputError(str(folder), "--keep all", f"{rows:,} rows",
-                         f"at most about {free // MIN_BYTES_PER_ROW:,} rows here (at least {format_bytes(need)} "
-                         f"needed, {format_bytes(free)} free)",
-                         "keep fewer rows (--keep feasible, --keep frontier or --keep top:K:COL), shorten "
-                         "some axes, or write to a disk with more room (-o)")
 
 
 # Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
@@ -307,9 +286,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     minimize = resolve_objectives("command line", minimize)
     by = resolve_groups("command line", by)
     where_filter("command line", where)     # malformed conditions fail before any work
-    if top < 1:
-        raise InputError("command line", "--top", top, "a whole number >= 1",
-                         "rows to print (per group with --by), e.g. --top 20")
+    if not 1 <= top <= 10**9:
+        raise InputError("command line", "--top", top, "a whole number from 1 to 1,000,000,000",
+                         "rows to print (per group with --by), e.g. --top 20; write every row with -o FILE.parquet")
     if output:
         check_table_path(output)
     if plot:

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .errors import InputError, check_output_folder
+from .errors import InputError, check_output_folder, format_bytes, free_bytes
 from .grid import Grid, build_grid, check_index_space, pruning_table
 from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
@@ -48,7 +48,7 @@ from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, sett
 from .query import resolve_objectives
 from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
 from .writer import (MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
-                     candidate_name, check_files, check_manifest, clear_folder, file_problem, part_name, read_json,
+                     candidate_name, check_files, check_manifest, clear_folder, file_problem, is_sweep_file, part_name, read_json,
                      rebuild_fix, remove_leftovers, shard_manifest_name, storage_schema, write_json_atomic)
 
 _STATUS_DICT = pa.array(STATUS_LABELS, pa.string())
@@ -712,6 +712,13 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
     }
 
 
+def _tree_bytes(path: Path) -> int:
+    """Bytes of the file at ``path``, or of every file under the folder ``path``; 0 if absent."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
 def _chunk_files(folder: Path, chunks) -> list[Path]:
     out = []
     for c in chunks:
@@ -906,6 +913,33 @@ def finalize(folder: Path, state: dict, keep: Keep) -> dict:
     return manifest
 
 
+# Parquet bytes per kept row, a lower bound: `make bench` measures about 15 on the default sweep.
+MIN_BYTES_PER_ROW = 10
+
+
+def check_room_for_rows(folder: Path, rows: int, reclaimable: int = 0) -> None:
+    """Refuse a ``--keep all`` sweep whose rows cannot fit on the disk of ``folder`` (at
+    :data:`MIN_BYTES_PER_ROW` each), before any work: a new sweep's rows, or those of the chunks
+    a resumed run still has to write; ``reclaimable`` bytes of old files that ``--overwrite``
+    deletes count as free (checked before they are deleted, so a refusal loses nothing).
+
+    Raises
+    ------
+    InputError
+        Naming the rows, the bytes needed and free, and the fix.
+    """
+    free = free_bytes(folder)
+    free = None if free is None else free + reclaimable    # reclaimable: old files --overwrite deletes
+    need = rows * MIN_BYTES_PER_ROW
+    if free is not None and need > free:
+        raise InputError(str(folder), "--keep all", f"{rows:,} rows",
+                         f"at most about {free // MIN_BYTES_PER_ROW:,} rows here (at least {format_bytes(need)} "
+                         f"needed, {format_bytes(free)} free)",
+                         "keep fewer rows (--keep feasible, --keep frontier or --keep top:K:COL), shorten "
+                         "some axes, or write to a disk with more room (-o)")
+
+
+
 # ------------------------------------------------------------------------------------ the sweep
 def _parse_shard(shard) -> tuple[int, int] | None:
     if shard is None:
@@ -993,6 +1027,11 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     try:
         with FolderLock(folder, shard) as folder_lock:
+            if keep.mode == "all" and overwrite:
+                old = ([p for p in folder.iterdir() if is_sweep_file(p.name)] if shard is None
+                       else [folder / shard_manifest_name(shard)] + _chunk_files(folder, chunks))
+                check_room_for_rows(folder, sum(plan.chunk(c)[1] for c in chunks),
+                                    sum(_tree_bytes(p) for p in old))
             with folder_lock.opening():
                 state = _open_run(folder, header, shard, chunks, overwrite, on_note)
             mpath = folder / shard_manifest_name(shard)
@@ -1004,6 +1043,8 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
                     write_json_atomic(mpath, state)
 
             todo = [c for c in chunks if str(c) not in state["chunks"]]
+            if keep.mode == "all" and not overwrite:
+                check_room_for_rows(folder, sum(plan.chunk(c)[1] for c in todo))
             if on_progress:
                 done = sum(plan.chunk(c)[1] for c in chunks if str(c) in state["chunks"])
                 if done:
@@ -1056,6 +1097,7 @@ def _run_local(ev: ChunkEvaluator, folder: Path, todo: list[int], record, on_pro
             sink.record_finished(record)    # chunks whose files were completed are kept
         except Exception:                   # (a full disk may refuse the manifest too)
             pass
+        remove_leftovers(folder, todo)      # the other lanes' unfinished files of this run
         raise
     sink.close(wait=True)
     sink.drain(record)

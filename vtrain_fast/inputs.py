@@ -33,7 +33,8 @@ def check_input_file(path, what: str, limit: int) -> int:
         st = os.stat(p)
     except (OSError, ValueError) as e:      # ValueError: a NUL byte in the path
         reason = getattr(e, "strerror", None) or str(e)
-        raise InputError(str(p), "file", str(p), f"an existing, readable {what}", reason) from None
+        raise InputError(str(p), "file", str(p), f"an existing, readable {what}",
+                         f"it cannot be opened ({reason}); check the path") from None
     if not stat.S_ISREG(st.st_mode):
         m = st.st_mode
         kind = ("a folder" if stat.S_ISDIR(m) else "a device" if stat.S_ISCHR(m) or stat.S_ISBLK(m)
