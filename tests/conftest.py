@@ -73,10 +73,17 @@ def vouch_for_files(folder: Path) -> None:
     and need the folder to stay trusted."""
     import json
 
-    from vtrain_fast.writer import file_record
+    import pyarrow.parquet as pq
+
+    from vtrain_fast.writer import FINAL, ORIGIN_KEY, file_record
     path = Path(folder) / "manifest.json"
     manifest = json.loads(path.read_text())
-    import pyarrow.parquet as pq
+    for n in manifest["parts"]:       # the writer's stamp (sweep, chunk), as PartWriter writes it
+        table = pq.read_table(Path(folder) / n)
+        chunk = FINAL if manifest["keep"] != "all" else int(n[5:11])
+        stamp = json.dumps({"sweep_key": manifest["sweep_key"], "chunk": chunk}).encode()
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), ORIGIN_KEY: stamp}),
+                       Path(folder) / n)
     manifest["files"] = {n: file_record(Path(folder) / n, pq.ParquetFile(Path(folder) / n).metadata.num_rows)
                          for n in manifest["parts"]}
     path.write_text(json.dumps(manifest))

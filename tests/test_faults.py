@@ -479,3 +479,50 @@ def test_overwrite_counts_the_room_its_old_files_free(spec_path, tmp_path, cli, 
     res = cli("sweep", bigger, "-o", out, "--overwrite")
     assert res.exit_code == 2 and "(at least 380 KiB needed, " in flat(res.output), res.output
     assert _stamps(out) == before and _manifest(out)["complete"]     # refused before deleting anything
+
+
+@pytest.mark.parametrize("source", ["another sweep", "another chunk"])
+def test_a_part_with_a_forged_record_is_still_refused(chunked, tiny_sweep, source):
+    """A part copied in and its record in the manifest rewritten to match (size, checksum):
+    the file's own metadata names the sweep and chunk that wrote it."""
+    from vtrain_fast.writer import file_record
+    victim = chunked / "part-000001.parquet"
+    src = (tiny_sweep / "part-000000.parquet") if source == "another sweep" else (chunked / "part-000004.parquet")
+    shutil.copyfile(src, victim)
+    m = _manifest(chunked)
+    rec = file_record(victim, pq.ParquetFile(victim).metadata.num_rows)
+    m["files"][victim.name] = rec
+    m["chunks"]["1"]["file"] = rec
+    m["chunks"]["1"]["rows"] = rec["rows"]
+    m["num_rows"] = sum(r["rows"] for r in m["files"].values())
+    (chunked / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(InputError) as e:
+        pareto(chunked, OBJECTIVES)
+    assert "part-000001.parquet" in flat(e.value) and "another sweep or chunk" in flat(e.value), flat(e.value)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m["files"]["part-000000.parquet"].update(name="../other/part-000000.parquet"), "files"),
+    (lambda m: m["files"]["part-000000.parquet"].update(bytes="123"), "files"),
+    (lambda m: m["files"]["part-000000.parquet"].pop("sha256"), "files"),
+    (lambda m: m.update(parts=m["parts"] * 2), "parts"),
+    (lambda m: m.update(format="2"), "format"),
+    (lambda m: m.update(format=None), "format"),
+    (lambda m: m.update(num_rows=999_999), "num_rows"),
+    (lambda m: m["chunks"].update({"x": m["chunks"]["0"]}), "chunks"),
+    (lambda m: m["chunks"].update({"7": m["chunks"]["0"]}), "chunks"),
+    (lambda m: m["chunks"]["0"].update(status_counts="x"), "chunks.0"),
+    (lambda m: m["chunks"]["0"].update(file=None), "chunks.0.file"),
+])
+def test_a_manifest_edited_by_hand_is_refused_by_readers_and_the_resume(chunked, spec_path, edit, field):
+    m = _manifest(chunked)
+    edit(m)
+    (chunked / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(InputError) as e:
+        pareto(chunked, OBJECTIVES)
+    assert f"{field} " in flat(e.value) and "--overwrite" in flat(e.value), flat(e.value)
+    m["complete"] = False                      # as an interrupted run's manifest
+    (chunked / "manifest.json").write_text(json.dumps(m))
+    if field not in ("files", "parts", "num_rows"):       # fields a finished manifest adds
+        with pytest.raises(InputError, match="--overwrite"):
+            engine.run_sweep(load_spec(spec_path), chunked, **CHUNKS)

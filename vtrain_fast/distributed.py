@@ -37,7 +37,7 @@ def _evaluator(key: str, grid, keep, plan, prune: bool):
     ev = cache.get(key)
     if ev is None:
         cache.clear()
-        ev = cache[key] = ChunkEvaluator(grid, keep, plan, prune)
+        ev = cache[key] = ChunkEvaluator(grid, keep, plan, prune, key)
     return ev
 
 

@@ -47,7 +47,7 @@ from .kernels.params import HW_FIELDS
 from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, setting_values
 from .query import resolve_objectives
 from .spec import RECOMPUTE_VALUES, SweepSpec, variant_label
-from .writer import (MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
+from .writer import (FINAL, MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
                      candidate_name, check_files, check_manifest, clear_folder, file_problem, is_sweep_file, part_name, read_json,
                      rebuild_fix, remove_leftovers, shard_manifest_name, storage_schema, write_json_atomic)
 
@@ -395,8 +395,9 @@ class ChunkEvaluator:
     """Everything needed to evaluate chunks of one sweep: the grid, the keep mode, the plan,
     the pruning table and reusable buffers. One per process (Dask workers build their own)."""
 
-    def __init__(self, grid: Grid, keep: Keep, plan: Plan, prune: bool = True):
+    def __init__(self, grid: Grid, keep: Keep, plan: Plan, prune: bool = True, key: str = ""):
         self.grid, self.keep, self.plan = grid, keep, plan
+        self.key = key          # the sweep key, written into every file (writer.ORIGIN_KEY)
         self.prefix_ok = pruning_table(grid) if (prune and keep.mode != "all") else np.zeros(0, np.uint8)
         self.obj_src, self.obj_col, self.obj_sign = keep.objective_arrays()
         self.arrow = _ArrowBuilder(grid)
@@ -608,7 +609,7 @@ def run_chunk(ev: ChunkEvaluator, folder: Path, chunk: int, sink, record: Callab
         return release
 
     if keep.mode in ("all", "feasible"):
-        writer = PartWriter(folder, part_name(chunk), STORAGE_SCHEMA, DICTIONARY_COLUMNS)
+        writer = PartWriter(folder, part_name(chunk), STORAGE_SCHEMA, DICTIONARY_COLUMNS, origin=(ev.key, chunk))
         for s, m in plan.batches(chunk):
             b = take()
             if keep.mode == "all":
@@ -656,7 +657,7 @@ def run_chunk(ev: ChunkEvaluator, folder: Path, chunk: int, sink, record: Callab
     order = np.argsort(c_idx, kind="stable")
     c_idx = np.ascontiguousarray(c_idx[order])
     name = candidate_name(chunk)
-    w = PartWriter(folder, name, CANDIDATE_SCHEMA, DICTIONARY_COLUMNS)
+    w = PartWriter(folder, name, CANDIDATE_SCHEMA, DICTIONARY_COLUMNS, origin=(ev.key, chunk))
     if c_idx.size:
         b = ev.take_rows(c_idx.size)
         try:
@@ -745,7 +746,7 @@ def _damaged_chunks(folder: Path, state: dict, chunks: range) -> list[tuple[int,
     for c in chunks:
         info = state["chunks"].get(str(c))
         if info and info.get("file"):
-            prob = file_problem(folder, info["file"])
+            prob = file_problem(folder, info["file"], state["sweep_key"])
             if prob:
                 bad.append((c, info["file"]["name"], prob))
     return bad
@@ -754,7 +755,8 @@ def _damaged_chunks(folder: Path, state: dict, chunks: range) -> list[tuple[int,
 def _final_problems(folder: Path, state: dict) -> list[tuple[str, str]]:
     """``(name, problem)`` of the files a finished manifest lists that fail their check."""
     files = state.get("files") or {}
-    return [(n, prob) for n in state.get("parts") or [] if n in files and (prob := file_problem(folder, files[n]))]
+    return [(n, prob) for n in state.get("parts") or []
+            if n in files and (prob := file_problem(folder, files[n], state["sweep_key"]))]
 
 
 # Keys a finished manifest adds to the run's state (:func:`finalize`); dropped when a damaged
@@ -874,7 +876,7 @@ def finalize(folder: Path, state: dict, keep: Keep) -> dict:
     """
     chunks = state["chunks"]
     counts, rows, pruned = _totals(chunks)
-    check_files(folder, chunk_records(chunks), rebuild_fix(state, folder))
+    check_files(folder, chunk_records(chunks), rebuild_fix(state, folder), state["sweep_key"])
     if keep.reduces:
         tables = [pq.read_table(folder / info["candidates"]) for _, info in sorted(
             chunks.items(), key=lambda kv: int(kv[0])) if info.get("rows")]
@@ -887,14 +889,14 @@ def finalize(folder: Path, state: dict, keep: Keep) -> dict:
             else np.empty((0, len(keep.objectives)))
         pos = reduce_candidates(keep, vals, idx)
         result = table.take(pa.array(pos, pa.int64())).drop_columns([INDEX_COLUMN])
-        w = PartWriter(folder, part_name(0), STORAGE_SCHEMA, DICTIONARY_COLUMNS)
+        w = PartWriter(folder, part_name(0), STORAGE_SCHEMA, DICTIONARY_COLUMNS, origin=(state["sweep_key"], FINAL))
         w.write(result.cast(STORAGE_SCHEMA))
         records = [w.close()]
         rows = result.num_rows
     else:
         records = sorted((info["file"] for info in chunks.values() if info.get("part")), key=lambda r: r["name"])
         if not records:           # nothing feasible: an empty part keeps scans working
-            w = PartWriter(folder, part_name(0), STORAGE_SCHEMA)
+            w = PartWriter(folder, part_name(0), STORAGE_SCHEMA, origin=(state["sweep_key"], FINAL))
             w.write(STORAGE_SCHEMA.empty_table())
             records = [w.close()]
     remove_leftovers(folder)     # temporary files of failed attempts (e.g. a lost Dask worker)
@@ -1056,7 +1058,7 @@ def run_sweep(spec: SweepSpec, folder: str | Path, overwrite: bool = False,
                     run_chunks_dask(scheduler, grid, keep, plan, folder, todo, record, on_progress,
                                     threads=threads, prune=prune, key=header["sweep_key"])
                 else:
-                    _run_local(ChunkEvaluator(grid, keep, plan, prune), folder, todo, record,
+                    _run_local(ChunkEvaluator(grid, keep, plan, prune, header["sweep_key"]), folder, todo, record,
                                on_progress, lanes)
             finally:
                 with lock:

@@ -239,6 +239,30 @@ def file_record(path: Path, rows: int) -> dict:
     return {"name": path.name, "rows": int(rows), "bytes": path.stat().st_size, "sha256": sha256_of(path)}
 
 
+# Key of the Parquet file metadata that says which sweep and chunk wrote a file:
+# ``{"sweep_key": ..., "chunk": c}`` (``"final"``: a frontier / top result or an empty folder's
+# placeholder, written when the sweep finishes). Readers refuse a file of another sweep or of
+# another chunk, also when its size and checksum are recorded (a hand-edited manifest).
+ORIGIN_KEY = b"vtrain_fast.origin"
+FINAL = "final"
+
+
+def _expected_chunk(name: str):
+    """The chunk a file of this name holds (``part-000003.parquet`` -> 3; ``part-000000`` may
+    also be :data:`FINAL`)."""
+    return int(re.search(r"(\d+)\.parquet$", name).group(1))
+
+
+def read_origin(path: Path) -> dict | None:
+    """The ``{"sweep_key", "chunk"}`` a file records of its writer (:data:`ORIGIN_KEY`), or
+    None when it records none or cannot be read as Parquet."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta[ORIGIN_KEY]) if ORIGIN_KEY in meta else None
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
 class PartWriter:
     """Write record batches as row groups of one Parquet file, ``folder/name``.
 
@@ -253,8 +277,12 @@ class PartWriter:
     """
 
     def __init__(self, folder: Path, name: str, schema: pa.Schema,
-                 dictionary_columns: list[str] | None = None):
+                 dictionary_columns: list[str] | None = None, origin: tuple | None = None):
         self.path = Path(folder) / name
+        if origin is not None:      # (sweep key, chunk or FINAL): see ORIGIN_KEY
+            meta = {**(schema.metadata or {}),
+                    ORIGIN_KEY: json.dumps({"sweep_key": origin[0], "chunk": origin[1]}).encode()}
+            schema = schema.with_metadata(meta)
         self.name, self.schema = name, schema
         self.dictionary_columns = dictionary_columns
         self.rows = 0
@@ -342,9 +370,10 @@ def remove_leftovers(folder: Path, chunks=None) -> None:
             p.unlink()
 
 
-def file_problem(folder: Path, record: dict) -> str | None:
+def file_problem(folder: Path, record: dict, sweep_key: str | None = None) -> str | None:
     """What is wrong with the file a manifest records (``record``: :func:`file_record`), or
-    None when it is present with its recorded size and content."""
+    None when it is present with its recorded size and content and, given ``sweep_key``, was
+    written by that sweep for the chunk its name says (:data:`ORIGIN_KEY`)."""
     path = Path(folder) / record["name"]
     try:
         st = path.stat()
@@ -358,15 +387,21 @@ def file_problem(folder: Path, record: dict) -> str | None:
         return (f"{st.st_size:,} bytes where the manifest records {record['bytes']:,} "
                 f"({'truncated' if st.st_size < record['bytes'] else 'replaced or appended to'})")
     key = _stat_key(path, st)
-    if _VERIFIED.get(key) == record["sha256"]:
-        return None
-    try:
-        digest = sha256_of(path)
-    except OSError as e:
-        return f"unreadable ({e.strerror or e})"
-    if digest != record["sha256"]:
-        return "damaged or replaced (its SHA-256 differs from the one recorded when it was written)"
-    _VERIFIED[key] = digest
+    if _VERIFIED.get(key) != record["sha256"]:
+        try:
+            digest = sha256_of(path)
+        except OSError as e:
+            return f"unreadable ({e.strerror or e})"
+        if digest != record["sha256"]:
+            return "damaged or replaced (its SHA-256 differs from the one recorded when it was written)"
+        _VERIFIED[key] = digest
+    if sweep_key is not None:
+        origin = read_origin(path)
+        chunk = _expected_chunk(record["name"])
+        if (not isinstance(origin, dict) or origin.get("sweep_key") != sweep_key
+                or origin.get("chunk") not in ((chunk, FINAL) if chunk == 0 else (chunk,))):
+            return ("a file of another sweep or chunk (its own metadata says it was written by "
+                    f"{'no vtrain_fast sweep' if not isinstance(origin, dict) else 'chunk ' + str(origin.get('chunk')) + ' of sweep ' + str(origin.get('sweep_key'))[:12]})")
     return None
 
 
@@ -531,10 +566,10 @@ def rebuild_fix(manifest: dict, folder: str | Path = "DIR") -> str:
             "rebuild only the damaged chunks")
 
 
-def check_files(folder: Path, records, fix: str) -> None:
-    """Raise :class:`InputError` naming the first recorded file that is missing, truncated or
-    damaged (:func:`file_problem`), and how many others are, with ``fix``."""
-    bad = [(r["name"], prob) for r in records if (prob := file_problem(folder, r))]
+def check_files(folder: Path, records, fix: str, sweep_key: str | None = None) -> None:
+    """Raise :class:`InputError` naming the recorded files that are missing, truncated,
+    damaged or of another sweep or chunk (:func:`file_problem`), with ``fix``."""
+    bad = [(r["name"], prob) for r in records if (prob := file_problem(folder, r, sweep_key))]
     if bad:
         name, prob = bad[0]
         others = "; ".join(f"{n} is {p}" for n, p in bad[1:6]) + (f"; {len(bad) - 6} more" if len(bad) > 6 else "")
@@ -550,7 +585,8 @@ def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]
     for info in (manifest.get("chunks") or {}).values():
         if isinstance(info, dict) and isinstance(info.get("file"), dict):
             records.setdefault(info["file"]["name"], info["file"])
-    return [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r))]
+    key = manifest.get("sweep_key")
+    return [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r, key))]
 
 
 def result_paths(folder: str | Path) -> list[Path]:
@@ -567,5 +603,5 @@ def result_paths(folder: str | Path) -> list[Path]:
     manifest = read_manifest(folder)          # checked: check_manifest
     files, parts = manifest["files"], manifest["parts"]
     records = [files[name] for name in parts]
-    check_files(folder, records, rebuild_fix(manifest, folder))
+    check_files(folder, records, rebuild_fix(manifest, folder), manifest.get("sweep_key"))
     return [folder / r["name"] for r in records]
