@@ -1,0 +1,104 @@
+"""Numbers must not change under a refactor: SHA-256 digests of every kernel output (inputs,
+tokens, outputs, status; float64 bit patterns, NaNs included) of the shipped sweeps and the test
+grid, and of every output column of ``evaluate`` on the Megatron Table 1 plans.
+
+The digests in ``tests/data/golden.json`` were taken from the code before the issue-11 reshaping
+(commit 4ed4098, 2026-12-01). A change that is meant to move numbers (a new formula, a refit)
+regenerates them, and says so in its commit message:
+
+    .venv/bin/python tests/test_golden.py --write
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden.json"
+SWEEPS = ("sweeps/gpt3-175b-a100.toml", "sweeps/llama3-70b.toml")
+EVALUATE = ("docs/megatron-table1.csv",)
+CHUNK = 1 << 18
+
+
+def sweep_digest(spec) -> str:
+    """SHA-256 over every point of ``spec``: the kernel's inputs, tokens, outputs and status."""
+    from vtrain_fast.engine import RowBuffers
+    from vtrain_fast.grid import build_grid
+    from vtrain_fast.kernels.sweep import sweep_chunk
+    grid = build_grid(spec)
+    h = hashlib.sha256()
+    b = RowBuffers(CHUNK)
+    for start in range(0, grid.num_points, CHUNK):
+        n = min(CHUNK, grid.num_points - start)
+        sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
+        for a in (b.inputs[:, :n], b.tokens[:n], b.out[:, :n], b.status[:n]):
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def evaluate_digest(path: Path) -> str:
+    """SHA-256 over every column of ``evaluate`` on the plans in ``path`` (by column name)."""
+    from vtrain_fast.evaluate import evaluate_frame, read_csv
+    df = evaluate_frame(read_csv(path), str(path))
+    h = hashlib.sha256()
+    for name in sorted(df.columns):
+        col = df[name]
+        h.update(name.encode())
+        h.update(col.cast(str).str.join("|").item().encode() if not col.dtype.is_numeric()
+                 else col.to_numpy().astype(np.float64).tobytes())
+    return h.hexdigest()
+
+
+def digests() -> dict:
+    from conftest import TINY_SPEC
+    from vtrain_fast.spec import load_spec, parse_spec
+    out = {f"sweep:{s}": sweep_digest(load_spec(ROOT / s)) for s in SWEEPS}
+    out["sweep:tests TINY_SPEC"] = sweep_digest(parse_spec(TINY_SPEC, "tiny.toml"))
+    out.update({f"evaluate:{e}": evaluate_digest(ROOT / e) for e in EVALUATE})
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(json.loads(GOLDEN.read_text())) if GOLDEN.exists() else ["missing"])
+def test_outputs_are_bit_for_bit_the_recorded_ones(name):
+    assert GOLDEN.exists(), f"{GOLDEN} is missing: regenerate it (see the module docstring)"
+    want = json.loads(GOLDEN.read_text())[name]
+    kind, what = name.split(":", 1)
+    if kind == "sweep":
+        from conftest import TINY_SPEC
+        from vtrain_fast.spec import load_spec, parse_spec
+        spec = parse_spec(TINY_SPEC, "tiny.toml") if what == "tests TINY_SPEC" else load_spec(ROOT / what)
+        got = sweep_digest(spec)
+    else:
+        got = evaluate_digest(ROOT / what)
+    assert got == want, (f"{name}: the outputs changed. If that is meant (a new formula, a refit), regenerate "
+                         "with `.venv/bin/python tests/test_golden.py --write` and say so in the commit")
+
+
+def test_the_digest_sees_a_one_ulp_change(monkeypatch):
+    """The guard can fail: nudging one output of one point by one ulp changes the digest."""
+    from vtrain_fast.spec import load_spec
+    import vtrain_fast.kernels.sweep as ks
+    spec = load_spec(ROOT / SWEEPS[1])
+    base = sweep_digest(spec)
+    real = ks.sweep_chunk
+
+    def nudged(start, n, *args):
+        real(start, n, *args)
+        out = args[-2]
+        k = int(np.flatnonzero(np.isfinite(out[0, :n]))[0])    # a priced point
+        out[0, k] = np.nextafter(out[0, k], np.inf)
+    monkeypatch.setattr(ks, "sweep_chunk", nudged)
+    assert sweep_digest(spec) != base
+
+
+if __name__ == "__main__":
+    if "--write" in sys.argv:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(digests(), indent=1) + "\n")
+        print(f"wrote {GOLDEN}")
