@@ -1,4 +1,6 @@
-"""GPU presets: hardware numbers with their sources, plus default calibration values.
+"""GPU presets: hardware numbers with their sources, plus default calibration values, read from
+one TOML file per GPU in ``vtrain_fast/data/gpus/`` (a spec may add or change GPUs in
+``[gpus.<name>]`` tables).
 
 Every number carries its source and the date of that source. Units are in the names and
 all values are converted to SI units (bytes, bytes/s, FLOP/s, seconds, watts) exactly once,
@@ -8,7 +10,9 @@ Preset names are lower case: ``<gpu>-<form factor>-<memory>``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -75,7 +79,8 @@ class GPUPreset:
     name : str
         Preset name, lower case.
     peak_tflops : float
-        Dense fp16/bf16 tensor-core peak, 10^12 FLOP/s.
+        Dense bf16 tensor-core peak (``peak_bf16_tflops`` in a GPU file), 10^12 FLOP/s: the peak
+        the cost model charges GEMMs at.
     hbm_GiB : float
         HBM capacity, GiB.
     hbm_GBps : float
@@ -85,7 +90,8 @@ class GPUPreset:
     inter_node_Gbps : float
         Network (NIC) bandwidth per GPU, 10^9 bits/s.
     gpus_per_node : int
-        GPUs in one NVLink/NVSwitch domain.
+        GPUs in one scale-up (NVLink / NVSwitch / Infinity Fabric) domain: 8 for an HGX board,
+        72 for a GB200 NVL72 rack.
     num_sms : int
         Streaming multiprocessors.
     tdp_W : float
@@ -114,6 +120,11 @@ class GPUPreset:
     tdp_W: float
     usd_per_gpu_hour: float
     source: str
+    peak_tf32_tflops: float = 0.0    # dense peaks of the other precisions, 10^12 FLOP/s (0: none)
+    peak_fp16_tflops: float = 0.0
+    peak_fp8_tflops: float = 0.0
+    peak_fp4_tflops: float = 0.0
+    vendor: str = ""
     pue: float = 1.0
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
@@ -127,93 +138,177 @@ class GPUPreset:
     #                                     overlapped with the weight-gradient GEMMs (Megatron-LM)
 
 
-# Achievable large-GEMM fraction of the dense bf16 peak, measured by a matmul shape search
-# (Maximum Achievable Matmul FLOPS): A100 SXM 267.9 of 312 TFLOPS = 85.9% (CUDA 12.1), H100 SXM
-# 792.1 of 989 TFLOPS = 80.1% (CUDA 12.1). Source: S. Bekman, "Machine Learning Engineering",
-# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
-# (github.com/stas00/ml-engineering, table as of 2024). Pinned, not fitted: vTrain's single-node
-# set (h <= 2048, s = 1024) cannot separate GEMM efficiency from per-kernel overheads; fitting it
-# there gave 0.94 (former wave-sawtooth GEMM model) or 0.878 (current), values the data do not pin.
-A100_GEMM_EFFICIENCY = 0.859
-H100_GEMM_EFFICIENCY = 0.801
+# ------------------------------------------------------------------------ presets as data files
+# One TOML file per GPU in vtrain_fast/data/gpus/ (the format: a100-sxm4-80gb.toml). Every number
+# is a table ``{ value, source, date }``; the ``[calibration]`` table holds the efficiencies (its
+# ``base`` names a preset whose calibration fills the keys it does not give).
+GPU_DATA_DIR = Path(__file__).resolve().parent / "data" / "gpus"
 
-# FlashAttention-2 kernels, forward + backward, as a fraction of the dense bf16 peak. Source: T. Dao,
-# "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", arXiv:2307.08691
-# (2023-07): 50-73% of the A100's peak (abstract); we take 0.55, near the low end, because the
-# backward pass carries 2.5 of every 3.5 FLOPs and is the slower one. H100: the same kernels reach up
-# to 335 TFLOPS forward + backward (Sec. 4.1), 0.34 of 989; newer kernels (FlashAttention-3, cuDNN)
-# are faster: set flash_attention_efficiency in a calibration file. Not fitted: vTrain's
-# measurements do not use FlashAttention. V100: no FlashAttention-2 kernel (Ampere or newer), 0.
-A100_FLASH_ATTENTION_EFFICIENCY = 0.55
-H100_FLASH_ATTENTION_EFFICIENCY = 0.34
-
-# A100 efficiencies: `make calibrate` on 2026-11-30 — NCCL all-reduce tables of vTrain's A100 node
-# (calibrate-nccl: busbw efficiency 0.726 of 300 GB/s NVLink, fit MAPE 4.2%) and a least-squares
-# fit of seven parameters (gemm_efficiency pinned above) to vTrain's 1,440 single-node
-# Megatron-DeepSpeed iteration times only (MAPE 6.23% after the fit; 6.52% before the
-# fused-softmax rule, ops.fused_softmax, and the gradient-accumulation traffic, step.schedule).
-# The multi-node set was not used: its error is a held-out result. Values are the fit's, unrounded,
-# so `--calibration results/calibration-a100.toml` after `make calibrate` gives identical rows.
-A100_CALIBRATION = Calibration(
-    gemm_efficiency=A100_GEMM_EFFICIENCY, hbm_efficiency=0.8497001873507571,
-    kernel_overhead_s=2.7522124224977285e-05,
-    intra_node_efficiency=0.7263400082650625, inter_node_efficiency=0.80,
-    intra_node_latency_s=0.0, inter_node_latency_s=30e-6,
-    intra_node_step_latency_s=5.302994886789728e-06, inter_node_step_latency_s=5e-6,
-    host_launch_s=5.957375899802553e-05, iteration_overhead_s=0.0,
-    p2p_overhead_s=0.0009468835578292786, flash_attention_efficiency=A100_FLASH_ATTENTION_EFFICIENCY,
-)
-# Other GPUs: no measurements here. Software-stack terms (host launch, per-kernel gap,
-# per-iteration overhead, pipeline send/receive overhead, NCCL latencies) come from the A100 fit;
-# the efficiencies are typical published fractions (assumptions, not fits; the H100's GEMM
-# efficiency is its published matmul benchmark above) until `vtrain-fast calibrate` is run on the
-# GPU's own measurements.
-_UNCALIBRATED = Calibration(
-    kernel_overhead_s=A100_CALIBRATION.kernel_overhead_s, host_launch_s=A100_CALIBRATION.host_launch_s,
-    iteration_overhead_s=A100_CALIBRATION.iteration_overhead_s,
-    p2p_overhead_s=A100_CALIBRATION.p2p_overhead_s,
-    intra_node_latency_s=A100_CALIBRATION.intra_node_latency_s,
-    intra_node_step_latency_s=A100_CALIBRATION.intra_node_step_latency_s,
-)
-
-_A100_SRC = (
-    "NVIDIA A100 Tensor Core GPU datasheet (2021-06): 312 TFLOPS dense FP16/BF16 tensor core, "
-    "40 GB HBM2 at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 GB/s per "
-    "direction), 400 W SXM; NVIDIA A100 whitepaper (2020): 108 SMs; NVIDIA DGX A100 user guide "
-    "(2020): 8 GPUs per node, one 200 Gb/s HDR InfiniBand adapter per GPU; price: typical cloud "
-    "on-demand list price 2025 (approximate; override per sweep)."
-)
-# The "80 GB" H100 reports 81,559 MiB to CUDA (nvidia-smi "81559MiB" on H100 80GB HBM3 SXM5); the
-# A100 80 GB reports 81,920 MiB = 80 GiB and the 40 GB model 40,960 MiB = 40 GiB.
-H100_USABLE_GiB = 81559.0 / 1024.0
-_H100_SRC = (
-    "NVIDIA H100 Tensor Core GPU datasheet (2023): 989.4 TFLOPS dense FP16/BF16 tensor core "
-    "(1,979 with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 GB/s per direction), "
-    "up to 700 W; NVIDIA H100 whitepaper (2022): 132 SMs (SXM5); NVIDIA DGX H100 user guide "
-    "(2023): 8 GPUs per node, one 400 Gb/s ConnectX-7 adapter per GPU; price: typical cloud "
-    "on-demand list price 2025 (approximate; override per sweep)."
-)
-_V100_SRC = (
-    "NVIDIA Tesla V100 datasheet (2018): 125 TFLOPS FP16 tensor core, 32 GB HBM2 at 900 GB/s, "
-    "NVLink 300 GB/s (150 GB/s per direction), 300 W SXM2; Volta whitepaper (2017): 80 SMs; "
-    "NVIDIA DGX-1 (2018): 8 GPUs per node, 4 x 100 Gb/s EDR InfiniBand per node (25 Gb/s per GPU); "
-    "price: typical cloud on-demand list price 2025 (approximate; override per sweep)."
-)
-
-PRESETS: dict[str, GPUPreset] = {
-    p.name: p
-    for p in (
-        GPUPreset("a100-sxm4-40gb", 312.0, 40.0, 1555.0, 300.0, 200.0, 8, 108, 400.0, 1.29,
-                  _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
-        GPUPreset("a100-sxm4-80gb", 312.0, 80.0, 2039.0, 300.0, 200.0, 8, 108, 400.0, 1.79,
-                  _A100_SRC, calibration=A100_CALIBRATION, calibrated=True),
-        GPUPreset("h100-sxm-80gb", 989.4, H100_USABLE_GiB, 3350.0, 450.0, 400.0, 8, 132, 700.0, 2.99,
-                  _H100_SRC, calibration=replace(_UNCALIBRATED, gemm_efficiency=H100_GEMM_EFFICIENCY,
-                                                      flash_attention_efficiency=H100_FLASH_ATTENTION_EFFICIENCY)),
-        GPUPreset("v100-sxm2-32gb", 125.0, 32.0, 900.0, 150.0, 25.0, 8, 80, 300.0, 0.80,
-                  _V100_SRC, calibration=_UNCALIBRATED),
-    )
+# Preset fields a GPU file gives, with their allowed range; None: not required.
+GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
+    "peak_bf16_tflops": (1.0, 1e6),
+    "hbm_GiB": (1.0, 1e5),
+    "hbm_GBps": (1.0, 1e6),
+    "intra_node_GBps": (0.1, 1e5),
+    "gpus_per_node": (1, 1024),
+    "inter_node_Gbps": (0.1, 1e6),
+    "num_sms": (1, 10_000),
+    "tdp_W": (1.0, 1e5),
+    "usd_per_gpu_hour": (0.0, 1e4),
 }
+OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
+    "peak_tf32_tflops": (0.0, 1e6),
+    "peak_fp16_tflops": (0.0, 1e6),
+    "peak_fp8_tflops": (0.0, 1e6),
+    "peak_fp4_tflops": (0.0, 1e6),
+    "pue": (1.0, 5.0),
+    "reserved_GiB": (0.0, 1024.0),
+}
+_INTEGER_FIELDS = ("gpus_per_node", "num_sms")
+_TEXT_KEYS = ("name", "vendor", "base", "description")
+
+
+def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool):
+    """``(value, source text)`` of one GPU number: ``{ value, source, date }`` (a plain number
+    only where ``need_source`` is false, e.g. a spec's own GPU)."""
+    from .errors import InputError
+    if isinstance(entry, dict):
+        extra = set(entry) - {"value", "source", "date"}
+        if extra:
+            raise InputError(where, f"{key}.{sorted(extra)[0]}", entry[sorted(extra)[0]], "value, source and date")
+        value, source, date = entry.get("value"), entry.get("source"), entry.get("date")
+        if need_source and (not isinstance(source, str) or not source.strip() or not isinstance(date, str)):
+            raise InputError(where, key, entry, "{ value = N, source = \"...\", date = \"YYYY-MM\" }",
+                             "every hardware number carries its source and date")
+    elif need_source:
+        raise InputError(where, key, entry, "{ value = N, source = \"...\", date = \"YYYY-MM\" }",
+                         "every hardware number carries its source and date")
+    else:
+        value, source, date = entry, "given in " + where, None
+    whole = key in _INTEGER_FIELDS
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
+            or not math.isfinite(value) or not lo <= value <= hi:
+        raise InputError(where, key, value, f"{'an integer' if whole else 'a number'} from {lo:g} to {hi:g}")
+    return (int(value) if whole else float(value)), f"{key}: {source}" + (f" ({date})" if date else "")
+
+
+def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: bool = True) -> GPUPreset:
+    """Build the :class:`GPUPreset` ``name`` from a GPU table (a file of ``GPU_DATA_DIR`` or a
+    spec's ``[gpus.<name>]``). With ``base = "<preset>"`` (or when ``name`` is a preset in
+    ``known``) the table overrides that preset's fields; otherwise every field of
+    :data:`GPU_FIELD_RANGES` is required.
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, the key, the value and what is allowed.
+    """
+    from .errors import InputError
+    base_name = doc.get("base", name if name in known else None)
+    if base_name is not None and base_name not in known:
+        raise InputError(where, "base", base_name, "a GPU preset: " + ", ".join(known))
+    base = known.get(base_name)
+    allowed = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(_TEXT_KEYS) | {"calibration"}
+    for key in doc:
+        if key not in allowed:
+            raise InputError(where, key, doc[key], "GPU fields: " + ", ".join(sorted(allowed)))
+    values, sources = {}, []
+    for key, (lo, hi) in {**GPU_FIELD_RANGES, **OPTIONAL_GPU_FIELD_RANGES}.items():
+        if key in doc:
+            values[key], text = _number(where, key, doc[key], lo, hi, need_source)
+            sources.append(text)
+        elif base is None and key in GPU_FIELD_RANGES:
+            raise InputError(where, key, None, "a number (every GPU field, or base = \"<preset>\" to start from one)")
+    cal_doc = doc.get("calibration", {})
+    if not isinstance(cal_doc, dict):
+        raise InputError(where, "calibration", cal_doc, "a table of calibration values")
+    calibration, fitted = _calibration_from_table(cal_doc, where, known, base)
+    fields_ = {"peak_tflops": values.pop("peak_bf16_tflops")} if "peak_bf16_tflops" in values else {}
+    fields_.update(values)
+    if base is not None:
+        preset = replace(base, name=name, **fields_, calibration=calibration, calibrated=fitted,
+                         source="; ".join(sources) + ("; " if sources else "") + f"other numbers: {base.source}"
+                         if base_name != name or sources else base.source)
+    else:
+        preset = GPUPreset(name=name, source="; ".join(sources), calibration=calibration, calibrated=fitted,
+                           **fields_)
+    return replace(preset, vendor=str(doc.get("vendor", preset.vendor)))
+
+
+def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset | None):
+    """``(Calibration, fitted)`` from a ``[calibration]`` table (its ``base`` preset, else the
+    GPU's base, fills the keys it does not give)."""
+    from .errors import InputError
+    name = doc.get("base")
+    if name is not None and name not in known:
+        raise InputError(where, "calibration.base", name, "a GPU preset: " + ", ".join(known))
+    start = known[name] if name is not None else base
+    cal = start.calibration if start is not None else Calibration()
+    values = {}
+    for key, v in doc.items():
+        if key in ("base", "source", "fitted"):
+            continue
+        if key not in CALIBRATION_RANGES:
+            raise InputError(where, f"calibration.{key}", v, "calibration fields: " + ", ".join(CALIBRATION_RANGES))
+        lo, hi = CALIBRATION_RANGES[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            raise InputError(where, f"calibration.{key}", v, f"a number from {lo:g} to {hi:g}")
+        values[key] = float(v)
+    fitted = doc.get("fitted", start.calibrated if start is not None else False)
+    if not isinstance(fitted, bool):
+        raise InputError(where, "calibration.fitted", fitted, "true or false")
+    return (replace(cal, **values) if values else cal), fitted
+
+
+def load_gpu_files(paths, known: dict | None = None, need_source: bool = True) -> dict[str, GPUPreset]:
+    """GPU presets from TOML files (one GPU per file, or ``[gpus.<name>]`` tables), resolving
+    ``base`` references among them and ``known``.
+
+    Raises
+    ------
+    InputError
+        A file that cannot be read or parsed, a bad key or value, a ``base`` that names no
+        preset (or a circle of them).
+    """
+    import tomllib
+
+    from .errors import InputError
+    from .inputs import MAX_TEXT_BYTES, read_input_bytes
+    tables = {}
+    for path in paths:
+        try:
+            doc = tomllib.loads(read_input_bytes(path, "TOML file", MAX_TEXT_BYTES).decode("utf-8-sig"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise InputError(str(path), "TOML", str(e).splitlines()[0], "a valid TOML file of GPU tables") from None
+        if "gpus" in doc and "name" not in doc:
+            for name, table in doc["gpus"].items():
+                tables[name] = (table, f"{path}: [gpus.{name}]")
+        else:
+            name = doc.get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError(str(path), "name", name, "the GPU's preset name, e.g. name = \"h200-sxm-141gb\"")
+            tables[name] = (doc, str(path))
+    return resolve_gpu_tables(tables, dict(known or {}), need_source)
+
+
+def resolve_gpu_tables(tables: dict, known: dict, need_source: bool = True) -> dict[str, GPUPreset]:
+    """Build every GPU of ``tables`` (name -> ``(table, where)``), bases first."""
+    from .errors import InputError
+    out: dict[str, GPUPreset] = {}
+    pending = dict(tables)
+    while pending:
+        ready = [n for n, (t, _) in pending.items()
+                 if all(b is None or b in known or b not in pending or b == n
+                        for b in (t.get("base"), (t.get("calibration") or {}).get("base")
+                                  if isinstance(t.get("calibration"), dict) else None))]
+        if not ready:
+            name, (_, where) = next(iter(pending.items()))
+            raise InputError(where, "base", pending[name][0].get("base"), "a preset that does not lead back to this one")
+        for n in ready:
+            table, where = pending.pop(n)
+            known[n] = out[n] = gpu_from_table(n, table, where, known, need_source)
+    return out
+
 
 # Keys a sweep spec, a CSV row or a calibration file may override, with their allowed range.
 OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
@@ -239,6 +334,10 @@ CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
     "p2p_overhead_s": (0.0, 0.1),
     "flash_attention_efficiency": (0.0, 1.0),
 }
+
+
+# The shipped presets, by name (sorted): one file each in GPU_DATA_DIR.
+PRESETS: dict[str, GPUPreset] = dict(sorted(load_gpu_files(sorted(GPU_DATA_DIR.glob("*.toml"))).items()))
 
 
 def get_preset(name: str) -> GPUPreset:
