@@ -26,6 +26,17 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     pp = [1, 2, 4, 8, 16]
     vpp = 1                         # model chunks per device, interleaved 1F1B when > 1
 
+A ``[gpus.<name>]`` table defines a GPU the spec can name in ``cluster.gpu`` (``base = "<preset>"``
+and the fields that differ, or every field of ``hardware.GPU_FIELD_RANGES``), or changes the
+fields of a preset of that name (:func:`spec_gpus`)::
+
+    [gpus.h100-nvl-94gb]
+    base = "h100-sxm-80gb"
+    peak_bf16_tflops = 835.0
+    hbm_GiB = 87.5
+    hbm_GBps = 3900.0
+    calibration = { gemm_efficiency = 0.78 }
+
 The training settings (``vpp`` and the switches of :data:`TRAINING_FLAGS`) ride on the GPU axis:
 a list of values makes a setting an axis, and each GPU preset becomes one machine per combination
 of their values (:func:`machine_variants`).
@@ -42,7 +53,7 @@ from pathlib import Path
 from .errors import MAX_NAME_BYTES, InputError
 from .inputs import MAX_TEXT_BYTES, read_input_bytes
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
-                       get_preset, with_overrides)
+                       with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
 from .schema import SETTING_NO_EFFECT
 
@@ -83,7 +94,7 @@ _TABLES = {
     "parallel": {"tp", "pp", "vpp"},
     "output": {"chunk_size"},
 }
-_TOP = {"name", "description", *_TABLES}
+_TOP = {"name", "description", "gpus", *_TABLES}
 
 
 @dataclass(frozen=True)
@@ -242,7 +253,7 @@ def _vpps(where, value):
 
 
 def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str,
-                     per_gpu: dict | None = None):
+                     per_gpu: dict | None = None, known: dict | None = None):
     """The gpu axis of a sweep: one preset per GPU name and combination of training settings.
 
     Parameters
@@ -260,6 +271,9 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         File name for errors.
     per_gpu : dict, optional
         GPU name -> overrides for that GPU (``[cluster.<name>]``), used instead of ``overrides``.
+    known : dict, optional
+        GPU name -> :class:`~vtrain_fast.hardware.GPUPreset`: the presets and the spec's own
+        ``[gpus.<name>]`` (default: the presets).
 
     Returns
     -------
@@ -279,7 +293,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     presets, skipped = [], []
     for name in names:
         for combo in itertools.product(*settings.values()):
-            g = with_overrides(get_preset(name), calibration.get(name), **(per_gpu or {}).get(name, overrides),
+            g = with_overrides((known or PRESETS)[name], calibration.get(name), **(per_gpu or {}).get(name, overrides),
                                **dict(zip(settings, combo)))
             if g.use_flash_attn and False in settings["use_flash_attn"] and not has_flash_attention(g):
                 if name not in skipped:
@@ -455,7 +469,7 @@ def check_reserved(preset, reserved_GiB, where: str, key: str) -> None:
     if reserved_GiB is not None and reserved_GiB >= preset.hbm_GiB:
         raise InputError(where, key, reserved_GiB, f"less than the {preset.hbm_GiB:g} GiB of memory of "
                          f"{preset.name} (hbm_GiB)", "reserved_GiB is the memory kept free per GPU (CUDA "
-                         f"context, NCCL, allocator; default {get_preset(preset.name).reserved_GiB:g}): give a few GiB, e.g. 6.0")
+                         f"context, NCCL, allocator; default {preset.reserved_GiB:g}): give a few GiB, e.g. 6.0")
 
 
 def check_name(where: str, name) -> None:
@@ -480,6 +494,32 @@ def check_name(where: str, name) -> None:
     if size > MAX_NAME_BYTES:
         raise InputError(where, "name", name[:40] + "...", allowed,
                          f"shorten the name ({size} bytes) to {MAX_NAME_BYTES} bytes or fewer")
+
+
+def spec_gpus(where: str, table) -> dict:
+    """The GPUs a spec can name: the presets, changed or joined by its ``[gpus.<name>]`` tables
+    (:func:`vtrain_fast.hardware.gpu_from_table`: a preset's name changes its fields; a new name
+    defines a GPU, from ``base = "<preset>"`` or with every field). Plain numbers are accepted
+    there (their source is the spec).
+
+    Raises
+    ------
+    InputError
+        A ``[gpus]`` entry that is not a table, an unknown field, a value out of range, a
+        missing field of a new GPU, or a ``base`` that is no preset.
+    """
+    from .hardware import resolve_gpu_tables
+    if table is None:
+        return dict(PRESETS)
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise InputError(where, "gpus", table, "[gpus.<name>] tables, one per GPU",
+                         'e.g. [gpus.my-gpu] with base = "h100-sxm-80gb" and the fields that differ')
+    for name in table:
+        check_name(where, name)
+    known = dict(PRESETS)
+    known.update(resolve_gpu_tables({n: (t, f"{where}: [gpus.{n}]") for n, t in table.items()}, dict(PRESETS),
+                                    need_source=False))
+    return known
 
 
 def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None) -> SweepSpec:
@@ -525,13 +565,14 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         raise InputError(path, "cluster.num_gpus / cluster.num_nodes",
                          "both given" if "num_gpus" in cl else "neither given",
                          "exactly one of the two", "give the job size as num_gpus or as num_nodes")
+    known = spec_gpus(path, doc.get("gpus"))
     overrides = _overrides(path, "cluster", cl)
-    names = _strings(path, "cluster.gpu", cl["gpu"], tuple(PRESETS))
+    names = _strings(path, "cluster.gpu", cl["gpu"], tuple(known))
     per_gpu = {}
     for k, v in cl.items():
         if isinstance(v, dict):     # [cluster.<gpu>]: overrides for that GPU only
             if k not in names:
-                fix = (f"add {k!r} to cluster.gpu or remove the table" if k in PRESETS
+                fix = (f"add {k!r} to cluster.gpu or remove the table" if k in known
                        else did_you_mean(k, names, "remove the table, or name it after a GPU of cluster.gpu"))
                 raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
                                  + ", ".join(names), fix)
@@ -545,11 +586,11 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
             per_gpu[k] = {**overrides, **_overrides(path, f"cluster.{k}", v)}
     for g in names:     # memory kept free must leave some for the model, on every GPU
         own = isinstance(cl.get(g), dict) and "reserved_GiB" in cl[g]
-        check_reserved(get_preset(g), per_gpu.get(g, overrides).get("reserved_GiB"), path,
+        check_reserved(known[g], per_gpu.get(g, overrides).get("reserved_GiB"), path,
                        f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB")
     settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
     settings["vpp"] = _vpps(path, pa_.get("vpp", 1))
-    gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu)
+    gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu, known)
     size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
     chunk = doc.get("output", {}).get("chunk_size", 1 << 18)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:

@@ -1,0 +1,100 @@
+"""GPU presets as data files (vtrain_fast/data/gpus/*.toml) and a spec's own [gpus.<name>]."""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+
+import numpy as np
+import pytest
+
+from conftest import ONE_POINT_SPEC
+from vtrain_fast.errors import InputError
+from vtrain_fast.hardware import (GPU_DATA_DIR, GPU_FIELD_RANGES, OPTIONAL_GPU_FIELD_RANGES, PRESETS,
+                                  load_gpu_files, machine_vector)
+from vtrain_fast.spec import parse_spec
+
+NUMBER_KEYS = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES)
+
+
+@pytest.mark.parametrize("path", sorted(GPU_DATA_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_gpu_number_has_a_source_and_a_date(path):
+    doc = tomllib.loads(path.read_text())
+    assert doc["name"] == path.stem and doc["name"] in PRESETS
+    numbers = {k: v for k, v in doc.items() if k in NUMBER_KEYS}
+    assert set(GPU_FIELD_RANGES) <= set(numbers), set(GPU_FIELD_RANGES) - set(numbers)
+    for key, entry in numbers.items():
+        assert isinstance(entry, dict) and entry["source"].strip() and entry["date"].strip(), key
+    cal = doc.get("calibration", {})
+    assert isinstance(cal.get("fitted"), bool) and cal.get("source", "").strip()
+    assert PRESETS[doc["name"]].calibrated is cal["fitted"]
+
+
+def test_a_gpu_file_number_without_its_source_is_refused(tmp_path):
+    text = (GPU_DATA_DIR / "h100-sxm-80gb.toml").read_text().replace(
+        'hbm_GBps = { value = 3350.0, source = "NVIDIA H100 Tensor Core GPU datasheet: 80 GB HBM3 at 3.35 TB/s", '
+        'date = "2023" }', "hbm_GBps = 3350.0")
+    assert "hbm_GBps = 3350.0" in text
+    path = tmp_path / "h100.toml"
+    path.write_text(text)
+    with pytest.raises(InputError, match="hbm_GBps.*source and date"):
+        load_gpu_files([path], PRESETS)
+
+
+def _spec(gpus: str, gpu: str) -> str:
+    return ONE_POINT_SPEC.format(training="").replace('gpu = "a100-sxm4-80gb"', f'gpu = ["{gpu}"]') + gpus
+
+
+def test_a_spec_defines_a_gpu_from_a_preset_and_only_the_fields_it_gives_change():
+    spec = parse_spec(_spec('[gpus.h100-nvl-94gb]\nbase = "h100-sxm-80gb"\npeak_bf16_tflops = 835.0\n'
+                            'hbm_GiB = 87.5\ncalibration = { gemm_efficiency = 0.78 }\n', "h100-nvl-94gb"))
+    (g,) = spec.gpus
+    h100 = PRESETS["h100-sxm-80gb"]
+    assert (g.name, g.peak_tflops, g.hbm_GiB, g.calibration.gemm_efficiency) == ("h100-nvl-94gb", 835.0, 87.5, 0.78)
+    same = [f.name for f in dataclasses.fields(h100) if f.name not in ("name", "peak_tflops", "hbm_GiB",
+                                                                         "calibration", "source")]
+    assert all(getattr(g, k) == getattr(h100, k) for k in same)
+    assert dataclasses.replace(g.calibration, gemm_efficiency=h100.calibration.gemm_efficiency) == h100.calibration
+    assert "h100-nvl-94gb" not in PRESETS                      # the spec's own, not a preset
+
+
+def test_a_copy_of_a_preset_prices_every_plan_as_the_preset():
+    from vtrain_fast.grid import build_grid
+    a = parse_spec(_spec("", "h100-sxm-80gb"))
+    b = parse_spec(_spec('[gpus.my-h100]\nbase = "h100-sxm-80gb"\n', "my-h100"))
+    assert np.array_equal(build_grid(a).hw_table, build_grid(b).hw_table)
+    assert np.array_equal(machine_vector(a.gpus[0]), machine_vector(PRESETS["h100-sxm-80gb"]))
+
+
+def test_a_spec_table_named_after_a_preset_changes_it_for_that_spec_only():
+    spec = parse_spec(_spec("[gpus.a100-sxm4-80gb]\nusd_per_gpu_hour = 1.1\nhbm_GBps = 1935.0\n", "a100-sxm4-80gb"))
+    assert (spec.gpus[0].usd_per_gpu_hour, spec.gpus[0].hbm_GBps) == (1.1, 1935.0)
+    assert spec.gpus[0].calibrated and PRESETS["a100-sxm4-80gb"].hbm_GBps == 2039.0
+
+
+def test_a_new_gpu_with_every_field_sweeps(tmp_path, write_spec, cli):
+    fields = {"peak_bf16_tflops": 400.0, "hbm_GiB": 64.0, "hbm_GBps": 2000.0, "intra_node_GBps": 200.0,
+              "gpus_per_node": 8, "inter_node_Gbps": 200.0, "num_sms": 100, "tdp_W": 500.0,
+              "usd_per_gpu_hour": 1.5}
+    table = "[gpus.labgpu]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items())
+    res = cli("sweep", write_spec(_spec(table, "labgpu")), "-o", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert "labgpu has no calibration fitted" in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("table, needle", [
+    ('[gpus.labgpu]\npeak_bf16_tflops = 400.0\n', "hbm_GiB is missing"),
+    ('[gpus.labgpu]\nbase = "h100"\n', "base = 'h100'"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nhbm_gb = 80\n', "hbm_gb"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nhbm_GiB = -1\n', "hbm_GiB = -1"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ngpus_per_node = 8.5\n', "an integer"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ncalibration = { gemm_eff = 0.5 }\n', "calibration.gemm_eff"),
+    ('[gpus.labgpu]\nbase = "labgpu"\n', "base"),
+    ('gpus = 3\n', "[gpus.<name>] tables"),
+])
+def test_a_bad_gpu_table_names_the_key(table, needle):
+    text = _spec(table, "labgpu")
+    if table.startswith("gpus ="):
+        text = "gpus = 3\n" + _spec("", "labgpu")
+    with pytest.raises(InputError) as e:
+        parse_spec(text, "s.toml")
+    assert needle in str(e.value), str(e.value)
