@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .kernels import step
+from .kernels import params as step     # the output layout; no Numba
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Layout of the machine vector that every kernel reads.
+"""Layouts every kernel reads: the machine vector, the output rows and the status codes (no
+Numba here, so that the spec, schema and query modules load without it).
 
 A machine vector is a ``float64`` array of shape ``(NUM_HW_FIELDS,)`` holding one GPU type's
 hardware numbers (SI units) and its calibrated efficiencies. Kernels index it with the
@@ -56,3 +57,30 @@ CALIBRATION_FIELDS = (
     "intra_node_step_latency_s", "inter_node_step_latency_s", "host_launch_s",
     "iteration_overhead_s", "p2p_overhead_s", "flash_attention_efficiency",
 )
+
+
+# Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
+OUTPUT_NAMES = (
+    "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
+    "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
+    "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
+    "num_parameters", "num_micro_batches", "num_steps",
+    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
+)
+NUM_OUTPUTS = len(OUTPUT_NAMES)
+(O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
+ O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
+ O_LOSS) = range(NUM_OUTPUTS)
+
+# Status codes, one per row. vtrain_fast.schema.STATUS_LABELS names them.
+OK = 0
+BAD_INPUT = 1        # a size is zero or negative
+BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * pp
+BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
+BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interleaved)
+BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
+                     # micro-batches per pipeline not divisible by pp)
+OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
+REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
+                     # setting that differs has no effect at this tp, pp, dp (see repeats)
+NUM_STATUS = 8

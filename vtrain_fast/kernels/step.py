@@ -23,31 +23,13 @@ from .._jit import jit
 from . import comm, memory, ops
 from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 
-# Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
-OUTPUT_NAMES = (
-    "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
-    "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
-    "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
-    "num_parameters", "num_micro_batches", "num_steps",
-    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
-)
-NUM_OUTPUTS = len(OUTPUT_NAMES)
-(O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
- O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
- O_LOSS) = range(NUM_OUTPUTS)
-
-# Status codes, one per row. vtrain_fast.schema.STATUS_LABELS names them.
-OK = 0
-BAD_INPUT = 1        # a size is zero or negative
-BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * pp
-BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
-BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interleaved)
-BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
-                     # micro-batches per pipeline not divisible by pp)
-OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
-REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
-                     # setting that differs has no effect at this tp, pp, dp (see repeats)
-NUM_STATUS = 8
+# The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
+# that spec, schema and query load without it); re-exported here for the kernels.
+from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: E402,F401
+                     NUM_STATUS, O_ACT, O_BUBBLE, O_COMPUTE, O_COST, O_DAYS, O_DP, O_ENERGY, O_GPU_HOURS,
+                     O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU, O_MICRO, O_OPT, O_OVERHEAD, O_PARAMS, O_PP,
+                     O_STATES, O_STEPS, O_TFLOPS, O_TOKENS_PER_S, O_TP, OK, OUT_OF_MEMORY, OUTPUT_NAMES,
+                     REPEAT)
 
 GiB = 1024.0 ** 3
 SECONDS_PER_DAY = 86400.0
