@@ -98,3 +98,18 @@ def test_a_bad_gpu_table_names_the_key(table, needle):
     with pytest.raises(InputError) as e:
         parse_spec(text, "s.toml")
     assert needle in str(e.value), str(e.value)
+
+
+def test_presets_lists_every_gpu_file(cli, wide_console):
+    res = cli("presets")
+    assert res.exit_code == 0, res.output
+    for name in ("h200-sxm-141gb", "b200-hgx-180gb", "gb200-nvl72-186gb", "mi300x-oam-192gb"):
+        assert name in PRESETS and name in res.output, name
+    assert PRESETS["gb200-nvl72-186gb"].gpus_per_node == 72      # the NVL72 scale-up domain
+
+
+@pytest.mark.parametrize("gpu", ["h200-sxm-141gb", "b200-hgx-180gb", "gb200-nvl72-186gb", "mi300x-oam-192gb"])
+def test_a_new_preset_sweeps_and_says_it_is_not_calibrated(gpu, tmp_path, write_spec, cli):
+    text = ONE_POINT_SPEC.format(training="use_flash_attn = true").replace('"a100-sxm4-80gb"', f'"{gpu}"')
+    res = cli("sweep", write_spec(text), "-o", tmp_path / "r")
+    assert res.exit_code == 0 and f"{gpu} has no calibration fitted" in " ".join(res.output.split()), res.output

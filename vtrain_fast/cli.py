@@ -242,13 +242,15 @@ def presets():
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/models.py)",
                 console=console, keep=("model",))
-    gpus = pl.DataFrame([dict(gpu=g.name, peak_TFLOPs=g.peak_tflops, hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
+    gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
+                              hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
                               intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
                               gpus_per_node=g.gpus_per_node, tdp_W=g.tdp_W, usd_per_gpu_hour=g.usd_per_gpu_hour,
                               pue=g.pue, reserved_GiB=g.reserved_GiB, calibrated=g.calibrated)
                          for g in PRESETS.values()])
-    print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; the source and date of every number in "
-                "vtrain_fast/hardware.py; \\[cluster] keys override them)", console=console, keep=("gpu",))
+    print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; one file each, with the source and date of every "
+                "number, in vtrain_fast/data/gpus/; \\[cluster] keys or a \\[gpus.<name>] table change them)",
+                console=console, keep=("gpu",))
 
 
 @app.command()
