@@ -157,7 +157,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     """Row kernel, full-model-only and scan kernel rates over ``grid``."""
     import numpy as np
 
-    from .engine import RowBuffers
+    from .chunks import RowBuffers
     from .kernels import sweep as ks
     from .kernels.step import OK, OUT_OF_MEMORY
 
@@ -243,7 +243,7 @@ def _best_scan(grid, repeat: int) -> float:
     """Best time of the ``--keep frontier`` scan kernel (cost_usd, train_days) over ``grid``."""
     import numpy as np
 
-    from .engine import ChunkEvaluator, parse_keep, plan_sweep
+    from .chunks import ChunkEvaluator, parse_keep, plan_sweep
     n = grid.num_points
     keep = parse_keep("frontier", ["cost_usd", "train_days"])
     plan = plan_sweep(n, keep)
@@ -262,7 +262,7 @@ def bench_reference(grid, samples: int) -> dict | None:
     """Plain-Python twin vs kernel on the same ``samples`` random points of ``grid``."""
     import numpy as np
 
-    from .engine import RowBuffers
+    from .chunks import RowBuffers
     from .kernels import sweep as ks
     ref = _import_reference()
     if ref is None:

@@ -28,9 +28,9 @@ _local = threading.local()
 
 
 def _evaluator(key: str, grid, keep, plan, prune: bool):
-    """One :class:`~vtrain_fast.engine.ChunkEvaluator` per worker thread and sweep (its scan
+    """One :class:`~vtrain_fast.chunks.ChunkEvaluator` per worker thread and sweep (its scan
     buffers are not shared between threads)."""
-    from .engine import ChunkEvaluator
+    from .chunks import ChunkEvaluator
     cache = getattr(_local, "evaluators", None)
     if cache is None:
         cache = _local.evaluators = {}
@@ -47,7 +47,7 @@ def chunk_task(key: str, grid, keep, plan, folder: str, chunk: int, threads: int
     recorded in the manifest)."""
     import numba
 
-    from .engine import _SyncSink, run_chunk
+    from .chunks import _SyncSink, run_chunk
     if threads:
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     ev = _evaluator(key, grid, keep, plan, prune)
@@ -130,7 +130,7 @@ def run_chunks_dask(scheduler, grid, keep, plan, folder: Path, todo: list[int],
     ----------
     scheduler : str or distributed.Client
     grid, keep, plan
-        As in :class:`~vtrain_fast.engine.ChunkEvaluator`.
+        As in :class:`~vtrain_fast.chunks.ChunkEvaluator`.
     folder : Path
         Results folder, visible to every worker.
     todo : list of int

@@ -1,6 +1,7 @@
 """User-facing errors. Each names the file, the key or column, the value, what is allowed and a fix."""
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 
@@ -32,6 +33,16 @@ def _toml(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)
+
+
+def did_you_mean(value: str, candidates, otherwise: str) -> str:
+    """A fix naming the candidate closest to ``value`` (:func:`difflib.get_close_matches`,
+    ratio >= 0.6, case-insensitive; else the first that starts with ``value``, 3+ characters),
+    else ``otherwise``."""
+    close = difflib.get_close_matches(value.lower(), list(candidates), n=1, cutoff=0.6)
+    if not close and len(value) >= 3:     # a short form of a long name: 'memory', 'iter'
+        close = [c for c in candidates if c.lower().startswith(value.lower())][:1]
+    return f"did you mean {close[0]!r}?" if close else otherwise
 
 
 def format_bytes(n: float) -> str:

@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .engine import output_arrays
+from .chunks import output_arrays
 from .errors import InputError, check_output_file, write_atomically
 from .inputs import MAX_TABLE_BYTES, check_input_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
@@ -17,7 +17,7 @@ from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
-from .schema import INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS, setting_values
+from .schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS, setting_values
 from .spec import INT_RANGES as SPEC_INT_RANGES
 from .spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention,
                    check_reserved)
@@ -25,7 +25,6 @@ from .spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANG
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
-CLUSTER_COLUMNS = ("gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "usd_per_gpu_hour", "pue", "reserved_GiB")
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
             *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, "vpp")
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).

@@ -175,8 +175,3 @@ def pruning_table(grid: Grid) -> np.ndarray:
     prefix_table(grid.radices, grid.models, grid.gpus, grid.hw_table, grid.sizes,
                  grid.sizes_in_nodes, grid.tps, grid.pps, table)
     return table
-
-
-def inner_points(grid: Grid) -> int:
-    """Points under one prefix: the product of the axes after ``pp``."""
-    return math.prod(int(r) for r in grid.radices[PREFIX_AXES[-1] + 1:])

@@ -14,11 +14,11 @@ import pyarrow as pa
 
 from .errors import InputError
 from .kernels.sweep import pareto_sorted
-from .schema import COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT, resolve_column
-from .spec import did_you_mean
+from .errors import did_you_mean
+from .schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT,  # noqa: F401
+                     resolve_column, resolve_objectives)
 from .writer import read_manifest, result_paths
 
-NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.float64()))
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
                  "seq_length") + tuple(SETTING_FIELDS)     # + vpp and the training switches
@@ -62,32 +62,6 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
     order = np.lexsort([idx] + [v[:, j] for j in range(k - 1, -1, -1)]).astype(np.int64)
     mask[idx[pareto_sorted(v, idx, order)]] = True
     return mask
-
-
-def resolve_objectives(where: str, minimize, option: str = "--minimize") -> list[str]:
-    """``--minimize`` values with full column names (a table header's short name is accepted,
-    a leading ``-`` kept).
-
-    Raises
-    ------
-    InputError
-        A value that is not a numeric column, with the closest name as the fix; a column given
-        twice (also as its short and its full name, or as ``COL`` and ``-COL``).
-    """
-    out = []
-    for m in minimize:
-        sign = "-" if m.startswith("-") else ""
-        name = resolve_column(m[len(sign):])
-        if name not in NUMERIC_COLUMNS:
-            raise InputError(where, option, m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS),
-                             did_you_mean(name, NUMERIC_COLUMNS, "prefix a column with '-' to maximise it, e.g. -mfu"))
-        twice = [o for o in out if o.lstrip("-") == name]
-        if twice:
-            raise InputError(where, option, m, "each column once (short and full names name the same column: "
-                             f"{m!r} is {name}, given already as {twice[0]!r})",
-                             f"drop the second {option} {m}")
-        out.append(sign + name)
-    return out
 
 
 def resolve_groups(where: str, by) -> list[str]:
@@ -294,7 +268,6 @@ def with_cluster_columns(rows: pl.DataFrame, manifest: dict) -> pl.DataFrame:
     ``intra_node_GBps``, ``inter_node_Gbps``, ``usd_per_gpu_hour``, ``pue``, ``reserved_GiB``:
     presets with the spec's ``[cluster]`` overrides, from the manifest) as columns, so that
     ``evaluate`` prices a written plan as the sweep did (the calibration file aside)."""
-    from .evaluate import CLUSTER_COLUMNS
     gpus = manifest.get("gpus") or {}
     gpu = rows["gpu"].cast(pl.String)
     extra = []

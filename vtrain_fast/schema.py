@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from .errors import InputError, did_you_mean
 from .kernels import params as step     # the output layout; no Numba
 
 
@@ -145,3 +146,36 @@ def markdown_table() -> str:
     for c in COLUMNS:
         lines.append(f"| `{c.name}` | {c.unit} | {c.doc} |")
     return "\n".join(lines)
+
+
+# Numeric columns: the ones a frontier can rank and --where can compare with numbers.
+NUMERIC_COLUMNS = tuple(c.name for c in COLUMNS if c.type in (pa.int64(), pa.float64()))
+# A GPU's cluster values (presets with the spec's [cluster] overrides) that evaluate accepts as
+# columns and pareto -o writes, so that a written plan evaluates to the same row.
+CLUSTER_COLUMNS = ("gpus_per_node", "intra_node_GBps", "inter_node_Gbps", "usd_per_gpu_hour", "pue", "reserved_GiB")
+
+
+def resolve_objectives(where: str, minimize, option: str = "--minimize") -> list[str]:
+    """``--minimize`` values with full column names (a table header's short name is accepted,
+    a leading ``-`` kept).
+
+    Raises
+    ------
+    InputError
+        A value that is not a numeric column, with the closest name as the fix; a column given
+        twice (also as its short and its full name, or as ``COL`` and ``-COL``).
+    """
+    out = []
+    for m in minimize:
+        sign = "-" if m.startswith("-") else ""
+        name = resolve_column(m[len(sign):])
+        if name not in NUMERIC_COLUMNS:
+            raise InputError(where, option, m, "numeric columns: " + ", ".join(NUMERIC_COLUMNS),
+                             did_you_mean(name, NUMERIC_COLUMNS, "prefix a column with '-' to maximise it, e.g. -mfu"))
+        twice = [o for o in out if o.lstrip("-") == name]
+        if twice:
+            raise InputError(where, option, m, "each column once (short and full names name the same column: "
+                             f"{m!r} is {name}, given already as {twice[0]!r})",
+                             f"drop the second {option} {m}")
+        out.append(sign + name)
+    return out

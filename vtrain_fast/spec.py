@@ -43,14 +43,13 @@ of their values (:func:`machine_variants`).
 """
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .errors import MAX_NAME_BYTES, InputError
+from .errors import MAX_NAME_BYTES, InputError, did_you_mean  # noqa: F401 (did_you_mean: spec.did_you_mean)
 from .inputs import MAX_TEXT_BYTES, read_input_bytes
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
@@ -157,16 +156,6 @@ class SweepSpec:
         return math.prod(len(getattr(self, k)) for k in (
             "models", "num_tokens", "gpus", "cluster_sizes", "tp", "pp", "micro_batch_size",
             "global_batch_size", "recompute"))
-
-
-def did_you_mean(value: str, candidates, otherwise: str) -> str:
-    """A fix naming the candidate closest to ``value`` (:func:`difflib.get_close_matches`,
-    ratio >= 0.6, case-insensitive; else the first that starts with ``value``, 3+ characters),
-    else ``otherwise``."""
-    close = difflib.get_close_matches(value.lower(), list(candidates), n=1, cutoff=0.6)
-    if not close and len(value) >= 3:     # a short form of a long name: 'memory', 'iter'
-        close = [c for c in candidates if c.lower().startswith(value.lower())][:1]
-    return f"did you mean {close[0]!r}?" if close else otherwise
 
 
 def _as_list(where, key, value, allowed="values"):
