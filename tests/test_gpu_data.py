@@ -113,3 +113,24 @@ def test_a_new_preset_sweeps_and_says_it_is_not_calibrated(gpu, tmp_path, write_
     text = ONE_POINT_SPEC.format(training="use_flash_attn = true").replace('"a100-sxm4-80gb"', f'"{gpu}"')
     res = cli("sweep", write_spec(text), "-o", tmp_path / "r")
     assert res.exit_code == 0 and f"{gpu} has no calibration fitted" in " ".join(res.output.split()), res.output
+
+
+def test_gpus_file_defines_gpus_for_sweep_and_evaluate(tmp_path, write_spec, cli):
+    gpus = tmp_path / "my-gpus.toml"
+    gpus.write_text('[gpus.h100-nvl-94gb]\nbase = "h100-sxm-80gb"\npeak_bf16_tflops = 835.0\nhbm_GiB = 87.5\n'
+                    'hbm_GBps = 3900.0\n')
+    spec = write_spec(_spec("", "h100-nvl-94gb"))
+    res = cli("sweep", spec, "-o", tmp_path / "r")
+    assert res.exit_code == 2 and "h100-nvl-94gb" in res.output                 # unknown without the file
+    res = cli("sweep", spec, "-o", tmp_path / "r", "--gpus", gpus)
+    assert res.exit_code == 0, res.output
+    assert cli("pareto", tmp_path / "r", "-o", tmp_path / "f.csv").exit_code == 0
+    res = cli("evaluate", tmp_path / "f.csv", "-o", tmp_path / "e.csv", "--gpus", gpus)
+    assert res.exit_code == 0, res.output
+    import polars as pl
+    front, again = pl.read_csv(tmp_path / "f.csv"), pl.read_csv(tmp_path / "e.csv")
+    assert front["iteration_time_s"].to_list() == again["iteration_time_s"].to_list()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[gpus.x]\nbase = "h100-sxm-80gb"\nhbm_GiB = "lots"\n')
+    res = cli("sweep", spec, "-o", tmp_path / "r2", "--gpus", bad)
+    assert res.exit_code == 2 and "hbm_GiB" in res.output and "bad.toml" in " ".join(res.output.split())

@@ -62,6 +62,12 @@ def _calibration(path: Optional[Path]):
 
 
 CalibrationOpt = typer.Option(None, "--calibration", help="calibration TOML written by `calibrate`")
+GpusOpt = typer.Option(None, "--gpus", help="TOML of your own GPUs ([gpus.<name>] tables, as in a spec)")
+
+
+def _gpus(path: Optional[Path]):
+    from .spec import load_gpus
+    return load_gpus(path) if path else None
 
 
 @app.command()
@@ -70,6 +76,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="results folder [results/<name>]"),
           overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing result"),
           calibration: Optional[Path] = CalibrationOpt,
+          gpus: Optional[Path] = GpusOpt,
           show_pareto: bool = typer.Option(False, "--pareto", help="print the cost/time frontier afterwards"),
           keep: str = typer.Option("all", "--keep",
                                    help="rows to keep: all | feasible | frontier | top:K:COL ('-COL': largest)"),
@@ -88,7 +95,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     Rerunning the same command after an interruption resumes it."""
     from .engine import _parse_shard, parse_keep, run_sweep
     from .spec import load_spec
-    s = load_spec(spec, _calibration(calibration))
+    s = load_spec(spec, _calibration(calibration), _gpus(gpus))
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
     shard_kn = _parse_shard(shard)
     from .grid import check_index_space
@@ -349,6 +356,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
 def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row"),
              output: Path = typer.Option(..., "-o", "--output", help="output file, .parquet or .csv"),
              calibration: Optional[Path] = CalibrationOpt,
+             gpus: Optional[Path] = GpusOpt,
              breakdown: bool = typer.Option(False, "--breakdown",
                                             help="also show where each plan's iteration time goes")):
     """Evaluate explicit configurations from a CSV or Parquet file."""
@@ -366,7 +374,7 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                       "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
                       "calibration given here (--calibration: a sweep's calibration file is not in the file)",
                       style="yellow", markup=False)
-    df = evaluate_frame(plans, str(csv), _calibration(calibration))
+    df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus))
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
     from .query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS

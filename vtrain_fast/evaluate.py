@@ -181,7 +181,8 @@ def check_column_names(columns, where: str) -> None:
                              "(labels pass through unchanged)", fix)
 
 
-def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None) -> pl.DataFrame:
+def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None,
+                   gpus: dict | None = None) -> pl.DataFrame:
     """Evaluate every row of ``df`` (columns as in the ``evaluate`` command).
 
     Parameters
@@ -194,6 +195,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         File name for error messages.
     calibration : dict, optional
         GPU preset name -> Calibration.
+    gpus : dict, optional
+        GPU name -> GPUPreset the ``gpu`` column may name (default: the presets; ``--gpus``).
 
     Returns
     -------
@@ -234,7 +237,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     _str_column(df, "precision", where, PRECISIONS, "bf16")
-    gpu = _str_column(df, "gpu", where, tuple(PRESETS), "")
+    known = gpus or PRESETS
+    gpu = _str_column(df, "gpu", where, tuple(known), "")
     gpn = _int_column(df, "gpus_per_node", where, 0)
     cluster = {k: _float_column(df, k, where, None, *OVERRIDE_RANGES[k]) for k in CLUSTER_COLUMNS[1:]}
     tokens = _float_column(df, "num_tokens", where, DEFAULT_NUM_TOKENS, 1.0, 1e16)
@@ -251,7 +255,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         key = (gpu[i], int(gpn[i]), *values.values(), int(vpp[i]), *row_flags.values())
         if key not in cache:
             ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
-            preset = with_overrides(PRESETS[gpu[i]], calibration.get(gpu[i]), **ov)
+            preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = machine_vector(preset)

@@ -485,7 +485,23 @@ def check_name(where: str, name) -> None:
                          f"shorten the name ({size} bytes) to {MAX_NAME_BYTES} bytes or fewer")
 
 
-def spec_gpus(where: str, table) -> dict:
+def load_gpus(path: str | Path | None) -> dict:
+    """The GPUs a run may name: the presets, and the GPUs of the TOML file ``path`` (``--gpus``:
+    ``[gpus.<name>]`` tables, as in a spec, or one GPU file as in ``vtrain_fast/data/gpus``).
+
+    Raises
+    ------
+    InputError
+        As :func:`vtrain_fast.hardware.load_gpu_files`.
+    """
+    from .hardware import load_gpu_files
+    known = dict(PRESETS)
+    if path is not None:
+        known.update(load_gpu_files([path], PRESETS, need_source=False))
+    return known
+
+
+def spec_gpus(where: str, table, known: dict | None = None) -> dict:
     """The GPUs a spec can name: the presets, changed or joined by its ``[gpus.<name>]`` tables
     (:func:`vtrain_fast.hardware.gpu_from_table`: a preset's name changes its fields; a new name
     defines a GPU, from ``base = "<preset>"`` or with every field). Plain numbers are accepted
@@ -498,20 +514,21 @@ def spec_gpus(where: str, table) -> dict:
         missing field of a new GPU, or a ``base`` that is no preset.
     """
     from .hardware import resolve_gpu_tables
+    base = dict(known or PRESETS)
     if table is None:
-        return dict(PRESETS)
+        return base
     if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
         raise InputError(where, "gpus", table, "[gpus.<name>] tables, one per GPU",
                          'e.g. [gpus.my-gpu] with base = "h100-sxm-80gb" and the fields that differ')
     for name in table:
         check_name(where, name)
-    known = dict(PRESETS)
-    known.update(resolve_gpu_tables({n: (t, f"{where}: [gpus.{n}]") for n, t in table.items()}, dict(PRESETS),
-                                    need_source=False))
-    return known
+    base.update(resolve_gpu_tables({n: (t, f"{where}: [gpus.{n}]") for n, t in table.items()}, dict(base),
+                                   need_source=False))
+    return base
 
 
-def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None) -> SweepSpec:
+def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
+               gpus: dict | None = None) -> SweepSpec:
     """Parse and validate a sweep spec.
 
     Parameters
@@ -523,6 +540,9 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     calibration : dict, optional
         GPU preset name -> :class:`~vtrain_fast.hardware.Calibration` (from
         :func:`load_calibration`).
+    gpus : dict, optional
+        GPU name -> :class:`~vtrain_fast.hardware.GPUPreset`: the GPUs the spec may name
+        (default: the presets; ``--gpus FILE``: :func:`load_gpus`), before its own ``[gpus]``.
 
     Raises
     ------
@@ -554,7 +574,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
         raise InputError(path, "cluster.num_gpus / cluster.num_nodes",
                          "both given" if "num_gpus" in cl else "neither given",
                          "exactly one of the two", "give the job size as num_gpus or as num_nodes")
-    known = spec_gpus(path, doc.get("gpus"))
+    known = spec_gpus(path, doc.get("gpus"), gpus)
     overrides = _overrides(path, "cluster", cl)
     names = _strings(path, "cluster.gpu", cl["gpu"], tuple(known))
     per_gpu = {}
@@ -607,7 +627,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None)
     )
 
 
-def load_spec(path: str | Path, calibration: dict | None = None) -> SweepSpec:
+def load_spec(path: str | Path, calibration: dict | None = None, gpus: dict | None = None) -> SweepSpec:
     """Read and validate the spec file at ``path`` (see :func:`parse_spec`).
 
     Raises
@@ -623,7 +643,7 @@ def load_spec(path: str | Path, calibration: dict | None = None) -> SweepSpec:
     except UnicodeDecodeError as e:
         raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file",
                          "save the spec as UTF-8 text") from None
-    return parse_spec(text, str(p), calibration)
+    return parse_spec(text, str(p), calibration, gpus)
 
 
 def load_calibration(path: str | Path) -> dict:
