@@ -363,21 +363,11 @@ DICTIONARY_COLUMNS = [f.name for f in STORAGE_SCHEMA if f.type != pa.float64()]
 
 
 # ---------------------------------------------------------------------------- chunk evaluation
-def _pareto_positions(vals: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Positions of the Pareto frontier of ``vals`` (``(m, k)``, minimised), ties broken by the
-    lower ``idx``, in lexicographic order of (objectives, idx)."""
-    if vals.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    keys = [idx] + [vals[:, q] for q in range(vals.shape[1] - 1, -1, -1)]
-    order = np.lexsort(keys).astype(np.int64)
-    return ks.pareto_sorted(np.ascontiguousarray(vals), idx, order)
-
-
 def reduce_candidates(keep: Keep, vals: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Positions of the rows of ``(vals, idx)`` that survive ``keep``'s reduction, in order
     (frontier: lexicographic by objectives; top: by value, then index)."""
     if keep.mode == "frontier":
-        return _pareto_positions(vals, idx)
+        return ks.pareto_positions(vals, idx)
     order = np.lexsort((idx, vals[:, 0]))
     return order[:keep.k].astype(np.int64)
 

@@ -270,16 +270,11 @@ def load_gpu_files(paths, known: dict | None = None, need_source: bool = True) -
         A file that cannot be read or parsed, a bad key or value, a ``base`` that names no
         preset (or a circle of them).
     """
-    import tomllib
-
     from .errors import InputError
-    from .inputs import MAX_TEXT_BYTES, read_input_bytes
+    from .inputs import read_toml
     tables = {}
     for path in paths:
-        try:
-            doc = tomllib.loads(read_input_bytes(path, "TOML file", MAX_TEXT_BYTES).decode("utf-8-sig"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise InputError(str(path), "TOML", str(e).splitlines()[0], "a valid TOML file of GPU tables") from None
+        doc = read_toml(path, "TOML file of GPU tables")
         if "gpus" in doc and "name" not in doc:
             for name, table in doc["gpus"].items():
                 tables[name] = (table, f"{path}: [gpus.{name}]")

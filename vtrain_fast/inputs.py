@@ -70,3 +70,24 @@ def read_input_bytes(path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
                          f"at most {limit:,} bytes ({format_bytes(limit)}) for a {what}",
                          "check the path; split a larger input into several files")
     return data
+
+
+def read_toml(path, what: str = "TOML file", limit: int = MAX_TEXT_BYTES) -> dict:
+    """The TOML document of the input file ``path`` (:func:`read_input_bytes`; UTF-8, a BOM
+    allowed): the one TOML reader of specs' companions (calibration, GPU and calibration-output
+    files).
+
+    Raises
+    ------
+    InputError
+        Missing, unreadable, not a regular file, too large, not UTF-8, or not valid TOML.
+    """
+    import tomllib
+    data = read_input_bytes(path, what, limit)
+    try:
+        return tomllib.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise InputError(str(path), "encoding", f"byte {e.start}", "a UTF-8 text file",
+                         f"save the {what} as UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(str(path), "TOML", str(e), f"a valid {what} (https://toml.io)") from None

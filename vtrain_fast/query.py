@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 
 from .errors import InputError
-from .kernels.sweep import pareto_sorted
+from .kernels.sweep import pareto_positions
 from .errors import did_you_mean
 from .schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT,  # noqa: F401
                      resolve_column, resolve_objectives)
@@ -58,9 +58,7 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
     idx = np.flatnonzero(ok).astype(np.int64)
     if idx.size == 0:
         return mask
-    v = np.ascontiguousarray(values[idx])
-    order = np.lexsort([idx] + [v[:, j] for j in range(k - 1, -1, -1)]).astype(np.int64)
-    mask[idx[pareto_sorted(v, idx, order)]] = True
+    mask[idx[pareto_positions(np.ascontiguousarray(values[idx]), idx)]] = True
     return mask
 
 

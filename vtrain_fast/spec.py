@@ -50,7 +50,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import MAX_NAME_BYTES, InputError, did_you_mean  # noqa: F401 (did_you_mean: spec.did_you_mean)
-from .inputs import MAX_TEXT_BYTES, read_input_bytes
+from .inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
@@ -662,13 +662,7 @@ def load_calibration(path: str | Path) -> dict:
         value out of range.
     """
     p = Path(path)
-    data = read_input_bytes(p, "TOML file", MAX_TEXT_BYTES)
-    try:
-        doc = tomllib.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(str(p), "TOML", str(e), "valid TOML") from None
+    doc = read_toml(p, "TOML file")
     out = {}
     for gpu, table in doc.items():
         if gpu == "meta":

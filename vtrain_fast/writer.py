@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError, format_bytes, write_failure
+from .errors import InputError, format_bytes, write_atomically, write_failure
 
 MANIFEST = "manifest.json"
 PART_GLOB = "part-*.parquet"
@@ -49,24 +49,16 @@ MAX_MANIFEST_BYTES = 256 << 20
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to ``path`` via a temporary file and an atomic rename (the old file stays
-    whole when the write fails).
+    """Write JSON to ``path`` via a temporary file, fsync and an atomic rename (the old file
+    stays whole when the write fails).
 
     Raises
     ------
     InputError
-        If the file cannot be written (:func:`write_failure`).
+        If the file cannot be written (:func:`~vtrain_fast.errors.write_failure`).
     """
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=1, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        _unlink_quietly(tmp)
-        raise write_failure(path, e, "manifest") from None
+    text = json.dumps(obj, indent=1, default=str)
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "manifest", fsync=True, check=False)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -637,3 +637,14 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
         status[j] = step(cols[0, j], cols[1, j], cols[2, j], cols[3, j], cols[4, j], cols[5, j],
                          cols[6, j], cols[7, j], cols[8, j], cols[9, j], cols[10, j], cols[11, j],
                          cols[12, j], tokens[j], hw_rows[j], out, j)
+
+
+def pareto_positions(vals: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Positions of the Pareto frontier of ``vals`` (``float64 (m, k)``, minimised, no NaN), ties
+    broken by the lower ``idx`` (``int64 (m,)``), in lexicographic order of (objectives, idx):
+    the one wrapper of :func:`pareto_sorted` that the sweep's reductions and the queries share."""
+    if vals.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = [idx] + [vals[:, q] for q in range(vals.shape[1] - 1, -1, -1)]
+    order = np.lexsort(keys).astype(np.int64)
+    return pareto_sorted(np.ascontiguousarray(vals), idx, order)
