@@ -66,9 +66,11 @@ def test_a_copy_of_a_preset_prices_every_plan_as_the_preset():
 
 
 def test_a_spec_table_named_after_a_preset_changes_it_for_that_spec_only():
-    spec = parse_spec(_spec("[gpus.a100-sxm4-80gb]\nusd_per_gpu_hour = 1.1\nhbm_GBps = 1935.0\n", "a100-sxm4-80gb"))
-    assert (spec.gpus[0].usd_per_gpu_hour, spec.gpus[0].hbm_GBps) == (1.1, 1935.0)
-    assert spec.gpus[0].calibrated and PRESETS["a100-sxm4-80gb"].hbm_GBps == 2039.0
+    spec = parse_spec(_spec("[gpus.a100-sxm4-80gb]\nusd_per_gpu_hour = 1.1\n", "a100-sxm4-80gb"))
+    assert spec.gpus[0].usd_per_gpu_hour == 1.1 and spec.gpus[0].calibrated     # a price keeps the fit
+    spec = parse_spec(_spec("[gpus.a100-sxm4-80gb]\nhbm_GBps = 1935.0\n", "a100-sxm4-80gb"))
+    assert spec.gpus[0].hbm_GBps == 1935.0 and not spec.gpus[0].calibrated      # another chip: not fitted
+    assert PRESETS["a100-sxm4-80gb"].hbm_GBps == 2039.0 and PRESETS["a100-sxm4-80gb"].calibrated
 
 
 def test_a_new_gpu_with_every_field_sweeps(tmp_path, write_spec, cli):
@@ -90,6 +92,15 @@ def test_a_new_gpu_with_every_field_sweeps(tmp_path, write_spec, cli):
     ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ncalibration = { gemm_eff = 0.5 }\n', "calibration.gemm_eff"),
     ('[gpus.labgpu]\nbase = "labgpu"\n', "base"),
     ('gpus = 3\n', "[gpus.<name>] tables"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nnum_sms = ' + "1" + "0" * 400 + '\n', "num_sms"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ncalibration = { gemm_efficiency = ' + "1" + "0" * 400 + ' }\n',
+     "calibration.gemm_efficiency"),
+    ('[gpus.labgpu]\nbase = ["h100-sxm-80gb"]\n', "base"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ncalibration = { base = ["a"] }\n', "calibration.base"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nvendor = 7\n', "vendor"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nname = "zzz"\n', "name"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nreserved_GiB = 500\n', "reserved_GiB"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nhbm_GiB = 1.0\n', "hbm_GiB"),
 ])
 def test_a_bad_gpu_table_names_the_key(table, needle):
     text = _spec(table, "labgpu")
@@ -124,7 +135,8 @@ def test_gpus_file_defines_gpus_for_sweep_and_evaluate(tmp_path, write_spec, cli
     assert res.exit_code == 2 and "h100-nvl-94gb" in res.output                 # unknown without the file
     res = cli("sweep", spec, "-o", tmp_path / "r", "--gpus", gpus)
     assert res.exit_code == 0, res.output
-    assert cli("pareto", tmp_path / "r", "-o", tmp_path / "f.csv").exit_code == 0
+    res = cli("pareto", tmp_path / "r", "-o", tmp_path / "f.csv")
+    assert res.exit_code == 0 and "--gpus FILE" in " ".join(res.output.split()), res.output
     res = cli("evaluate", tmp_path / "f.csv", "-o", tmp_path / "e.csv", "--gpus", gpus)
     assert res.exit_code == 0, res.output
     import polars as pl
@@ -134,3 +146,27 @@ def test_gpus_file_defines_gpus_for_sweep_and_evaluate(tmp_path, write_spec, cli
     bad.write_text('[gpus.x]\nbase = "h100-sxm-80gb"\nhbm_GiB = "lots"\n')
     res = cli("sweep", spec, "-o", tmp_path / "r2", "--gpus", bad)
     assert res.exit_code == 2 and "hbm_GiB" in res.output and "bad.toml" in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("text", ["[gpus]\nx = 3\n", "gpus = 3\n", "gpus = [1]\n", '[gpus."a/b"]\nbase = "h100-sxm-80gb"\n'])
+def test_a_bad_gpus_file_is_an_input_error(text, tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text(text)
+    with pytest.raises(InputError):
+        load_gpu_files([path], PRESETS, need_source=False)
+
+
+def test_a_gpu_from_a_fitted_preset_with_other_hardware_is_not_called_calibrated():
+    spec = parse_spec(_spec('[gpus.x]\nbase = "a100-sxm4-80gb"\npeak_bf16_tflops = 2250.0\n', "x"))
+    assert not spec.gpus[0].calibrated
+    spec = parse_spec(_spec('[gpus.x]\nbase = "a100-sxm4-80gb"\nusd_per_gpu_hour = 1.0\n', "x"))
+    assert spec.gpus[0].calibrated                      # the same chip at another price
+
+
+def test_a_spec_calibration_and_a_calibration_file_for_one_gpu_are_refused(tmp_path):
+    from vtrain_fast.spec import load_calibration
+    cal = tmp_path / "c.toml"
+    cal.write_text("[h100-sxm-80gb]\nhbm_efficiency = 0.7\n")
+    text = _spec("[gpus.h100-sxm-80gb]\ncalibration = { gemm_efficiency = 0.9 }\n", "h100-sxm-80gb")
+    with pytest.raises(InputError, match="one source of calibration"):
+        parse_spec(text, "s.toml", load_calibration(cal))

@@ -343,12 +343,33 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                       "write them all with -o FILE.parquet)")
     if output:
         console.print(f"wrote {output} (every column of the {_plural(front.height, 'frontier plan')})")
+        own = _own_gpus(folder)
+        if own:
+            console.print(f"note: this sweep defined or changed GPUs ({', '.join(own)}: [gpus] tables or --gpus); "
+                          f"`vtrain-fast evaluate {output}` prices them as this sweep did only with --gpus FILE "
+                          "holding those tables, otherwise with the presets", style="yellow", markup=False)
     if plot:
         from .query import feasible_sample
         from .report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])
         plot_frontier(front, feasible_sample(folder, [x, y], where=list(where)), x, y, tuple(by), plot)
         console.print(f"plot: {plot}")
+
+
+def _own_gpus(folder: Path) -> list[str]:
+    """GPUs of a finished sweep that are not the shipped presets as they are: the spec's
+    ``[gpus]`` tables and names no preset has (``--gpus``)."""
+    import tomllib
+
+    from .hardware import PRESETS
+    from .writer import read_manifest
+    manifest = read_manifest(folder)
+    try:
+        tables = tomllib.loads(manifest.get("spec") or "").get("gpus") or {}
+    except tomllib.TOMLDecodeError:
+        tables = {}
+    names = list(tables) if isinstance(tables, dict) else []
+    return sorted(set(names) | {g for g in manifest.get("gpus") or {} if g not in PRESETS})
 
 
 @app.command()

@@ -128,7 +128,8 @@ def _str_column(df, name, where, allowed, default) -> list[str]:
     for i, v in enumerate(df[name].cast(pl.String).to_list()):
         v = default if v is None or v == "" else v.strip().lower()
         if v not in allowed:
-            raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed))
+            raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed),
+                             "a GPU of your own: pass --gpus FILE with its [gpus.<name>] table" if name == "gpu" else "")
         out.append(v)
     return out
 

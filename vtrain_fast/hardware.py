@@ -165,7 +165,28 @@ OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "reserved_GiB": (0.0, 1024.0),
 }
 _INTEGER_FIELDS = ("gpus_per_node", "num_sms")
+# Fields a calibration's fit depends on: a GPU that changes one of them is not the fitted one.
+_PERFORMANCE_FIELDS = ("peak_bf16_tflops", "hbm_GBps", "intra_node_GBps", "gpus_per_node", "inter_node_Gbps",
+                       "num_sms")
 _TEXT_KEYS = ("name", "vendor", "base", "description")
+
+
+def _finite(v) -> bool:
+    """True for a finite number (an integer too large for a float is not)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _check_gpu_name(where: str, name) -> None:
+    """A GPU name is a plain name: a non-empty string of at most 255 bytes without '/', '\\' or
+    control characters (it is a column value and a file name)."""
+    from .errors import InputError
+    if (not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogatepass")) > 255
+            or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise InputError(where, "GPU name", name, "a plain name (letters, digits, '-', '.', '_'; no '/' or "
+                         "control characters)", 'e.g. [gpus.h100-nvl-94gb]')
 
 
 def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool):
@@ -187,7 +208,7 @@ def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool
         value, source, date = entry, "given in " + where, None
     whole = key in _INTEGER_FIELDS
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
-            or not math.isfinite(value) or not lo <= value <= hi:
+            or not _finite(value) or not lo <= value <= hi:
         raise InputError(where, key, value, f"{'an integer' if whole else 'a number'} from {lo:g} to {hi:g}")
     return (int(value) if whole else float(value)), f"{key}: {source}" + (f" ({date})" if date else "")
 
@@ -204,8 +225,14 @@ def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: b
         Naming ``where``, the key, the value and what is allowed.
     """
     from .errors import InputError
+    _check_gpu_name(where, name)
+    for key in _TEXT_KEYS:
+        if key in doc and not isinstance(doc[key], str):
+            raise InputError(where, key, doc[key], "a string")
+    if doc.get("name", name) != name:
+        raise InputError(where, "name", doc["name"], f"{name!r}, the name of its table (or leave name out)")
     base_name = doc.get("base", name if name in known else None)
-    if base_name is not None and base_name not in known:
+    if base_name is not None and (not isinstance(base_name, str) or base_name not in known):
         raise InputError(where, "base", base_name, "a GPU preset: " + ", ".join(known))
     base = known.get(base_name)
     allowed = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(_TEXT_KEYS) | {"calibration"}
@@ -222,7 +249,8 @@ def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: b
     cal_doc = doc.get("calibration", {})
     if not isinstance(cal_doc, dict):
         raise InputError(where, "calibration", cal_doc, "a table of calibration values")
-    calibration, fitted = _calibration_from_table(cal_doc, where, known, base)
+    changed = any(k in doc for k in _PERFORMANCE_FIELDS) or bool(set(cal_doc) - {"base", "source", "fitted"})
+    calibration, fitted = _calibration_from_table(cal_doc, where, known, base, changed)
     fields_ = {"peak_tflops": values.pop("peak_bf16_tflops")} if "peak_bf16_tflops" in values else {}
     fields_.update(values)
     if base is not None:
@@ -235,12 +263,14 @@ def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: b
     return replace(preset, vendor=str(doc.get("vendor", preset.vendor)))
 
 
-def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset | None):
+def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset | None, changed: bool = False):
     """``(Calibration, fitted)`` from a ``[calibration]`` table (its ``base`` preset, else the
-    GPU's base, fills the keys it does not give)."""
+    GPU's base, fills the keys it does not give). ``fitted`` is the base's unless the table
+    says otherwise, or the GPU changes a number the fit depends on (``changed``): a fit of one
+    chip is not a fit of another."""
     from .errors import InputError
     name = doc.get("base")
-    if name is not None and name not in known:
+    if name is not None and (not isinstance(name, str) or name not in known):
         raise InputError(where, "calibration.base", name, "a GPU preset: " + ", ".join(known))
     start = known[name] if name is not None else base
     cal = start.calibration if start is not None else Calibration()
@@ -251,10 +281,10 @@ def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset 
         if key not in CALIBRATION_RANGES:
             raise InputError(where, f"calibration.{key}", v, "calibration fields: " + ", ".join(CALIBRATION_RANGES))
         lo, hi = CALIBRATION_RANGES[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or not lo <= v <= hi:
             raise InputError(where, f"calibration.{key}", v, f"a number from {lo:g} to {hi:g}")
         values[key] = float(v)
-    fitted = doc.get("fitted", start.calibrated if start is not None else False)
+    fitted = doc.get("fitted", start.calibrated if start is not None and not changed else False)
     if not isinstance(fitted, bool):
         raise InputError(where, "calibration.fitted", fitted, "true or false")
     return (replace(cal, **values) if values else cal), fitted
@@ -275,7 +305,10 @@ def load_gpu_files(paths, known: dict | None = None, need_source: bool = True) -
     tables = {}
     for path in paths:
         doc = read_toml(path, "TOML file of GPU tables")
-        if "gpus" in doc and "name" not in doc:
+        if "gpus" in doc:          # [gpus.<name>] tables (a sweep spec's too; its other tables are not read)
+            if not isinstance(doc["gpus"], dict) or not all(isinstance(t, dict) for t in doc["gpus"].values()):
+                raise InputError(str(path), "gpus", doc["gpus"], "[gpus.<name>] tables, one per GPU",
+                                 'e.g. [gpus.my-gpu] with base = "h100-sxm-80gb" and the fields that differ')
             for name, table in doc["gpus"].items():
                 tables[name] = (table, f"{path}: [gpus.{name}]")
         else:
@@ -293,7 +326,7 @@ def resolve_gpu_tables(tables: dict, known: dict, need_source: bool = True) -> d
     pending = dict(tables)
     while pending:
         ready = [n for n, (t, _) in pending.items()
-                 if all(b is None or b in known or b not in pending or b == n
+                 if all(not isinstance(b, str) or b in known or b not in pending or b == n
                         for b in (t.get("base"), (t.get("calibration") or {}).get("base")
                                   if isinstance(t.get("calibration"), dict) else None))]
         if not ready:

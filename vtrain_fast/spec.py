@@ -374,7 +374,8 @@ def check_flash_attention(preset, where: str, key: str) -> None:
                          "(no FlashAttention kernel: FlashAttention-2 needs an Ampere or newer GPU; or a "
                          "calibration file set it to 0)",
                          f"drop {preset.name} or set use_flash_attn = false, or give {preset.name} a "
-                         "positive flash_attention_efficiency in a calibration file")
+                         "positive flash_attention_efficiency (a [gpus." + preset.name + "] table: calibration = "
+                         "{ flash_attention_efficiency = 0.5 }, or a calibration file for a preset)")
 
 
 def _check_keys(where, table_name, table, allowed):
@@ -575,6 +576,11 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
                          "both given" if "num_gpus" in cl else "neither given",
                          "exactly one of the two", "give the job size as num_gpus or as num_nodes")
     known = spec_gpus(path, doc.get("gpus"), gpus)
+    for g, table in (doc.get("gpus") or {}).items():
+        if isinstance(table, dict) and "calibration" in table and g in (calibration or {}):
+            raise InputError(path, f"gpus.{g}.calibration", table["calibration"],
+                             "one source of calibration values per GPU",
+                             f"the --calibration file also calibrates {g}; put the values in one of the two")
     overrides = _overrides(path, "cluster", cl)
     names = _strings(path, "cluster.gpu", cl["gpu"], tuple(known))
     per_gpu = {}
@@ -595,8 +601,10 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
             per_gpu[k] = {**overrides, **_overrides(path, f"cluster.{k}", v)}
     for g in names:     # memory kept free must leave some for the model, on every GPU
         own = isinstance(cl.get(g), dict) and "reserved_GiB" in cl[g]
-        check_reserved(known[g], per_gpu.get(g, overrides).get("reserved_GiB"), path,
-                       f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB")
+        given = per_gpu.get(g, overrides).get("reserved_GiB")
+        check_reserved(known[g], known[g].reserved_GiB if given is None else given, path,
+                       (f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB") if given is not None
+                       else f"gpus.{g}.reserved_GiB (or hbm_GiB)")
     settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
     settings["vpp"] = _vpps(path, pa_.get("vpp", 1))
     gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu, known)
