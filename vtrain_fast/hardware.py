@@ -144,25 +144,30 @@ class GPUPreset:
 # ``base`` names a preset whose calibration fills the keys it does not give).
 GPU_DATA_DIR = Path(__file__).resolve().parent / "data" / "gpus"
 
-# Preset fields a GPU file gives, with their allowed range; None: not required.
+# Keys a sweep spec, a CSV row or a calibration file may override, with their allowed range.
+OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
+    "gpus_per_node": (1, 1024),
+    "intra_node_GBps": (0.1, 1e5),
+    "inter_node_Gbps": (0.1, 1e6),
+    "usd_per_gpu_hour": (0.0, 1e4),
+    "pue": (1.0, 5.0),
+    "reserved_GiB": (0.0, 1024.0),
+}
+# Preset fields a GPU file gives (all required), and optional ones, with their allowed range.
 GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_bf16_tflops": (1.0, 1e6),
     "hbm_GiB": (1.0, 1e5),
     "hbm_GBps": (1.0, 1e6),
-    "intra_node_GBps": (0.1, 1e5),
-    "gpus_per_node": (1, 1024),
-    "inter_node_Gbps": (0.1, 1e6),
     "num_sms": (1, 10_000),
     "tdp_W": (1.0, 1e5),
-    "usd_per_gpu_hour": (0.0, 1e4),
+    **{k: OVERRIDE_RANGES[k] for k in ("intra_node_GBps", "gpus_per_node", "inter_node_Gbps", "usd_per_gpu_hour")},
 }
 OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_tf32_tflops": (0.0, 1e6),
     "peak_fp16_tflops": (0.0, 1e6),
     "peak_fp8_tflops": (0.0, 1e6),
     "peak_fp4_tflops": (0.0, 1e6),
-    "pue": (1.0, 5.0),
-    "reserved_GiB": (0.0, 1024.0),
+    **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
 }
 _INTEGER_FIELDS = ("gpus_per_node", "num_sms")
 # Fields a calibration's fit depends on: a GPU that changes one of them is not the fitted one.
@@ -338,15 +343,6 @@ def resolve_gpu_tables(tables: dict, known: dict, need_source: bool = True) -> d
     return out
 
 
-# Keys a sweep spec, a CSV row or a calibration file may override, with their allowed range.
-OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
-    "gpus_per_node": (1, 1024),
-    "intra_node_GBps": (0.1, 1e5),
-    "inter_node_Gbps": (0.1, 1e6),
-    "usd_per_gpu_hour": (0.0, 1e4),
-    "pue": (1.0, 5.0),
-    "reserved_GiB": (0.0, 1024.0),
-}
 CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.01, 1.0),
     "hbm_efficiency": (0.01, 1.0),
