@@ -170,3 +170,43 @@ def test_a_spec_calibration_and_a_calibration_file_for_one_gpu_are_refused(tmp_p
     text = _spec("[gpus.h100-sxm-80gb]\ncalibration = { gemm_efficiency = 0.9 }\n", "h100-sxm-80gb")
     with pytest.raises(InputError, match="one source of calibration"):
         parse_spec(text, "s.toml", load_calibration(cal))
+
+
+# ---------------------------------------------------------------- model presets as data
+def test_every_model_preset_comes_from_the_data_file_with_its_source():
+    from vtrain_fast.models import MODEL_PRESETS, MODELS_FILE
+    doc = tomllib.loads(MODELS_FILE.read_text())
+    assert list(doc["models"]) == list(MODEL_PRESETS)
+    for name, t in doc["models"].items():
+        assert t["source"] in doc["sources"], name
+        assert MODEL_PRESETS[name].source.startswith(doc["sources"][t["source"]])
+
+
+def test_a_spec_defines_a_named_model_shape(tmp_path, write_spec, cli):
+    text = ONE_POINT_SPEC.format(training="").replace('presets = ["gpt3-125m"]', 'presets = ["my-1.5b"]') + (
+        '[models."my-1.5b"]\nnum_layers = 24\nhidden_size = 2048\nnum_attention_heads = 16\nseq_length = 2048\n')
+    spec = parse_spec(text, "s.toml")
+    (m,) = spec.models
+    assert (m.name, m.num_layers, m.ffn_hidden_size, m.num_query_groups) == ("my-1.5b", 24, 8192, 16)
+    res = cli("sweep", write_spec(text), "-o", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("table, needle", [
+    ("[models.m]\nnum_layers = 24\n", "hidden_size is missing"),
+    ("[models.m]\nnum_layers = 24\nhidden_size = 2048\nnum_attention_heads = 16\nseq_length = 2048\nlayers = 3\n",
+     "layers"),
+    ("[models.m]\nnum_layers = 2.5\nhidden_size = 2048\nnum_attention_heads = 16\nseq_length = 2048\n", "num_layers"),
+    ("[models.gpt3-125m]\nnum_layers = 2\nhidden_size = 2048\nnum_attention_heads = 16\nseq_length = 2048\n",
+     "not a model preset"),
+    ("[models.my-1.5b]\nnum_layers = 2\nhidden_size = 2048\nnum_attention_heads = 16\nseq_length = 2048\n",
+     'quoted: [models."my-1.5b"]'),
+    ("models = 3\n", "[models.<name>] tables"),
+])
+def test_a_bad_model_table_names_the_key(table, needle):
+    text = ONE_POINT_SPEC.format(training="") + table
+    if table.startswith("models ="):
+        text = table + ONE_POINT_SPEC.format(training="")
+    with pytest.raises(InputError) as e:
+        parse_spec(text, "s.toml")
+    assert needle in str(e.value), str(e.value)

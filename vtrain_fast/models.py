@@ -1,6 +1,7 @@
 """Model presets: dense decoder-only transformers (GPT-2/3 style layer: LayerNorm, GeLU MLP,
 learned position embedding, untied output layer); Llama 2/3 shapes with their SwiGLU MLP as an
-equivalent 1.5x-wide GeLU MLP (see the note above the Llama sources).
+equivalent 1.5x-wide GeLU MLP. The shapes and their sources are data:
+``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables.
 
 Names follow Megatron-LM's arguments. ``ffn_hidden_size`` defaults to ``4 * hidden_size``,
 ``num_query_groups`` to ``num_attention_heads`` (multi-head attention) and ``vocab_size`` to
@@ -9,6 +10,7 @@ GPT-2's 50,257.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_VOCAB_SIZE = 50257
 
@@ -54,47 +56,66 @@ class ModelShape:
                 r.ffn_hidden_size, r.vocab_size, r.seq_length)
 
 
-_GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
-_VTRAIN = "Bang et al. 2024, vTrain (MICRO 2024), multi-node validation models"
-_MEGATRON = "Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters', Table 1"
-_LLAMA2 = ("Touvron et al. 2023, 'Llama 2', Table 1 (context, GQA) and the released config.json "
-           "(dims, vocab 32,000)")
-_LLAMA3 = ("Dubey et al. 2024, 'The Llama 3 Herd of Models', Table 3 (layers, dims, heads, KV heads) "
-           "and the released config.json (vocab 128,256); pre-training context 8,192")
-# Llama's SwiGLU MLP has three h x f matrices; the layer here has two (GeLU). A two-matrix MLP of
-# width 1.5 f has the same FLOPs (6 h f per token), the same weights (3 h f) and the same
-# activation bytes (FC1 output 2 x 1.5f + activation output 1.5f = gate/up 2f + SwiGLU output f,
-# and the elementwise op moves 4 x 1.5f = 6f bytes like SwiGLU's read 2f, write f), so these
-# presets give ffn_hidden_size = 1.5 x Llama's. Not modelled: RoPE instead of learned positions
-# (s x h extra parameters here, < 0.1%), RMSNorm, no biases.
-
-MODEL_PRESETS: dict[str, ModelShape] = {
-    m.name: m.resolved()
-    for m in (
-        ModelShape("gpt3-125m", 12, 768, 12, 2048, source=_GPT3),
-        ModelShape("gpt3-350m", 24, 1024, 16, 2048, source=_GPT3),
-        ModelShape("gpt3-760m", 24, 1536, 16, 2048, source=_GPT3),
-        # GPT-3 lists 24 heads of 128 for 1.3B, which does not divide 2048; Megatron uses 16.
-        ModelShape("gpt3-1.3b", 24, 2048, 16, 2048, source=_GPT3 + " (16 heads as in Megatron-LM)"),
-        ModelShape("gpt3-2.7b", 32, 2560, 32, 2048, source=_GPT3),
-        ModelShape("gpt3-6.7b", 32, 4096, 32, 2048, source=_GPT3),
-        ModelShape("gpt3-13b", 40, 5120, 40, 2048, source=_GPT3),
-        ModelShape("gpt3-175b", 96, 12288, 96, 2048, source=_GPT3),
-        ModelShape("vtrain-3.6b", 30, 3072, 32, 2048, source=_VTRAIN),
-        ModelShape("vtrain-18.4b", 40, 6144, 48, 2048, source=_VTRAIN),
-        ModelShape("vtrain-39.1b", 48, 8192, 64, 2048, source=_VTRAIN),
-        ModelShape("megatron-1t", 128, 25600, 160, 2048, source=_MEGATRON),
-        ModelShape("llama2-7b", 32, 4096, 32, 4096, ffn_hidden_size=11008 * 3 // 2, vocab_size=32000,
-                   source=_LLAMA2),
-        ModelShape("llama2-13b", 40, 5120, 40, 4096, ffn_hidden_size=13824 * 3 // 2, vocab_size=32000,
-                   source=_LLAMA2),
-        ModelShape("llama2-70b", 80, 8192, 64, 4096, num_query_groups=8, ffn_hidden_size=28672 * 3 // 2,
-                   vocab_size=32000, source=_LLAMA2),
-        ModelShape("llama3-8b", 32, 4096, 32, 8192, num_query_groups=8, ffn_hidden_size=14336 * 3 // 2,
-                   vocab_size=128256, source=_LLAMA3),
-        ModelShape("llama3-70b", 80, 8192, 64, 8192, num_query_groups=8, ffn_hidden_size=28672 * 3 // 2,
-                   vocab_size=128256, source=_LLAMA3),
-        ModelShape("llama3-405b", 126, 16384, 128, 8192, num_query_groups=8, ffn_hidden_size=53248 * 3 // 2,
-                   vocab_size=128256, source=_LLAMA3),
-    )
+# ranges of the shape arguments (the spec's and evaluate's checks use them too)
+MODEL_INT_RANGES = {
+    "num_layers": (1, 100_000), "hidden_size": (1, 1_000_000),
+    "num_attention_heads": (1, 100_000), "num_query_groups": (1, 100_000),
+    "ffn_hidden_size": (1, 10_000_000), "seq_length": (1, 100_000_000),
+    "vocab_size": (1, 100_000_000),
 }
+MODEL_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+MODELS_FILE = Path(__file__).resolve().parent / "data" / "models.toml"
+
+
+def models_from_tables(tables: dict, where: str, sources: dict | None = None) -> dict[str, ModelShape]:
+    """Model shapes from ``[models.<name>]`` tables (Megatron-LM argument names; ``source``, a
+    key of ``sources`` or a text; ``source_note`` and ``published_ffn_hidden_size`` are
+    documentation), defaults filled in.
+
+    Raises
+    ------
+    InputError
+        A table that is not one, a missing or unknown key, a value that is not a whole number
+        in :data:`MODEL_INT_RANGES`.
+    """
+    from .errors import InputError, did_you_mean
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise InputError(where, "models", tables, "[models.<name>] tables, one per model shape",
+                         "e.g. [models.my-7b] with num_layers, hidden_size, num_attention_heads, seq_length")
+    allowed = set(MODEL_INT_RANGES) | {"source", "source_note", "published_ffn_hidden_size"}
+    out = {}
+    for name, t in tables.items():
+        here = f"{where}: [models.{name}]"
+        for k in t:
+            if k not in allowed:
+                raise InputError(here, k, t[k], "model keys: " + ", ".join(sorted(allowed)),
+                                 f'a name with a dot is quoted: [models."{name}.{k}"]' if isinstance(t[k], dict)
+                                 else did_you_mean(k, sorted(allowed), "remove it"))
+        for k in MODEL_REQUIRED:
+            if k not in t:
+                raise InputError(here, k, None, "a whole number (required)", f"add {k}")
+        kw = {}
+        for k, (lo, hi) in MODEL_INT_RANGES.items():
+            if k in t:
+                v = t[k]
+                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                    raise InputError(here, k, v, f"a whole number from {lo:,} to {hi:,}")
+                kw[k] = v
+        src = t.get("source", "")
+        if not isinstance(src, str) or not isinstance(t.get("source_note", ""), str):
+            raise InputError(here, "source", src, "a string")
+        text = (sources or {}).get(src, src or f"given in {where}")
+        if t.get("source_note"):
+            text += f" ({t['source_note']})"
+        out[name] = ModelShape(name=name, source=text, **kw).resolved()
+    return out
+
+
+def _load_presets() -> dict[str, ModelShape]:
+    from .inputs import read_toml
+    doc = read_toml(MODELS_FILE, "model presets file")
+    return models_from_tables(doc.get("models", {}), str(MODELS_FILE), doc.get("sources", {}))
+
+
+# The shipped shapes, by name, from vtrain_fast/data/models.toml (sources there).
+MODEL_PRESETS: dict[str, ModelShape] = _load_presets()

@@ -37,6 +37,15 @@ fields of a preset of that name (:func:`spec_gpus`)::
     hbm_GBps = 3900.0
     calibration = { gemm_efficiency = 0.78 }
 
+A ``[models.<name>]`` table defines a model shape that ``model.presets`` can name (Megatron-LM's
+argument names; quote a name with a dot: ``[models."my-1.5b"]``)::
+
+    [models.my-7b]
+    num_layers = 32
+    hidden_size = 4096
+    num_attention_heads = 32
+    seq_length = 4096
+
 The training settings (``vpp`` and the switches of :data:`TRAINING_FLAGS`) ride on the GPU axis:
 a list of values makes a setting an axis, and each GPU preset becomes one machine per combination
 of their values (:func:`machine_variants`).
@@ -53,7 +62,7 @@ from .errors import MAX_NAME_BYTES, InputError, did_you_mean  # noqa: F401 (did_
 from .inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
-from .models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, ModelShape
+from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
 from .schema import SETTING_NO_EFFECT
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of kernels.step.RECOMPUTE_*
@@ -78,10 +87,7 @@ MAX_INT = 2 ** 31 - 1
 
 # key -> (low, high) for integer axes
 INT_RANGES = {
-    "num_layers": (1, 100_000), "hidden_size": (1, 1_000_000),
-    "num_attention_heads": (1, 100_000), "num_query_groups": (1, 100_000),
-    "ffn_hidden_size": (1, 10_000_000), "seq_length": (1, 100_000_000),
-    "vocab_size": (1, 100_000_000), "global_batch_size": (1, 100_000_000),
+    **MODEL_INT_RANGES, "global_batch_size": (1, 100_000_000),
     "micro_batch_size": (1, 1_000_000), "num_gpus": (1, 100_000_000),
     "num_nodes": (1, 10_000_000), "tp": (1, 1_000_000), "pp": (1, 1_000_000),
 }
@@ -93,7 +99,7 @@ _TABLES = {
     "parallel": {"tp", "pp", "vpp"},
     "output": {"chunk_size"},
 }
-_TOP = {"name", "description", "gpus", *_TABLES}
+_TOP = {"name", "description", "gpus", "models", *_TABLES}
 
 
 @dataclass(frozen=True)
@@ -412,11 +418,14 @@ def shape_name(shape: dict, given=None) -> str:
     return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given])
 
 
-def _models(where, t: dict) -> tuple:
+def _models(where, t: dict, known: dict | None = None) -> tuple:
+    """The model axis: ``model.presets`` (names of ``known``: the presets and the spec's own
+    ``[models.<name>]``) and the shapes given as lists in ``[model]``."""
+    known = known or MODEL_PRESETS
     models: list[ModelShape] = []
     if "presets" in t:
-        for name in _strings(where, "model.presets", t["presets"], tuple(MODEL_PRESETS)):
-            models.append(MODEL_PRESETS[name])
+        for name in _strings(where, "model.presets", t["presets"], tuple(known)):
+            models.append(known[name])
     shape_keys = [k for k in t if k != "presets"]
     if shape_keys:
         required = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
@@ -434,7 +443,7 @@ def _models(where, t: dict) -> tuple:
             models.append(ModelShape(name=shape_name(kw, given=shape_keys), **kw).resolved())
     if not models:
         raise InputError(where, "model", t, "model.presets and/or model shape lists",
-                         "add e.g. presets = [\"gpt3-175b\"]; presets: " + ", ".join(MODEL_PRESETS))
+                         "add e.g. presets = [\"gpt3-175b\"]; presets: " + ", ".join(known))
     return tuple(models)
 
 
@@ -500,6 +509,27 @@ def load_gpus(path: str | Path | None) -> dict:
     if path is not None:
         known.update(load_gpu_files([path], PRESETS, need_source=False))
     return known
+
+
+def spec_models(where: str, table) -> dict:
+    """The model shapes a spec can name in ``model.presets``: the presets and its own
+    ``[models.<name>]`` tables (:func:`vtrain_fast.models.models_from_tables`; a preset's name
+    is refused, so a name always means one shape).
+
+    Raises
+    ------
+    InputError
+        A bad table (see ``models_from_tables``), a name that is a preset or not a plain name.
+    """
+    if table is None:
+        return MODEL_PRESETS
+    own = models_from_tables(table, where)
+    for name in own:
+        check_name(where, name)
+        if name in MODEL_PRESETS:
+            raise InputError(f"{where}: [models.{name}]", "name", name, "a name that is not a model preset",
+                             f"name your shape differently, e.g. my-{name}")
+    return {**MODEL_PRESETS, **own}
 
 
 def spec_gpus(where: str, table, known: dict | None = None) -> dict:
@@ -617,7 +647,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
     return SweepSpec(
         name=name,
         description=_description(path, doc.get("description", "")),
-        models=_models(path, doc["model"]),
+        models=_models(path, doc["model"], spec_models(path, doc.get("models"))),
         num_tokens=_floats(path, "training.num_tokens", tr["num_tokens"], 1.0, 1e16),
         gpus=gpus,
         cluster_sizes=_ints(path, size_key, cl[size_key], "cluster"),
