@@ -203,20 +203,13 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
 
 # Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
 # is named by its key.
-FLAG_LABELS = {"use_flash_attn": "FlashAttention", "sequence_parallel": "sequence parallelism",
-               "async_tensor_model_parallel_allreduce": "asynchronous TP all-reduce",
-               "distributed_optimizer": "distributed optimizer",
-               "overlap_grad_reduce": "overlapped gradient reduction"}
-
-
 def unvalidated_settings(spec) -> list[str]:
     """The settings of ``spec`` that vTrain's measurements (the validation set) do not cover:
     every training switch that is on (none is used by those runs), interleaving, selective
     recomputation and sequences longer than 2,048."""
-    from .spec import TRAINING_FLAGS
-    out = [FLAG_LABELS.get(flag, flag) for flag in TRAINING_FLAGS if any(getattr(g, flag) for g in spec.gpus)]
-    if any(g.vpp > 1 for g in spec.gpus):
-        out.append("interleaved 1F1B (vpp > 1)")
+    from .settings import SETTINGS
+    out = [st.label for st in SETTINGS
+           if not st.validated and any(getattr(g, st.name) != st.default for g in spec.gpus)]
     if "selective" in spec.recompute:
         out.append("selective recomputation")
     if any(m.seq_length > 2048 for m in spec.models):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .kernels.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
+from .settings import SETTINGS
 
 GiB = 1024.0 ** 3
 
@@ -410,14 +411,10 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "usd_per_gpu_hour": preset.usd_per_gpu_hour,
         "pue": preset.pue,
         "reserved_bytes": preset.reserved_GiB * GiB,
-        "dp_overlap": 1.0 if preset.overlap_grad_reduce else 0.0,
-        "optimizer_sharding": 1.0 if preset.distributed_optimizer else 0.0,
-        "flash_attn": 1.0 if preset.use_flash_attn else 0.0,
-        "sequence_parallel": 1.0 if preset.sequence_parallel else 0.0,
-        "vpp": float(preset.vpp),
-        "tp_overlap": 1.0 if preset.async_tensor_model_parallel_allreduce else 0.0,
         "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
     }
+    for st in SETTINGS:         # the training settings, each in its field (vtrain_fast.settings)
+        values[st.field] = float(getattr(preset, st.name))
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))
     vec = np.empty(NUM_HW_FIELDS, dtype=np.float64)

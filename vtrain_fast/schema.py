@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from .errors import InputError, did_you_mean
 from .kernels import params as step     # the output layout; no Numba
+from .settings import SETTINGS
 
 
 @dataclass(frozen=True)
@@ -45,35 +46,22 @@ INPUT_COLUMNS = (
     Column("micro_batch_size", pa.int64(), "sequences", "micro-batch size b"),
     Column("global_batch_size", pa.int64(), "sequences", "global batch size B"),
     Column("recompute", _dict, "", "activation recomputation: none | full | selective"),
-    Column("vpp", pa.int64(), "", "model chunks per device setting (interleaved 1F1B when > 1; no effect at pp = 1)"),
-    Column("sequence_parallel", pa.bool_(), "", "Megatron sequence parallelism"),
-    Column("use_flash_attn", pa.bool_(), "", "FlashAttention-2 attention core"),
-    Column("async_tensor_model_parallel_allreduce", pa.bool_(), "",
-           "backward TP exchange overlapped with weight-gradient GEMMs"),
-    Column("distributed_optimizer", pa.bool_(), "", "Adam states sharded over dp (ZeRO-1)"),
-    Column("overlap_grad_reduce", pa.bool_(), "", "DP all-reduce overlapped with the last backward"),
+    # the training settings, from their registry (vtrain_fast.settings), in its order
+    *(Column(st.name, pa.int64() if st.kind is int else pa.bool_(), "", st.doc) for st in SETTINGS),
 )
 # Training settings (a value or a list per sweep, stored with each gpu-axis machine): column -> machine-vector
 # field that carries it. Sweeps and evaluate write them so that combined results stay labelled.
-SETTING_FIELDS = {"vpp": "vpp", "sequence_parallel": "sequence_parallel", "use_flash_attn": "flash_attn",
-                  "distributed_optimizer": "optimizer_sharding", "overlap_grad_reduce": "dp_overlap",
-                  "async_tensor_model_parallel_allreduce": "tp_overlap"}
+SETTING_FIELDS = {st.name: st.field for st in SETTINGS}
 # Where each setting has no effect on the cost model, as (tp == 1, pp == 1, dp == 1, with sequence
-# parallelism): vpp only interleaves a pipeline (kernels.step.virtual_stages); sequence parallelism
-# splits over tp (ops.sequence_split); the asynchronous TP all-reduce needs tp > 1 and is always on
-# with sequence parallelism (step.micro_batch_costs); the distributed optimizer and overlapped
-# gradient reduction need dp > 1 (nothing to shard or reduce). Value there: the GPUPreset default.
-# Sweeps price such plans once (status repeat, spec.repeat_cases); pareto counts them for every
-# value of the setting (query). tests/test_setting_axes.py checks the table against the kernels
-# (test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly) and the query.
-SETTING_NO_EFFECT = {
-    "vpp": (False, True, False, False),
-    "sequence_parallel": (True, False, False, False),
-    "use_flash_attn": (False, False, False, False),
-    "distributed_optimizer": (False, False, True, False),
-    "overlap_grad_reduce": (False, False, True, False),
-    "async_tensor_model_parallel_allreduce": (True, False, False, True),
-}
+# parallelism), from the registry: vpp only interleaves a pipeline (kernels.step.virtual_stages);
+# sequence parallelism splits over tp (ops.sequence_split); the asynchronous TP all-reduce needs
+# tp > 1 and is always on with sequence parallelism (step.micro_batch_costs); the distributed
+# optimizer and overlapped gradient reduction need dp > 1 (nothing to shard or reduce). Value there:
+# the GPUPreset default. Sweeps price such plans once (status repeat, spec.repeat_cases); pareto
+# counts them for every value of the setting (query). tests/test_setting_axes.py checks the table
+# against the kernels (test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly) and
+# the query.
+SETTING_NO_EFFECT = {st.name: st.no_effect for st in SETTINGS}
 
 
 def setting_values(column: str, field_values):

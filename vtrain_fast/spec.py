@@ -64,22 +64,14 @@ from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration
                        with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
 from .schema import SETTING_NO_EFFECT
+from .settings import SWITCHES
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of kernels.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
-TRAINING_FLAGS = {
-    "overlap_grad_reduce": "true overlaps the data-parallel all-reduce with backward (Megatron --overlap-grad-reduce)",
-    "distributed_optimizer": "true shards the Adam states over data-parallel ranks "
-                             "(Megatron --use-distributed-optimizer, ZeRO-1)",
-    "use_flash_attn": "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn)",
-    "sequence_parallel": "true splits layer norms and dropouts over the tensor-parallel ranks "
-                         "(Megatron --sequence-parallel)",
-    "async_tensor_model_parallel_allreduce": "true overlaps the backward tensor-parallel all-reduce (or, with "
-                                             "sequence parallelism, reduce-scatter) of the column-parallel layers "
-                                             "with their weight-gradient GEMMs (Megatron-LM's default; "
-                                             "Megatron-DeepSpeed: false)",
-}
+# The training switches a spec takes under [training] (key -> what true does): the registry's
+# bool settings (vtrain_fast.settings), in the order of the machine axis.
+TRAINING_FLAGS = {s.name: s.doc for s in SWITCHES}
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
 RECOMPUTE_DEFAULT = "none"

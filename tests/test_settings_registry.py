@@ -1,0 +1,32 @@
+"""The settings registry (vtrain_fast.settings) is the one place each training setting lives:
+every other table is derived from it, and every record is complete."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vtrain_fast.hardware import GPUPreset, PRESETS, machine_vector
+from vtrain_fast.kernels.params import HW_FIELDS
+from vtrain_fast.schema import SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT
+from vtrain_fast.settings import BY_NAME, SETTINGS
+from vtrain_fast.spec import TRAINING_FLAGS
+
+
+@pytest.mark.parametrize("st", SETTINGS, ids=lambda s: s.name)
+def test_every_setting_is_complete_and_reaches_every_table(st):
+    defaults = {f.name: f.default for f in dataclasses.fields(GPUPreset)}
+    assert defaults[st.name] == st.default and type(st.default) is st.kind
+    assert st.field in HW_FIELDS and SETTING_FIELDS[st.name] == st.field
+    assert SETTING_NO_EFFECT[st.name] == st.no_effect and len(st.no_effect) == 4
+    assert st.name in SCHEMA.names and st.label and st.doc and st.megatron.startswith("--")
+    assert (st.name in TRAINING_FLAGS) == (st.kind is bool)
+    # the machine vector carries the setting's value in its field
+    p = dataclasses.replace(PRESETS["a100-sxm4-80gb"], **{st.name: 2 if st.kind is int else True})
+    assert machine_vector(p)[HW_FIELDS.index(st.field)] == (2.0 if st.kind is int else 1.0)
+
+
+def test_the_registry_order_is_the_sweep_axis_order():
+    """The machine axis follows the registry (the last setting varies fastest): row order."""
+    assert list(TRAINING_FLAGS) == [s.name for s in SETTINGS if s.kind is bool]
+    assert list(SETTING_FIELDS) == [s.name for s in SETTINGS] and len(BY_NAME) == len(SETTINGS)
