@@ -55,7 +55,7 @@ clean:
 	rm -rf results/*/ results/*.parquet results/*.png
 
 # Refit the A100 calibration: NCCL tables first, then the iteration-time fit on the single-node set only.
-# gemm_efficiency is not fitted: it stays at the preset's published value (hardware.A100_GEMM_EFFICIENCY).
+# gemm_efficiency is not fitted: it stays at the preset's published value (gemm_efficiency in vtrain_fast/data/gpus/a100-sxm4-80gb.toml).
 CAL := results/calibration-a100.toml
 calibrate: $(STAMP)
 	rm -f $(CAL)

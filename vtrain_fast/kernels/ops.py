@@ -14,7 +14,7 @@ tile and wave quantization). From one wave up, no tail is charged: cuBLAS picks 
 (and split-K) per problem, and a fixed 128 x 128 wave sawtooth fitted vTrain's single-node
 measurements worse (MAPE 6.89% vs 6.52%, same free parameters). ``gemm_efficiency`` is the
 large-GEMM ceiling: for the A100 it is pinned to a published matmul benchmark, not fitted
-(see ``hardware.A100_GEMM_EFFICIENCY``). A phase of kernels lasts at least
+(see ``gemm_efficiency`` in ``vtrain_fast/data/gpus/a100-sxm4-80gb.toml``). A phase of kernels lasts at least
 ``num_kernels * host_launch_s`` (:func:`phase_s`).
 """
 from __future__ import annotations
