@@ -14,7 +14,7 @@ from conftest import ONE_POINT_SPEC
 from vtrain_fast.cli import app
 from vtrain_fast.errors import InputError
 from vtrain_fast.nccl import fit_tables, read_table
-from vtrain_fast.query import resolve_objectives
+from vtrain_fast.schema import resolve_objectives
 from vtrain_fast.spec import parse_spec
 
 NCCL_TABLES = sorted((Path(vtrain_fast.__file__).parent / "data" / "vtrain" / "nccl_allreduce_a100").glob("*.csv"))

@@ -27,7 +27,7 @@ CHUNK = 1 << 18
 
 def sweep_digest(spec) -> str:
     """SHA-256 over every point of ``spec``: the kernel's inputs, tokens, outputs and status."""
-    from vtrain_fast.engine import RowBuffers
+    from vtrain_fast.chunks import RowBuffers
     from vtrain_fast.grid import build_grid
     from vtrain_fast.kernels.sweep import sweep_chunk
     grid = build_grid(spec)

@@ -22,7 +22,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import reference as ref
-from vtrain_fast import engine
+from vtrain_fast import chunks, engine
 from vtrain_fast.errors import InputError
 from vtrain_fast.grid import build_grid, pruning_table
 from vtrain_fast.kernels import step
@@ -96,7 +96,7 @@ def signed(frame: pl.DataFrame, objectives) -> np.ndarray:
 def test_sweep_points_match_twin(grid):
     rng = np.random.default_rng(11)
     idx = rng.choice(grid.num_points, size=300, replace=False).astype(np.int64)
-    b = engine.RowBuffers(idx.size)
+    b = chunks.RowBuffers(idx.size)
     ks.sweep_points(idx, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
     statuses = set()
     for j, index in enumerate(idx.tolist()):
@@ -123,7 +123,7 @@ def _check_scan_against_rows(grid):
     """The scan kernel keeps exactly the OK points the row kernel finds, counts the rest, and
     the pruning table removes only prefixes without any feasible point."""
     n = grid.num_points
-    b = engine.RowBuffers(n)
+    b = chunks.RowBuffers(n)
     ks.sweep_chunk(0, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
     table = pruning_table(grid)
     assert table.size and 0 < table.mean() < 1          # the grid has prunable prefixes
@@ -448,7 +448,7 @@ def test_index_space_overflow_is_a_clear_error(tmp_path):
         engine.run_sweep(big, tmp_path / "r", keep="frontier")
     assert not (tmp_path / "r").exists()
     with pytest.raises(InputError, match="int64"):
-        engine.plan_sweep(2 ** 63, engine.parse_keep("all"))
+        chunks.plan_sweep(2 ** 63, chunks.parse_keep("all"))
 
 
 @pytest.mark.parametrize("keep, minimize, needle", [
@@ -462,7 +462,7 @@ def test_index_space_overflow_is_a_clear_error(tmp_path):
 ])
 def test_bad_keep(keep, minimize, needle):
     with pytest.raises(InputError, match=needle):
-        engine.parse_keep(keep, minimize)
+        chunks.parse_keep(keep, minimize)
 
 
 def test_cli_keep_shard_merge(tmp_path, cli, full):

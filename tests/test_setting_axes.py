@@ -8,7 +8,7 @@ import math
 import polars as pl
 import pytest
 
-from vtrain_fast.engine import evaluate_chunk
+from vtrain_fast.chunks import evaluate_chunk
 from vtrain_fast.errors import InputError
 from vtrain_fast.grid import build_grid
 from vtrain_fast.spec import TRAINING_FLAGS, parse_spec

@@ -1,13 +1,12 @@
 """Reading and writing calibration files (TOML, one table per GPU preset)."""
 from __future__ import annotations
 
-import tomllib
 from datetime import date
 from pathlib import Path
 
 from .errors import InputError, check_output_file, write_atomically
 from .hardware import CALIBRATION_RANGES, PRESETS
-from .inputs import MAX_TEXT_BYTES, read_input_bytes
+from .inputs import read_toml
 
 
 def _fmt(v) -> str:
@@ -38,12 +37,10 @@ def read_calibration_output(path: str | Path) -> dict:
     if not p.exists() and not p.is_symlink():
         return {}
     fix = "choose another -o (the file was left unchanged) or delete the file"
-    data = read_input_bytes(p, "calibration TOML file", MAX_TEXT_BYTES)
     try:
-        doc = tomllib.loads(data.decode("utf-8-sig"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise InputError(str(p), "calibration file", str(e).splitlines()[0] if str(e) else type(e).__name__,
-                         "a missing file or a valid calibration TOML to update", fix) from None
+        doc = read_toml(p, "calibration TOML file")
+    except InputError as e:         # the reader's message, and that the file was left unchanged
+        raise InputError(e.where, e.key, e.value, e.allowed, f"{e.fix}; {fix}" if e.fix else fix) from None
     allowed = ("a calibration file: one table per GPU preset (" + ", ".join(PRESETS) + ") with calibration "
                "parameters (" + ", ".join(CALIBRATION_RANGES) + "), and [meta]")
     for name, table in doc.items():

@@ -93,7 +93,8 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json.
 
     Rerunning the same command after an interruption resumes it."""
-    from .engine import _parse_shard, parse_keep, run_sweep
+    from .chunks import parse_keep
+    from .engine import _parse_shard, run_sweep
     from .spec import load_spec
     s = load_spec(spec, _calibration(calibration), _gpus(gpus))
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
@@ -283,7 +284,8 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                                                "pipeline, data-parallel communication, bubble, optimizer)")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .evaluate import check_table_path, write_table_atomic
-    from .query import frontier_columns, pareto as pareto_frontier, resolve_groups, resolve_objectives, where_filter
+    from .query import frontier_columns, pareto as pareto_frontier, resolve_groups, where_filter
+    from .schema import resolve_objectives
     from .report import PLOT_SUFFIXES, print_frame
     minimize = resolve_objectives("command line", minimize)
     by = resolve_groups("command line", by)

@@ -26,13 +26,11 @@ from .grid import Grid, build_grid
 from .kernels.step import NUM_STATUS
 from .schema import STATUS_LABELS
 from .spec import SweepSpec, variant_label
+from .chunks import (CANDIDATE_SCHEMA, DICTIONARY_COLUMNS, INDEX_COLUMN, ROW_BUFFERS_PER_LANE, STORAGE_SCHEMA,
+                     ChunkEvaluator, Keep, Plan, _LaneSink, parse_keep, plan_sweep, reduce_candidates, run_chunk)
 from .writer import (FINAL, MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
-                     candidate_name, check_files, check_manifest, clear_folder, file_problem, is_sweep_file, part_name, read_json,
-                     rebuild_fix, remove_leftovers, shard_manifest_name, write_json_atomic)
-
-from .chunks import (CANDIDATE_SCHEMA, DICTIONARY_COLUMNS, INDEX_COLUMN, STORAGE_SCHEMA,  # noqa: F401
-                     ROW_BUFFERS_PER_LANE, ChunkEvaluator, Keep, Plan, RowBuffers, _LaneSink, _SyncSink, evaluate_chunk,
-                     output_arrays, parse_keep, plan_sweep, reduce_candidates, run_chunk)
+                     candidate_name, check_files, check_manifest, clear_folder, file_problem, is_sweep_file,
+                     part_name, read_json, rebuild_fix, remove_leftovers, shard_manifest_name, write_json_atomic)
 
 
 # ----------------------------------------------------------------------------------- manifests

@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import re
 
 
 class InputError(ValueError):
@@ -76,7 +77,6 @@ def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
     """The :class:`InputError` for a write to ``path`` that failed with ``exc`` (disk full,
     file-size limit, read-only or unwritable place): the path, the system's reason, the free
     space on that disk and the fix."""
-    import re
     free = free_bytes(path)
     room = f"; {format_bytes(free)} free there" if free is not None else ""
     code = exc.errno
@@ -95,6 +95,30 @@ def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
 
 # Longest name of one file or folder most file systems allow, in bytes (NAME_MAX).
 MAX_NAME_BYTES = 255
+
+
+def check_plain_name(where: str, key: str, name, example: str) -> None:
+    """Refuse ``name`` unless it is a plain name, fit to be a results folder, a table or a column
+    value: a non-empty string of at most :data:`MAX_NAME_BYTES` bytes (UTF-8) without ``/``,
+    ``\\`` or control characters, not starting with ``.``.
+
+    Raises
+    ------
+    InputError
+        Naming ``key``, the value and what to change (``example``: a good name).
+    """
+    allowed = (f"a non-empty string of at most {MAX_NAME_BYTES} bytes (UTF-8) without '/', '\\' or control "
+               "characters that does not start with '.'")
+    if not isinstance(name, str) or not name:
+        raise InputError(where, key, name, allowed, f"e.g. {example}")
+    bad = [c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127]
+    if bad or name.startswith("."):
+        raise InputError(where, key, name, allowed,
+                         f"remove the character {bad[0]!r}" if bad else "remove the leading '.'")
+    size = len(name.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise InputError(where, key, name[:40] + "...", allowed,
+                         f"shorten the name ({size} bytes) to {MAX_NAME_BYTES} bytes or fewer")
 
 
 def _check_parents(p, what: str) -> None:
@@ -116,7 +140,6 @@ def _check_parents(p, what: str) -> None:
 def check_output_file(path) -> None:
     """Raise :class:`InputError` unless ``path`` can be written as a file (it is not a folder
     and its parent is not a file)."""
-    import re
     from pathlib import Path
     p = Path(path)
     _check_parents(p, "output file")
@@ -157,7 +180,6 @@ def write_atomically(path, write, what: str = "output file", fsync: bool = False
         fails (disk full, file-size limit, unwritable place: the message names the path, the
         system's reason and the free space; the temporary file is removed).
     """
-    import os
     from pathlib import Path
     if check:          # (the sweep's own files skip the user-output checks)
         check_output_file(path)

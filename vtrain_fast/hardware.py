@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import InputError, check_plain_name
+from .inputs import read_toml
 from .kernels.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
 from .settings import SETTINGS
 
@@ -185,20 +187,9 @@ def _finite(v) -> bool:
         return False
 
 
-def _check_gpu_name(where: str, name) -> None:
-    """A GPU name is a plain name: a non-empty string of at most 255 bytes without '/', '\\' or
-    control characters (it is a column value and a file name)."""
-    from .errors import InputError
-    if (not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogatepass")) > 255
-            or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name)):
-        raise InputError(where, "GPU name", name, "a plain name (letters, digits, '-', '.', '_'; no '/' or "
-                         "control characters)", 'e.g. [gpus.h100-nvl-94gb]')
-
-
 def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool):
     """``(value, source text)`` of one GPU number: ``{ value, source, date }`` (a plain number
     only where ``need_source`` is false, e.g. a spec's own GPU)."""
-    from .errors import InputError
     if isinstance(entry, dict):
         extra = set(entry) - {"value", "source", "date"}
         if extra:
@@ -230,8 +221,7 @@ def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: b
     InputError
         Naming ``where``, the key, the value and what is allowed.
     """
-    from .errors import InputError
-    _check_gpu_name(where, name)
+    check_plain_name(where, "GPU name", name, "[gpus.h100-nvl-94gb]")
     for key in _TEXT_KEYS:
         if key in doc and not isinstance(doc[key], str):
             raise InputError(where, key, doc[key], "a string")
@@ -257,16 +247,14 @@ def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: b
         raise InputError(where, "calibration", cal_doc, "a table of calibration values")
     changed = any(k in doc for k in _PERFORMANCE_FIELDS) or bool(set(cal_doc) - {"base", "source", "fitted"})
     calibration, fitted = _calibration_from_table(cal_doc, where, known, base, changed)
-    fields_ = {"peak_tflops": values.pop("peak_bf16_tflops")} if "peak_bf16_tflops" in values else {}
-    fields_.update(values)
-    if base is not None:
-        preset = replace(base, name=name, **fields_, calibration=calibration, calibrated=fitted,
-                         source="; ".join(sources) + ("; " if sources else "") + f"other numbers: {base.source}"
-                         if base_name != name or sources else base.source)
-    else:
-        preset = GPUPreset(name=name, source="; ".join(sources), calibration=calibration, calibrated=fitted,
-                           **fields_)
-    return replace(preset, vendor=str(doc.get("vendor", preset.vendor)))
+    if "peak_bf16_tflops" in values:            # the preset field the kernels charge GEMMs at
+        values["peak_tflops"] = values.pop("peak_bf16_tflops")
+    if "vendor" in doc:
+        values["vendor"] = doc["vendor"]
+    if base is None:
+        return GPUPreset(name=name, source="; ".join(sources), calibration=calibration, calibrated=fitted, **values)
+    source = "; ".join(sources + [f"other numbers: {base.source}"]) if sources else base.source
+    return replace(base, name=name, source=source, calibration=calibration, calibrated=fitted, **values)
 
 
 def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset | None, changed: bool = False):
@@ -274,7 +262,6 @@ def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset 
     GPU's base, fills the keys it does not give). ``fitted`` is the base's unless the table
     says otherwise, or the GPU changes a number the fit depends on (``changed``): a fit of one
     chip is not a fit of another."""
-    from .errors import InputError
     name = doc.get("base")
     if name is not None and (not isinstance(name, str) or name not in known):
         raise InputError(where, "calibration.base", name, "a GPU preset: " + ", ".join(known))
@@ -306,8 +293,6 @@ def load_gpu_files(paths, known: dict | None = None, need_source: bool = True) -
         A file that cannot be read or parsed, a bad key or value, a ``base`` that names no
         preset (or a circle of them).
     """
-    from .errors import InputError
-    from .inputs import read_toml
     tables = {}
     for path in paths:
         doc = read_toml(path, "TOML file of GPU tables")
@@ -327,7 +312,6 @@ def load_gpu_files(paths, known: dict | None = None, need_source: bool = True) -
 
 def resolve_gpu_tables(tables: dict, known: dict, need_source: bool = True) -> dict[str, GPUPreset]:
     """Build every GPU of ``tables`` (name -> ``(table, where)``), bases first."""
-    from .errors import InputError
     out: dict[str, GPUPreset] = {}
     pending = dict(tables)
     while pending:

@@ -15,8 +15,8 @@ import pyarrow as pa
 from .errors import InputError
 from .kernels.sweep import pareto_positions
 from .errors import did_you_mean
-from .schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT,  # noqa: F401
-                     resolve_column, resolve_objectives)
+from .schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT, resolve_column,
+                     resolve_objectives)
 from .writer import read_manifest, result_paths
 
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",

@@ -60,8 +60,8 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = (),
     always stay."""
     whole = df if whole is None else whole
 
-    def constant(c):
-        return whole[c].n_unique() == 1 and df[c].n_unique() == 1
+    def constant(c):             # one value in every row of whole, so in the rows shown too
+        return whole[c].n_unique() == 1
 
     def need(frame):
         return sum(max(len(SHORT_NAMES.get(c, c)), max((len(_fmt(v)) for v in frame[c].to_list()), default=0)) + 3

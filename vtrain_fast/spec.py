@@ -58,7 +58,7 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .errors import MAX_NAME_BYTES, InputError, did_you_mean  # noqa: F401 (did_you_mean: spec.did_you_mean)
+from .errors import InputError, check_plain_name, did_you_mean
 from .inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
@@ -464,27 +464,15 @@ def check_reserved(preset, reserved_GiB, where: str, key: str) -> None:
 
 
 def check_name(where: str, name) -> None:
-    """Refuse a sweep ``name`` that cannot be the results folder ``results/<name>``: not a
-    non-empty string, a path separator (``/`` or ``\\``), a NUL or other control character, a
-    leading ``.``, or longer than :data:`MAX_NAME_BYTES` bytes in UTF-8.
+    """Refuse a sweep ``name`` that cannot be the results folder ``results/<name>``
+    (:func:`vtrain_fast.errors.check_plain_name`).
 
     Raises
     ------
     InputError
         Naming the key ``name``.
     """
-    allowed = (f"a non-empty string of at most {MAX_NAME_BYTES} bytes (UTF-8) without '/', '\\' or control "
-               "characters that does not start with '.' (it names the folder results/<name>)")
-    if not isinstance(name, str) or not name:
-        raise InputError(where, "name", name, allowed, 'e.g. name = "gpt3-175b-plans"')
-    bad = [c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127]
-    if bad or name.startswith("."):
-        raise InputError(where, "name", name, allowed,
-                         f"remove the character {bad[0]!r}" if bad else "remove the leading '.'")
-    size = len(name.encode("utf-8", errors="surrogatepass"))
-    if size > MAX_NAME_BYTES:
-        raise InputError(where, "name", name[:40] + "...", allowed,
-                         f"shorten the name ({size} bytes) to {MAX_NAME_BYTES} bytes or fewer")
+    check_plain_name(where, "name", name, 'name = "gpt3-175b-plans" (it names the folder results/<name>)')
 
 
 def load_gpus(path: str | Path | None) -> dict:
@@ -543,8 +531,6 @@ def spec_gpus(where: str, table, known: dict | None = None) -> dict:
     if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
         raise InputError(where, "gpus", table, "[gpus.<name>] tables, one per GPU",
                          'e.g. [gpus.my-gpu] with base = "h100-sxm-80gb" and the fields that differ')
-    for name in table:
-        check_name(where, name)
     base.update(resolve_gpu_tables({n: (t, f"{where}: [gpus.{n}]") for n, t in table.items()}, dict(base),
                                    need_source=False))
     return base

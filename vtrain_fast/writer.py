@@ -271,10 +271,9 @@ class PartWriter:
     def __init__(self, folder: Path, name: str, schema: pa.Schema,
                  dictionary_columns: list[str] | None = None, origin: tuple | None = None):
         self.path = Path(folder) / name
-        if origin is not None:      # (sweep key, chunk or FINAL): see ORIGIN_KEY
-            meta = {**(schema.metadata or {}),
-                    ORIGIN_KEY: json.dumps({"sweep_key": origin[0], "chunk": origin[1]}).encode()}
-            schema = schema.with_metadata(meta)
+        self.origin = None if origin is None else {"sweep_key": origin[0], "chunk": origin[1]}
+        if self.origin is not None:      # (sweep key, chunk or FINAL): see ORIGIN_KEY
+            schema = schema.with_metadata({**(schema.metadata or {}), ORIGIN_KEY: json.dumps(self.origin).encode()})
         self.name, self.schema = name, schema
         self.dictionary_columns = dictionary_columns
         self.rows = 0
@@ -342,7 +341,7 @@ class PartWriter:
             record = file_record(self.tmp_path, self.rows)
             record["name"] = self.name
             os.replace(self.tmp_path, self.path)
-            remember_verified(self.path, record)
+            remember_verified(self.path, record, self.origin)
         except OSError as e:
             raise self._failed(e) from None
         return record
@@ -379,16 +378,17 @@ def file_problem(folder: Path, record: dict, sweep_key: str | None = None) -> st
         return (f"{st.st_size:,} bytes where the manifest records {record['bytes']:,} "
                 f"({'truncated' if st.st_size < record['bytes'] else 'replaced or appended to'})")
     key = _stat_key(path, st)
-    if _VERIFIED.get(key) != record["sha256"]:
+    known = _VERIFIED.get(key)
+    if known is None or known[0] != record["sha256"]:
         try:
             digest = sha256_of(path)
         except OSError as e:
             return f"unreadable ({e.strerror or e})"
         if digest != record["sha256"]:
             return "damaged or replaced (its SHA-256 differs from the one recorded when it was written)"
-        _VERIFIED[key] = digest
+        known = _VERIFIED[key] = (digest, read_origin(path))
     if sweep_key is not None:
-        origin = read_origin(path)
+        origin = known[1]
         chunk = _expected_chunk(record["name"])
         if (not isinstance(origin, dict) or origin.get("sweep_key") != sweep_key
                 or origin.get("chunk") not in ((chunk, FINAL) if chunk == 0 else (chunk,))):
@@ -397,8 +397,8 @@ def file_problem(folder: Path, record: dict, sweep_key: str | None = None) -> st
     return None
 
 
-# Files already checked (or written) in this process, by (path, inode, size, mtime): a query
-# reads a folder several times and hashes each file once.
+# Files already checked (or written) in this process, by (path, inode, size, mtime) -> (SHA-256,
+# origin stamp): a query reads a folder several times and hashes and opens each file once.
 _VERIFIED: dict = {}
 
 
@@ -406,10 +406,11 @@ def _stat_key(path: Path, st: os.stat_result) -> tuple:
     return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def remember_verified(path: Path, record: dict) -> None:
-    """Note that ``path`` as it is now has ``record``'s content (it was just written)."""
+def remember_verified(path: Path, record: dict, origin: dict | None) -> None:
+    """Note that ``path`` as it is now has ``record``'s content and ``origin`` stamp (it was
+    just written)."""
     path = Path(path)
-    _VERIFIED[_stat_key(path, path.stat())] = record["sha256"]
+    _VERIFIED[_stat_key(path, path.stat())] = (record["sha256"], origin)
 
 
 def is_empty_of_results(folder: Path) -> bool:
