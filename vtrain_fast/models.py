@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InputError, did_you_mean
+from .inputs import read_toml
+
 DEFAULT_VOCAB_SIZE = 50257
 
 
@@ -78,7 +81,6 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
         A table that is not one, a missing or unknown key, a value that is not a whole number
         in :data:`MODEL_INT_RANGES`.
     """
-    from .errors import InputError, did_you_mean
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise InputError(where, "models", tables, "[models.<name>] tables, one per model shape",
                          "e.g. [models.my-7b] with num_layers, hidden_size, num_attention_heads, seq_length")
@@ -112,7 +114,6 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
 
 
 def _load_presets() -> dict[str, ModelShape]:
-    from .inputs import read_toml
     doc = read_toml(MODELS_FILE, "model presets file")
     return models_from_tables(doc.get("models", {}), str(MODELS_FILE), doc.get("sources", {}))
 

@@ -226,7 +226,20 @@ def sha256_of(path: Path) -> str:
 
 
 def file_record(path: Path, rows: int) -> dict:
-    """What a manifest records of a written file: ``{"name", "rows", "bytes", "sha256"}``."""
+    """What a manifest records of a written file.
+
+    Parameters
+    ----------
+    path : Path
+        The file (read once, for its SHA-256).
+    rows : int
+        Rows it holds.
+
+    Returns
+    -------
+    dict
+        ``{"name": str, "rows": int, "bytes": int, "sha256": str (64 hex digits)}``.
+    """
     path = Path(path)
     return {"name": path.name, "rows": int(rows), "bytes": path.stat().st_size, "sha256": sha256_of(path)}
 
@@ -362,9 +375,24 @@ def remove_leftovers(folder: Path, chunks=None) -> None:
 
 
 def file_problem(folder: Path, record: dict, sweep_key: str | None = None) -> str | None:
-    """What is wrong with the file a manifest records (``record``: :func:`file_record`), or
-    None when it is present with its recorded size and content and, given ``sweep_key``, was
-    written by that sweep for the chunk its name says (:data:`ORIGIN_KEY`)."""
+    """What is wrong with the file a manifest records.
+
+    Parameters
+    ----------
+    folder : Path
+        The results folder; ``record["name"]`` is relative to it.
+    record : dict
+        As :func:`file_record` returns it.
+    sweep_key : str, optional
+        When given, the file's origin stamp (:data:`ORIGIN_KEY`) must name this sweep and the
+        chunk its name says.
+
+    Returns
+    -------
+    str or None
+        The problem in words (missing, truncated, damaged, of another sweep or chunk), or None
+        when the file is as recorded. Never raises: an unreadable file is a problem.
+    """
     path = Path(folder) / record["name"]
     try:
         st = path.stat()
@@ -572,8 +600,14 @@ def check_files(folder: Path, records, fix: str, sweep_key: str | None = None) -
 
 
 def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]:
-    """``(file name, problem)`` of every file ``manifest`` records (the parts it lists and each
-    chunk's file) that fails its check (:func:`file_problem`); empty for an intact folder."""
+    """Every file ``manifest`` records (the parts it lists and each chunk's file) that fails its
+    check (:func:`file_problem`).
+
+    Returns
+    -------
+    list of (str, str)
+        ``(file name, problem)``; empty for an intact folder.
+    """
     records = dict((manifest.get("files") or {}))
     for info in (manifest.get("chunks") or {}).values():
         if isinstance(info, dict) and isinstance(info.get("file"), dict):

@@ -22,14 +22,14 @@ import math
 from .._jit import jit
 from . import comm, memory, ops
 from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
-
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
-from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: E402,F401
+from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
                      NUM_STATUS, O_ACT, O_BUBBLE, O_COMPUTE, O_COST, O_DAYS, O_DP, O_ENERGY, O_GPU_HOURS,
                      O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU, O_MICRO, O_OPT, O_OVERHEAD, O_PARAMS, O_PP,
                      O_STATES, O_STEPS, O_TFLOPS, O_TOKENS_PER_S, O_TP, OK, OUT_OF_MEMORY, OUTPUT_NAMES,
                      REPEAT)
+
 
 GiB = 1024.0 ** 3
 SECONDS_PER_DAY = 86400.0
