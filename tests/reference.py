@@ -143,7 +143,7 @@ def _softmax_kernels(b, s, a, t):
 
 
 def _flash_on(hw):
-    return hw_get(hw, "flash_attn") != 0.0
+    return hw_get(hw, "use_flash_attn") != 0.0
 
 
 def _seq_split(t, hw):
@@ -559,7 +559,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
     layers_tp = layers_per_stage * (4.0 + 2.0 * rc) * allreduce_act
     seq_par_on = hw_get(hw, "sequence_parallel") != 0.0
-    if (hw_get(hw, "tp_overlap") != 0.0 or seq_par_on) and t > 1.0:
+    if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
         # async TP: the input-gradient all-reduce of QKV and of FC1 (with sequence parallelism
         # its reduce-scatter, half of the exchange, overlapped by Megatron-LM in any case) runs
         # under their weight-gradient GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the
@@ -597,7 +597,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         if last:
             params += v * h / t + 2.0 * h          # LM head shard + final layer norm
         seq_par = hw_get(hw, "sequence_parallel") != 0.0
-        flash = hw_get(hw, "flash_attn") != 0.0
+        flash = hw_get(hw, "use_flash_attn") != 0.0
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, recompute, flash,
@@ -615,7 +615,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         if last:
             act += 2.0 * sbh_rank + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
         # ZeRO-1 / distributed optimizer: the 12 bytes of fp32 master + Adam m, v over d ranks
-        shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)    # d when sharded, else 1
+        shards = 1.0 + hw_get(hw, "distributed_optimizer") * (d - 1.0)    # d when sharded, else 1
         states = params * (4.0 + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / shards)
         # from the second micro-batch on, autograd adds each weight gradient into .grad:
         # read both, write one fp16 value per parameter of the stage (averaged per micro-batch)
@@ -632,13 +632,13 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     compute_s = m * stages[slow]["compute"]
     tp_comm_s = m * stages[slow]["tp"]
     pp_comm_s = m * stages[slow]["pp"]
-    sharded = hw_get(hw, "optimizer_sharding") != 0.0
+    sharded = hw_get(hw, "distributed_optimizer") != 0.0
     exchange = group_reduce_scatter_allgather_s if sharded else group_allreduce_s
     dp_comm_s = max(exchange(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
     # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
     backward_window = layers_per_stage * (bwd + rc * fwd + core_again)
-    dp_comm_s -= hw_get(hw, "dp_overlap") * min(dp_comm_s, backward_window)
-    shards = 1.0 + hw_get(hw, "optimizer_sharding") * (d - 1.0)
+    dp_comm_s -= hw_get(hw, "overlap_grad_reduce") * min(dp_comm_s, backward_window)
+    shards = 1.0 + hw_get(hw, "distributed_optimizer") * (d - 1.0)
     adam_s = optimizer_s(max(st["params"] for st in stages) / shards, hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s

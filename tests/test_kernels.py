@@ -17,6 +17,7 @@ from vtrain_fast.kernels import comm, memory, ops, step
 from vtrain_fast.kernels import sweep as ksweep
 from vtrain_fast.kernels.params import HW_FIELDS
 from vtrain_fast.models import MODEL_PRESETS
+from vtrain_fast.settings import SETTINGS, SWITCHES
 from vtrain_fast.spec import parse_spec
 
 REL = 1e-12
@@ -43,12 +44,14 @@ HW_RANGES = {
     "inter_node_latency_s": (0.0, 1e-4), "reserved_bytes": (0.0, 4 * GiB),
     "intra_node_step_latency_s": (0.0, 1e-5), "inter_node_step_latency_s": (0.0, 2e-5),
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
-    "dp_overlap": (0.0, 1.0), "optimizer_sharding": (0.0, 1.0), "flash_attn": None,
-    "flash_attention_efficiency": (0.05, 1.0), "sequence_parallel": None, "vpp": None, "tp_overlap": None,
+    "flash_attention_efficiency": (0.05, 1.0),
+    # the training settings: switches 0/1 (the two DP ones also as fractions), vpp from a set
+    **{s.name: None for s in SETTINGS},
+    "overlap_grad_reduce": (0.0, 1.0), "distributed_optimizer": (0.0, 1.0),
     "repeat_cases": None,
 }
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
-SAMPLED = {"gpus_per_node": GPUS_PER_NODE, "flash_attn": (0.0, 1.0), "sequence_parallel": (0.0, 1.0), "tp_overlap": (0.0, 1.0),
+SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCHES},
            "vpp": (1.0, 1.0, 2.0, 3.0, 4.0),
            "repeat_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]

@@ -8,8 +8,8 @@ import pytest
 
 from vtrain_fast.hardware import GPUPreset, PRESETS, machine_vector
 from vtrain_fast.kernels.params import HW_FIELDS
-from vtrain_fast.schema import SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT
-from vtrain_fast.settings import BY_NAME, SETTINGS
+from vtrain_fast.schema import SCHEMA, SETTING_COLUMNS
+from vtrain_fast.settings import BY_NAME, LAYOUT_SIZES, SETTINGS
 from vtrain_fast.spec import TRAINING_FLAGS
 
 
@@ -17,16 +17,17 @@ from vtrain_fast.spec import TRAINING_FLAGS
 def test_every_setting_is_complete_and_reaches_every_table(st):
     defaults = {f.name: f.default for f in dataclasses.fields(GPUPreset)}
     assert defaults[st.name] == st.default and type(st.default) is st.kind
-    assert st.field in HW_FIELDS and SETTING_FIELDS[st.name] == st.field
-    assert SETTING_NO_EFFECT[st.name] == st.no_effect and len(st.no_effect) == 4
+    assert st.name in HW_FIELDS and st.name in SETTING_COLUMNS
+    assert set(st.inert_at) <= set(LAYOUT_SIZES)
+    assert all(k in BY_NAME and BY_NAME[k].kind is type(v) for k, v in st.inert_with + st.requires)
     assert st.name in SCHEMA.names and st.label and st.doc and st.megatron.startswith("--")
     assert (st.name in TRAINING_FLAGS) == (st.kind is bool)
     # the machine vector carries the setting's value in its field
     p = dataclasses.replace(PRESETS["a100-sxm4-80gb"], **{st.name: 2 if st.kind is int else True})
-    assert machine_vector(p)[HW_FIELDS.index(st.field)] == (2.0 if st.kind is int else 1.0)
+    assert machine_vector(p)[HW_FIELDS.index(st.name)] == (2.0 if st.kind is int else 1.0)
 
 
 def test_the_registry_order_is_the_sweep_axis_order():
     """The machine axis follows the registry (the last setting varies fastest): row order."""
     assert list(TRAINING_FLAGS) == [s.name for s in SETTINGS if s.kind is bool]
-    assert list(SETTING_FIELDS) == [s.name for s in SETTINGS] and len(BY_NAME) == len(SETTINGS)
+    assert list(SETTING_COLUMNS) == [s.name for s in SETTINGS] and len(BY_NAME) == len(SETTINGS)

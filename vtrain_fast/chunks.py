@@ -37,7 +37,7 @@ from .kernels import sweep as ks
 from .kernels.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from .kernels.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from .kernels.params import HW_FIELDS
-from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_FIELDS, STATUS_LABELS, resolve_objectives, setting_values
+from .schema import INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, resolve_objectives, setting_values
 from .spec import RECOMPUTE_VALUES
 from .writer import (PartWriter,
                      candidate_name, part_name, storage_schema)
@@ -312,9 +312,8 @@ class _ArrowBuilder:
         self.gpu_names_differ = not np.array_equal(grid.gpu_name_codes, np.arange(len(grid.gpu_name_codes)))
         self.input_rows = {name: k for k, name in enumerate(INPUT_NAMES)}
         # training settings per gpu-axis value (carried by the machine vectors)
-        self.settings = {}
-        for col, field in SETTING_FIELDS.items():
-            self.settings[col] = setting_values(col, grid.hw_table[grid.gpus, HW_FIELDS.index(field)])
+        self.settings = {col: setting_values(col, grid.hw_table[grid.gpus, HW_FIELDS.index(col)])
+                         for col in SETTING_COLUMNS}
 
     def batch(self, b: RowBuffers, n: int, index: np.ndarray | None = None) -> pa.RecordBatch:
         codes = b.codes

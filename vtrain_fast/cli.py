@@ -394,10 +394,10 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
     from .query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS
-    from .schema import COLUMNS, SETTING_FIELDS
+    from .schema import COLUMNS, SETTING_COLUMNS
     known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
     labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
-    settings = [c for c in SETTING_FIELDS if c in df.columns and df[c].n_unique() > 1]
+    settings = [c for c in SETTING_COLUMNS if c in df.columns and df[c].n_unique() > 1]
     shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
         c for c in ("status",) + HEADLINE_COLUMNS + (BREAKDOWN_COLUMNS if breakdown else ()) if c in df.columns]

@@ -17,7 +17,8 @@ from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
-from .schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_FIELDS, setting_values
+from .settings import BY_NAME, SETTINGS, unmet_requirements
+from .schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from .spec import INT_RANGES as SPEC_INT_RANGES
 from .spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention,
                    check_reserved)
@@ -258,6 +259,11 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
+            for st, other, value in unmet_requirements({s.name: getattr(preset, s.name) for s in SETTINGS}):
+                raise InputError(where, f"row {i + 2}, column {st.name}", str(getattr(preset, st.name)).lower(),
+                                 f"{other} = {str(value).lower()} in the same row ({st.megatron} needs "
+                                 f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
+                                 f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {i + 2}")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = machine_vector(preset)
         hw_rows[i] = cache[key]
@@ -295,13 +301,13 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
                 recompute=recompute)
-    for col, field in SETTING_FIELDS.items():
-        used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(field)])
+    for col in SETTING_COLUMNS:
+        used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(col)])
     names = [c.name for c in INPUT_COLUMNS if c.name in used]
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute")
                                    else pl.Float64 if k == "num_tokens"
-                                   else pl.Boolean if k in SETTING_FIELDS and k != "vpp" else pl.Int64
+                                   else pl.Boolean if k in SETTING_COLUMNS and k != "vpp" else pl.Int64
                                    for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])
     return pl.concat([labels, used_df, result], how="horizontal")

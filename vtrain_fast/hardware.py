@@ -73,9 +73,18 @@ class Calibration:
     flash_attention_efficiency: float = 0.0
 
 
-@dataclass(frozen=True)
+def _with_settings(cls):
+    """``cls`` as a frozen dataclass with one field per training setting after its own (name,
+    kind and default from the registry, :data:`vtrain_fast.settings.SETTINGS`)."""
+    for st in SETTINGS:
+        cls.__annotations__[st.name] = st.kind.__name__
+        setattr(cls, st.name, st.default)
+    return dataclass(frozen=True)(cls)
+
+
+@_with_settings
 class GPUPreset:
-    """One GPU type as deployed in a typical node.
+    """One GPU type as deployed in a typical node, with the training settings it runs.
 
     Attributes
     ----------
@@ -110,6 +119,11 @@ class GPUPreset:
         slack), GiB; default 1.5. A sweep's ``[cluster] reserved_GiB`` raises it for headroom.
     calibration : Calibration
         Default efficiencies (see :class:`Calibration`).
+    calibrated : bool
+        True when ``calibration`` was fitted to this GPU's measurements.
+    overlap_grad_reduce, distributed_optimizer, ..., vpp : bool or int
+        The training settings, one field each, named, typed and defaulted by the registry
+        (:data:`vtrain_fast.settings.SETTINGS`); a sweep's machines differ in them.
     """
 
     name: str
@@ -132,13 +146,7 @@ class GPUPreset:
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
     calibrated: bool = False    # True when ``calibration`` was fitted to this GPU's measurements
-    overlap_grad_reduce: bool = False   # software setting: DP all-reduce overlapped with backward
-    distributed_optimizer: bool = False  # software setting: Adam states sharded over DP (ZeRO-1)
-    use_flash_attn: bool = False        # software setting: fused FlashAttention-2 attention core
-    sequence_parallel: bool = False     # software setting: Megatron sequence parallelism
-    vpp: int = 1                        # software setting: virtual pipeline stages (interleaved 1F1B)
-    async_tensor_model_parallel_allreduce: bool = False  # software setting: backward TP exchange
-    #                                     overlapped with the weight-gradient GEMMs (Megatron-LM)
+    # the training settings follow, one field each (_with_settings)
 
 
 # ------------------------------------------------------------------------ presets as data files
@@ -398,7 +406,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
     }
     for st in SETTINGS:         # the training settings, each in its field (vtrain_fast.settings)
-        values[st.field] = float(getattr(preset, st.name))
+        values[st.name] = float(getattr(preset, st.name))
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))
     vec = np.empty(NUM_HW_FIELDS, dtype=np.float64)

@@ -15,13 +15,14 @@ import pyarrow as pa
 from .errors import InputError
 from .kernels.sweep import pareto_positions
 from .errors import did_you_mean
-from .schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_FIELDS, SETTING_NO_EFFECT, resolve_column,
+from .settings import SETTINGS, Setting
+from .schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUMNS, resolve_column,
                      resolve_objectives)
 from .writer import read_manifest, result_paths
 
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
-                 "seq_length") + tuple(SETTING_FIELDS)     # + vpp and the training switches
+                 "seq_length") + tuple(SETTING_COLUMNS)     # + vpp and the training switches
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
 # The outputs every printed table of plans shows.
@@ -153,30 +154,45 @@ def where_filter(where: str, conditions) -> tuple:
     return out, values
 
 
-def _no_effect(setting: str) -> pl.Expr:
-    """Rows where ``setting`` has no effect (:data:`~vtrain_fast.schema.SETTING_NO_EFFECT`)."""
-    tp1, pp1, dp1, with_sp = SETTING_NO_EFFECT[setting]
+def _no_effect(st: Setting) -> pl.Expr:
+    """Rows that stand for every value of setting ``st``: plans where it changes no cost
+    (:attr:`~vtrain_fast.settings.Setting.inert_at`, ``inert_with``) and whose other settings
+    meet what it needs (``requires``: Megatron-LM refuses the flag otherwise, so no such plan
+    exists)."""
     expr = pl.lit(False)
-    for on, cond in ((tp1, pl.col("tp") == 1), (pp1, pl.col("pp") == 1), (dp1, pl.col("dp") == 1),
-                     (with_sp, pl.col("sequence_parallel"))):
-        if on:
-            expr = expr | cond
+    for size in st.inert_at:
+        expr = expr | (pl.col(size) == 1)
+    for other, value in st.inert_with:
+        expr = expr | (pl.col(other) == value)
+    for other, value in st.requires:
+        expr = expr & (pl.col(other) == value)
     return expr
 
 
 def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFrame:
     """``lf`` with each row whose setting has no effect repeated once per value of that setting
-    (``settings``: name -> the values the sweep took): a sweep prices such a plan once (status
-    ``repeat`` for the others, or the machine left out), but it is a plan of every value, so a
-    frontier per value (``--by``) or of one value (``--where``) must count it."""
-    for setting, vals in settings.items():
-        if not any(SETTING_NO_EFFECT[setting]):
+    (``settings``: name -> the values the sweep took; expanded in registry order, so a setting's
+    requirements are expanded before it): a sweep prices such a plan once (status ``repeat`` for
+    the others, or the machine left out), but it is a plan of every value, so a frontier per value
+    (``--by``) or of one value (``--where``) must count it."""
+    for st in SETTINGS:
+        if st.name not in settings or not (st.inert_at or st.inert_with):
             continue
-        vals = sorted(set(vals))
+        vals = sorted(set(settings[st.name]))
         if len(vals) > 1:
-            lf = lf.with_columns(pl.when(_no_effect(setting)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[setting])))
-                                 .otherwise(pl.concat_list(setting)).alias(setting)).explode(setting)
+            lf = lf.with_columns(pl.when(_no_effect(st)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[st.name])))
+                                 .otherwise(pl.concat_list(st.name)).alias(st.name)).explode(st.name)
     return lf
+
+
+def _with_requirements(names: list[str]) -> list[str]:
+    """``names`` and the settings they need (:attr:`~vtrain_fast.settings.Setting.requires`),
+    transitively, in registry order."""
+    need = set(names)
+    for st in reversed(SETTINGS):
+        if st.name in need:
+            need.update(k for k, _ in st.requires)
+    return [st.name for st in SETTINGS if st.name in need]
 
 
 def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
@@ -312,7 +328,7 @@ def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyF
                                  "the folder was written by an older vtrain_fast without this column; "
                                  "rerun the sweep with --overwrite")
     check_where_values(folder, lf, where_values)
-    named = [c for c in SETTING_FIELDS if c in by or c in where_values]
+    named = _with_requirements([c for c in SETTING_COLUMNS if c in by or c in where_values])
     if named:
         swept = read_manifest(folder).get("setting_values") or {}
         every = scan_results(folder)     # older folders: values of any row
@@ -354,7 +370,7 @@ def frontier_columns(folder: str | Path, by: list[str], objectives: list[str], w
 
 
 def varying_setting_columns(folder: str | Path) -> list[str]:
-    """The training-setting columns (:data:`~vtrain_fast.schema.SETTING_FIELDS`) that were axes
+    """The training-setting columns (:data:`~vtrain_fast.schema.SETTING_COLUMNS`) that were axes
     of the sweep (a list in its spec, recorded as ``setting_axes`` in the manifest): they tell its
     plans apart, also where the rows shown happen to share one value. Folders without that record
     (older versions) give the settings with more than one value in their rows.
@@ -362,10 +378,10 @@ def varying_setting_columns(folder: str | Path) -> list[str]:
     Returns
     -------
     list of str
-        Column names, in :data:`~vtrain_fast.schema.SETTING_FIELDS` order.
+        Column names, in :data:`~vtrain_fast.schema.SETTING_COLUMNS` order.
     """
     lf = scan_results(folder)
-    cols = [c for c in SETTING_FIELDS if c in lf.collect_schema().names()]
+    cols = [c for c in SETTING_COLUMNS if c in lf.collect_schema().names()]
     axes = read_manifest(folder).get("setting_axes")
     if axes is not None:
         return [c for c in cols if c in axes]

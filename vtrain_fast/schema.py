@@ -49,19 +49,13 @@ INPUT_COLUMNS = (
     # the training settings, from their registry (vtrain_fast.settings), in its order
     *(Column(st.name, pa.int64() if st.kind is int else pa.bool_(), "", st.doc) for st in SETTINGS),
 )
-# Training settings (a value or a list per sweep, stored with each gpu-axis machine): column -> machine-vector
-# field that carries it. Sweeps and evaluate write them so that combined results stay labelled.
-SETTING_FIELDS = {st.name: st.field for st in SETTINGS}
-# Where each setting has no effect on the cost model, as (tp == 1, pp == 1, dp == 1, with sequence
-# parallelism), from the registry: vpp only interleaves a pipeline (kernels.step.virtual_stages);
-# sequence parallelism splits over tp (ops.sequence_split); the asynchronous TP all-reduce needs
-# tp > 1 and is always on with sequence parallelism (step.micro_batch_costs); the distributed
-# optimizer and overlapped gradient reduction need dp > 1 (nothing to shard or reduce). Value there:
-# the GPUPreset default. Sweeps price such plans once (status repeat, spec.repeat_cases); pareto
-# counts them for every value of the setting (query). tests/test_setting_axes.py checks the table
-# against the kernels (test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly) and
-# the query.
-SETTING_NO_EFFECT = {st.name: st.no_effect for st in SETTINGS}
+# Training-setting columns (a value or a list per sweep, stored with each gpu-axis machine, whose
+# machine-vector field of the same name carries it), in registry order. Sweeps and evaluate write
+# them so that combined results stay labelled. Where each has no effect on the cost model, what it
+# needs, and so where sweeps price a plan once (status repeat, spec.repeat_cases) and pareto counts
+# it for every value (query), is its registry record's rule (Setting.inert_at, inert_with,
+# requires); tests/test_setting_axes.py checks the rules against the kernels.
+SETTING_COLUMNS = tuple(st.name for st in SETTINGS)
 
 
 def setting_values(column: str, field_values):

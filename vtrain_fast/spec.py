@@ -63,8 +63,7 @@ from .inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from .hardware import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
-from .schema import SETTING_NO_EFFECT
-from .settings import SWITCHES
+from .settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of kernels.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
@@ -302,15 +301,45 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     return tuple(g for g, m in zip(presets, masks) if m != 255), notes
 
 
+def check_requirements(path, settings: dict) -> None:
+    """Refuse a sweep whose setting values (name -> tuple of values) ask only for combinations
+    Megatron-LM refuses: a setting switched on in every value whose requirement
+    (:attr:`~vtrain_fast.settings.Setting.requires`) no value of the needed setting meets. (With
+    a choice, :func:`machine_variants` leaves the impossible machines out.)
+
+    Raises
+    ------
+    InputError
+        Naming the setting, what it needs and how to fix the spec.
+    """
+    for st in SETTINGS:
+        if st.default in settings[st.name]:
+            continue
+        for other, value in st.requires:
+            if value not in settings[other]:
+                where = "parallel" if other == "vpp" else "training"
+                raise InputError(path, f"training.{st.name}", _toml_value(settings[st.name]),
+                                 f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
+                                 f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
+                                 f"set [{where}] {other} = {_toml_value((value,))} or drop {st.name}")
+
+
+def _toml_value(values: tuple) -> str:
+    """``values`` (one or a list) as TOML writes them."""
+    text = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
+
+
 def effective_settings(preset, tp_is_1: bool, pp_is_1: bool, dp_is_1: bool):
-    """``preset`` with each training setting that has no effect on plans of this kind
-    (:data:`~vtrain_fast.schema.SETTING_NO_EFFECT`) set to its ``GPUPreset`` default: two presets whose
-    effective settings are equal price every such plan alike."""
-    sp = preset.sequence_parallel and not tp_is_1
-    kind = (tp_is_1, pp_is_1, dp_is_1, sp)
-    defaults = {f.name: f.default for f in fields(preset)}      # GPUPreset's: vpp 1, switches off
-    return replace(preset, **{k: defaults[k] for k, where in SETTING_NO_EFFECT.items()
-                              if any(w and c for w, c in zip(where, kind))})
+    """``preset`` with each training setting that has no effect on plans of this kind (its
+    registry rule, :meth:`~vtrain_fast.settings.Setting.has_no_effect`, on the settings as they
+    act there) set to its default: two presets whose effective settings are equal price every
+    such plan alike."""
+    sizes_are_1 = dict(zip(LAYOUT_SIZES, (tp_is_1, pp_is_1, dp_is_1)))
+    # first what the plan's sizes switch off, then the rules between settings on what is left
+    acting = {st.name: st.default if any(sizes_are_1[k] for k in st.inert_at) else getattr(preset, st.name)
+              for st in SETTINGS}
+    return replace(preset, **{st.name: st.default for st in SETTINGS if st.has_no_effect(sizes_are_1, acting)})
 
 
 def repeat_cases(presets) -> list[int]:
@@ -613,8 +642,10 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
         check_reserved(known[g], known[g].reserved_GiB if given is None else given, path,
                        (f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB") if given is not None
                        else f"gpus.{g}.reserved_GiB (or hbm_GiB)")
-    settings = {key: _flags(path, key, tr.get(key, False), meaning) for key, meaning in TRAINING_FLAGS.items()}
-    settings["vpp"] = _vpps(path, pa_.get("vpp", 1))
+    # in registry order: the machine axis's order (the last setting fastest)
+    settings = {st.name: _vpps(path, pa_.get("vpp", 1)) if st.name == "vpp"
+                else _flags(path, st.name, tr.get(st.name, False), st.doc) for st in SETTINGS}
+    check_requirements(path, settings)
     gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu, known)
     size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
     chunk = doc.get("output", {}).get("chunk_size", 1 << 18)

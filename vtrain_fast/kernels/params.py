@@ -8,7 +8,12 @@ Field meanings, units and sources live in :mod:`vtrain_fast.hardware`.
 """
 from __future__ import annotations
 
-HW_FIELDS = (
+from ..settings import SETTINGS
+
+# Hardware, price and calibration fields, then one field per training setting (its registry name,
+# vtrain_fast.settings, in registry order: 1.0/0.0 for a switch, the value of vpp), then the
+# sweep's bookkeeping.
+HARDWARE_FIELDS = (
     "peak_flops",             # dense fp16/bf16 tensor-core FLOP/s
     "hbm_bytes",              # HBM capacity, bytes
     "hbm_Bps",                # HBM bandwidth, bytes/s
@@ -32,23 +37,40 @@ HW_FIELDS = (
     "host_launch_s",          # host (CPU) time per launched kernel, seconds
     "iteration_overhead_s",   # fixed host time per iteration (loss scaling, clipping, logging), s
     "p2p_overhead_s",         # host/synchronisation time of one pipeline send or receive, s
-    "dp_overlap",             # fraction of the last backward that hides the DP all-reduce (0 = off)
-    "optimizer_sharding",     # 1: Adam states sharded over data-parallel ranks (ZeRO-1), 0: not
-    "flash_attn",             # 1: fused FlashAttention-2 kernels for the attention core, 0: unfused
     "flash_attention_efficiency",  # achievable fraction of peak_flops of the FlashAttention kernels
-    "sequence_parallel",      # 1: Megatron sequence parallelism (tokens split over the TP group), 0: off
-    "vpp",                    # virtual pipeline stages per device (interleaved 1F1B); 1 = not interleaved
-    "tp_overlap",             # 1: backward TP exchange overlapped with the weight-gradient GEMMs, 0: not
+)
+HW_FIELDS = (
+    *HARDWARE_FIELDS,
+    *(st.name for st in SETTINGS),
     "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp>1) set where this machine
                               # repeats an earlier one of the sweep (kernels.step.repeats); 0 outside sweeps
 )
 NUM_HW_FIELDS = len(HW_FIELDS)
 
+
+def hw_index(name: str) -> int:
+    """Row of field ``name`` in a machine vector (a compile-time constant for the kernels).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not a field of :data:`HW_FIELDS`.
+    """
+    return HW_FIELDS.index(name)
+
+
 (H_PEAK_FLOPS, H_HBM_BYTES, H_HBM_BPS, H_INTRA_BPS, H_INTER_BPS, H_GPUS_PER_NODE, H_NUM_SMS,
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
- H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_DP_OVERLAP, H_OPT_SHARD, H_FLASH_ATTN,
- H_FLASH_EFF, H_SEQ_PAR, H_VPP, H_TP_OVERLAP, H_REPEAT_CASES) = range(NUM_HW_FIELDS)
+ H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF) = range(len(HARDWARE_FIELDS))
+# The settings the cost formulas read (a new setting's formula takes its own hw_index)
+H_DP_OVERLAP = hw_index("overlap_grad_reduce")        # 1: DP all-reduce hidden behind backward
+H_OPT_SHARD = hw_index("distributed_optimizer")       # 1: Adam states sharded over DP (ZeRO-1)
+H_FLASH_ATTN = hw_index("use_flash_attn")             # 1: fused FlashAttention-2 attention core
+H_SEQ_PAR = hw_index("sequence_parallel")             # 1: Megatron sequence parallelism
+H_TP_OVERLAP = hw_index("async_tensor_model_parallel_allreduce")  # 1: backward TP exchange overlapped
+H_VPP = hw_index("vpp")                               # virtual pipeline stages per device
+H_REPEAT_CASES = hw_index("repeat_cases")
 
 # Fields a calibration may change (a handful of global numbers per GPU type).
 CALIBRATION_FIELDS = (
