@@ -568,6 +568,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         for cols in (qkv_cols, f / t):
             layers_tp -= layers_per_stage * min(hideable, gemm_time_s(h, cols, b * s, 1.0, hw))
+    if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
+        # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
+        # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
+        # forward AG->QKV, proj->RS, AG->FC1, FC2->RS; backward AG->dgrad of proj and of FC2
+        _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+        tokens = b * s
+        for n_out, k_in in ((qkv_cols, h), (h, h / t), (f / t, h), (h, f / t), (h / t, h), (f / t, h)):
+            layers_tp -= layers_per_stage * min(allreduce_act / 2.0, gemm_time_s(tokens, n_out, k_in, 1.0, hw))
     emb_compute = embedding_s(b, s, h, v, t, hw)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)

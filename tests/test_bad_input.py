@@ -42,6 +42,9 @@ def assert_input_error(result, *needles):
 
 
 SPEC_CASES = {
+    "TP overlap without sequence parallelism": (
+        spec_text(training=GOOD["training"] + "\ntp_comm_overlap = true"),
+        ["training.tp_comm_overlap", "sequence_parallel = true", "--tp-comm-overlap needs --sequence-parallel"]),
     "unknown key": (spec_text(parallel="tp = [1]\npp = [1]\nsp = [2]"), ["parallel.sp", "2"]),
     "unknown top-level key": ('colour = "red"\n' + spec_text(), ["colour", "'red'"]),
     "wrong type": (spec_text(parallel='tp = ["two"]\npp = [1]'), ["tp", "'two'"]),
@@ -129,8 +132,9 @@ CSV_CASES = {
     "context parallelism": (HEADER + ",context_parallel_size\n" + ROW + ",2\n",
                             ["'context_parallel_size'", "context parallelism is not modelled", "drop the column"]),
     "Megatron bf16 flag": (HEADER + ",bf16\n" + ROW + ",true\n", ["'bf16'", "precision = bf16"]),
-    "Transformer Engine overlap": (HEADER + ",tp_comm_overlap\n" + ROW + ",true\n",
-                                   ["'tp_comm_overlap'", "async_tensor_model_parallel_allreduce"]),
+    "TP overlap without sequence parallelism": (HEADER + ",tp_comm_overlap\n" + ROW + ",true\n",
+                                                ["column tp_comm_overlap", "sequence_parallel = true",
+                                                 "--tp-comm-overlap needs --sequence-parallel"]),
     "capitalised column": (HEADER + ",Recompute\n" + ROW + ",full\n", ["'Recompute'", "recompute"]),
     "spaced column": (HEADER + ",Num Tokens\n" + ROW + ",1e12\n", ["'Num Tokens'", "num_tokens"]),
     "misspelled required column": (HEADER.replace("seq_length", "seq_len") + "\n" + ROW + "\n",

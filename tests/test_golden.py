@@ -42,11 +42,15 @@ def sweep_digest(spec) -> str:
 
 
 def evaluate_digest(path: Path) -> str:
-    """SHA-256 over every column of ``evaluate`` on the plans in ``path`` (by column name)."""
+    """SHA-256 over every column of ``evaluate`` on the plans in ``path`` (by column name), less
+    the training-setting columns that hold only their default (a setting added later adds such
+    a column and changes no number)."""
     from vtrain_fast.evaluate import evaluate_frame, read_csv
+    from vtrain_fast.settings import SETTINGS
     df = evaluate_frame(read_csv(path), str(path))
+    at_default = {st.name for st in SETTINGS if st.name in df.columns and (df[st.name] == st.default).all()}
     h = hashlib.sha256()
-    for name in sorted(df.columns):
+    for name in sorted(set(df.columns) - at_default):
         col = df[name]
         h.update(name.encode())
         h.update(col.cast(str).str.join("|").item().encode() if not col.dtype.is_numeric()

@@ -11,6 +11,8 @@ import pytest
 from vtrain_fast.chunks import evaluate_chunk
 from vtrain_fast.errors import InputError
 from vtrain_fast.grid import build_grid
+from vtrain_fast.schema import SETTING_COLUMNS
+from vtrain_fast.settings import BY_NAME, SWITCHES
 from vtrain_fast.spec import TRAINING_FLAGS, parse_spec
 
 from conftest import ONE_POINT_SPEC
@@ -43,7 +45,8 @@ def _rows(text: str) -> pl.DataFrame:
 
 def test_each_flag_takes_a_list_and_every_combination_becomes_a_machine():
     for flag in TRAINING_FLAGS:
-        spec = parse_spec(ONE_POINT_SPEC.format(training=f"{flag} = [false, true, false]"), "s.toml")
+        needs = "".join(f"\n{k} = {str(v).lower()}" for k, v in BY_NAME[flag].requires)  # what it needs
+        spec = parse_spec(ONE_POINT_SPEC.format(training=f"{flag} = [false, true, false]" + needs), "s.toml")
         assert [getattr(g, flag) for g in spec.gpus] == [False, True], flag
     spec = parse_spec(AXES_SPEC.format(sp="[false, true]", vpp="[1, 2]"), "s.toml")
     combos = [(g.name, g.sequence_parallel, g.vpp) for g in spec.gpus]
@@ -88,6 +91,7 @@ def test_rows_of_a_settings_axis_equal_the_sweeps_that_fix_them():
     assert act["activations_GiB"][1] < act["activations_GiB"][0]
 
 
+# every setting of the registry as an axis (vpp = [1, 2], every switch [false, true])
 ALL_SETTINGS_SPEC = """\
 [model]
 presets = ["gpt3-1.3b"]
@@ -96,11 +100,7 @@ num_tokens = 1e11
 global_batch_size = 64
 micro_batch_size = 2
 recompute = ["full", "selective"]
-use_flash_attn = [false, true]
-sequence_parallel = [false, true]
-distributed_optimizer = [false, true]
-overlap_grad_reduce = [false, true]
-async_tensor_model_parallel_allreduce = [false, true]
+""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES) + """\
 [cluster]
 gpu = "a100-sxm4-80gb"
 num_gpus = [4, 8]
@@ -122,9 +122,7 @@ def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(tmp_pat
     assert rep.height > 0 and kept.height > 0
     plan = ["num_gpus", "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute"]
     inputs = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "gpu", "tp", "pp", "dp",
-              "micro_batch_size", "global_batch_size", "num_tokens", "recompute", "vpp", "use_flash_attn",
-              "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
-              "async_tensor_model_parallel_allreduce"]
+              "micro_batch_size", "global_batch_size", "num_tokens", "recompute", *SETTING_COLUMNS]
     again = evaluate_frame(rep.select(inputs).with_columns(pl.col("gpu").cast(pl.String),
                                                            pl.col("recompute").cast(pl.String)), "rows")
     outs = [c for c in OUTPUT_NAMES]

@@ -62,8 +62,6 @@ UNMODELLED = {
     "expert_model_parallel_size": "expert parallelism (mixture of experts) is not modelled",
     "ep": "expert parallelism (mixture of experts) is not modelled",
     "num_experts": "mixture-of-experts layers are not modelled",
-    "tp_comm_overlap": "Transformer Engine's overlap of every TP exchange is not modelled; "
-                       "async_tensor_model_parallel_allreduce = true models the backward overlap",
     "overlap_param_gather": "the overlapped parameter all-gather is not modelled separately; "
                             "distributed_optimizer charges it after the step",
     "recompute_num_layers": "partial (block) recomputation is not modelled; recompute is none, selective or full",

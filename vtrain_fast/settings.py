@@ -94,6 +94,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("vpp", int, 1, "interleaved 1F1B (vpp > 1)",
             "model chunks per device (interleaved 1F1B when > 1; no effect at pp = 1)",
             "--num-layers-per-virtual-pipeline-stage", inert_at=("pp",)),
+    Setting("tp_comm_overlap", bool, False, "TP communication overlap (userbuffers)",
+            "true overlaps the sequence-parallel all-gathers and reduce-scatters of the tensor-parallel "
+            "linears with the GEMMs that consume or produce them (Megatron-LM --tp-comm-overlap, "
+            "Transformer Engine userbuffers; needs sequence_parallel)",
+            "--tp-comm-overlap", inert_at=("tp",), requires=(("sequence_parallel", True),)),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

@@ -23,6 +23,8 @@ from .._jit import jit
 from . import comm, memory, ops
 from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import hw_index
+
+H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
 from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
@@ -191,9 +193,10 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
         ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
         last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``), and the attention
         core's forward seconds and stored bytes of one layer (what selective recomputation
-        reruns and drops), and the backward TP exchange seconds that asynchronous
-        communication hides (:func:`tp_backward_hidden_s`; 0 unless ``tp_overlap`` or
-        sequence parallelism is set).
+        reruns and drops), and the TP exchange seconds that asynchronous communication hides
+        (:func:`tp_backward_hidden_s`, 0 unless ``async_tensor_model_parallel_allreduce`` or
+        sequence parallelism is set; plus :func:`tp_comm_overlap_hidden_s` with
+        ``tp_comm_overlap`` and sequence parallelism).
     """
     sbh2 = 2.0 * b * s * h
     if hw[H_SEQ_PAR] != 0.0:
@@ -217,8 +220,10 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw),
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
-            tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw)
-            if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
+            (tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw)
+             if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
+            + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw)
+               if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0))
 
 
 @jit
@@ -241,6 +246,35 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
     qkv_out = (h + 2.0 * h * g / a) / t
     return (min(exchange_s, ops.gemm_time_s(h, qkv_out, tokens, 1.0, hw))
             + min(exchange_s, ops.gemm_time_s(h, f / t, tokens, 1.0, hw)))
+
+
+@jit
+def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw):
+    """Seconds of one layer's sequence-parallel exchanges that Transformer Engine's userbuffers
+    overlap hides beyond :func:`tp_backward_hidden_s`, one micro-batch (Megatron-LM
+    ``--tp-comm-overlap``, which needs sequence parallelism).
+
+    The GEMM of each tensor-parallel linear is split into chunks pipelined with the exchange it
+    consumes or produces (Wang et al. 2022, "Overlap Communication with Dependent Computation via
+    Decomposition in Large Deep Learning Models", ASPLOS '23; TE ``UserbufferOverlap``): in
+    forward the all-gather before QKV and FC1 and the reduce-scatter after the output projection
+    and FC2, in backward the all-gather of the output gradient before the data-gradient GEMMs of
+    the output projection and FC2. Each exchange (``half_s``: half of the reduce-scatter +
+    all-gather pair of one activation) is hidden up to the length of its GEMM:
+    ``sum min(half_s, gemm)`` over those six. An optimistic bound: the first or last chunk that
+    cannot overlap and the SMs the communication kernels take from the GEMMs are not charged (no
+    measurements here to fit them to); a recomputed forward's exchanges stay exposed. 0 at
+    ``t = 1``."""
+    if t <= 1.0:
+        return 0.0
+    tokens = b * s
+    qkv_out = (h + 2.0 * h * g / a) / t
+    return (min(half_s, ops.gemm_time_s(tokens, qkv_out, h, 1.0, hw))        # AG -> QKV
+            + min(half_s, ops.gemm_time_s(tokens, h, h / t, 1.0, hw))      # projection -> RS
+            + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw))      # AG -> FC1
+            + min(half_s, ops.gemm_time_s(tokens, h, f / t, 1.0, hw))      # FC2 -> RS
+            + min(half_s, ops.gemm_time_s(tokens, h / t, h, 1.0, hw))      # AG -> projection dgrad
+            + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw)))     # AG -> FC2 dgrad
 
 
 @jit
