@@ -645,7 +645,17 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     dp_comm_s = max(exchange(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
     # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
     backward_window = layers_per_stage * (bwd + rc * fwd + core_again)
-    dp_comm_s -= hw_get(hw, "overlap_grad_reduce") * min(dp_comm_s, backward_window)
+    if sharded:
+        # distributed optimizer: the reduce-scatter half under the backward, the parameter
+        # all-gather half after the step, or under the next first forward with
+        # overlap_param_gather (which Megatron-LM allows only with overlap_grad_reduce)
+        reduce_scatter = all_gather = dp_comm_s / 2.0
+        reduce_scatter -= hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
+        if hw_get(hw, "overlap_grad_reduce") != 0.0:
+            all_gather -= hw_get(hw, "overlap_param_gather") * min(all_gather, layers_per_stage * fwd)
+        dp_comm_s = reduce_scatter + all_gather
+    else:
+        dp_comm_s -= hw_get(hw, "overlap_grad_reduce") * min(dp_comm_s, backward_window)
     shards = 1.0 + hw_get(hw, "distributed_optimizer") * (d - 1.0)
     adam_s = optimizer_s(max(st["params"] for st in stages) / shards, hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration

@@ -3,7 +3,10 @@ tokens, outputs, status; float64 bit patterns, NaNs included) of the shipped swe
 grid, and of every output column of ``evaluate`` on the Megatron Table 1 plans.
 
 The digests in ``tests/data/golden.json`` were taken from the code before the issue-11 reshaping
-(commit 4ed4098, 2026-12-01). A change that is meant to move numbers (a new formula, a refit)
+(commit 4ed4098, 2026-12-01); the sweeps/llama3-70b.toml digest was regenerated once, when the
+distributed optimizer's parameter all-gather stopped hiding under the backward (the
+overlap_param_gather commit: only its 9,480 rows with distributed_optimizer and
+overlap_grad_reduce at dp > 1 changed, of 51,840). A change that is meant to move numbers (a new formula, a refit)
 regenerates them, and says so in its commit message:
 
     .venv/bin/python tests/test_golden.py --write

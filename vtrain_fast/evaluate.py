@@ -62,8 +62,6 @@ UNMODELLED = {
     "expert_model_parallel_size": "expert parallelism (mixture of experts) is not modelled",
     "ep": "expert parallelism (mixture of experts) is not modelled",
     "num_experts": "mixture-of-experts layers are not modelled",
-    "overlap_param_gather": "the overlapped parameter all-gather is not modelled separately; "
-                            "distributed_optimizer charges it after the step",
     "recompute_num_layers": "partial (block) recomputation is not modelled; recompute is none, selective or full",
     "recompute_method": "partial (block or uniform) recomputation is not modelled; "
                         "recompute is none, selective or full",

@@ -99,6 +99,12 @@ SETTINGS: tuple[Setting, ...] = (
             "linears with the GEMMs that consume or produce them (Megatron-LM --tp-comm-overlap, "
             "Transformer Engine userbuffers; needs sequence_parallel)",
             "--tp-comm-overlap", inert_at=("tp",), requires=(("sequence_parallel", True),)),
+    Setting("overlap_param_gather", bool, False, "overlapped parameter all-gather",
+            "true overlaps the distributed optimizer's parameter all-gather with the next forward instead of "
+            "running it after the step (Megatron --overlap-param-gather; needs distributed_optimizer and "
+            "overlap_grad_reduce)",
+            "--overlap-param-gather", inert_at=("dp",),
+            requires=(("distributed_optimizer", True), ("overlap_grad_reduce", True))),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

@@ -25,6 +25,7 @@ from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVE
 from .params import hw_index
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
+H_PARAM_GATHER = hw_index("overlap_param_gather")  # 1: parameter all-gather behind the next forward
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
 from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
@@ -424,7 +425,17 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
     # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
     # recomputation) runs on each stage, so only the part longer than that backward is exposed.
     window = Lp * (mb[M_BWD] + rc * fwd + core)
-    dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
+    if hw[H_OPT_SHARD] != 0.0:
+        # distributed optimizer: only the gradient reduce-scatter (half the exchange) can run
+        # under the backward; the parameter all-gather waits for the step and runs after it, or
+        # with --overlap-param-gather (which needs --overlap-grad-reduce) bucket by bucket under
+        # the first forward of the next iteration (Megatron-LM DistributedOptimizer)
+        half = 0.5 * split[S_DP]
+        gather_window = Lp * fwd if hw[H_DP_OVERLAP] != 0.0 else 0.0
+        dp_comm_s = (half - hw[H_DP_OVERLAP] * min(half, window)
+                     + half - hw[H_PARAM_GATHER] * min(half, gather_window))
+    else:
+        dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
