@@ -44,9 +44,7 @@ def _buffers(n):
 def _step_rows(g, inputs, tokens):
     """``step`` (through evaluate_rows) on the configurations in ``inputs``."""
     n = inputs.shape[1]
-    rows = [ks.I_LAYERS + q for q in range(7)] + [ks.I_GBS, ks.I_MBS, ks.I_TP, ks.I_PP, ks.I_DP,
-                                                   ks.I_RECOMPUTE]
-    cols = np.ascontiguousarray(inputs[rows])
+    cols = ks.rows_from_inputs(inputs)
     hw_rows = np.ascontiguousarray(g.hw_table[inputs[ks.I_GPU]])
     out = np.empty((step.NUM_OUTPUTS, n), np.float64)
     status = np.empty(n, np.int8)

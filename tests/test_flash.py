@@ -67,7 +67,7 @@ def test_step_with_flash_matches_twin():
         cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 8192])), d * b * 8, b, t, p, d,
                int(rng.integers(0, 2)), 1e12, hw)
         out = np.empty((step.NUM_OUTPUTS, 1))
-        code = step.step(*[float(x) for x in cfg[:12]], cfg[12], cfg[13], cfg[14], out, 0)
+        code = step.step(*[float(x) for x in cfg[:9]], step.Layout(cfg[9], 1, cfg[11], cfg[10]), cfg[12], cfg[13], cfg[14], out, 0)
         r_code, r_out = ref.step(*cfg)
         assert code == r_code
         for k, name in enumerate(step.OUTPUT_NAMES):

@@ -15,6 +15,7 @@ from vtrain_fast import schema
 from vtrain_fast.hardware import PRESETS, machine_vector
 from vtrain_fast.kernels import comm, memory, ops, step
 from vtrain_fast.kernels import sweep as ksweep
+from vtrain_fast.kernels.layout import Layout
 from vtrain_fast.kernels.params import HW_FIELDS
 from vtrain_fast.models import MODEL_PRESETS
 from vtrain_fast.settings import SETTINGS, SWITCHES
@@ -228,9 +229,14 @@ def test_unfused_softmax_costs_four_more_launches_and_the_fp32_traffic():
 shape_int = st.integers(-3, 40)
 
 
+def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
+    """The kernel's shape rules with the twin's arguments (sizes one by one)."""
+    return step.validate_shape(L, h, a, g, f, v, s, B, b, Layout(t, 1, d, p))
+
+
 @given(st.tuples(*[shape_int] * 12))
 def test_validate_shape_matches_twin(args):
-    assert step.validate_shape(*args) == ref.validate_shape(*args)
+    assert validate_shape(*args) == ref.validate_shape(*args)
 
 
 @given(L=st.integers(1, 8), h_per_a=st.integers(1, 4), a=st.integers(1, 8), g=st.integers(1, 8),
@@ -239,7 +245,7 @@ def test_validate_shape_matches_twin(args):
 def test_validate_shape_divisibility(L, h_per_a, a, g, t, p, d, b, B):
     """Mostly-positive shapes so that every divisibility branch is reached."""
     args = (L, a * h_per_a + (L % 2), a, g, 1, 1, 1, B, b, t, p, d)
-    assert step.validate_shape(*args) == ref.validate_shape(*args)
+    assert validate_shape(*args) == ref.validate_shape(*args)
 
 
 def test_layouts_and_status_codes_match_twin():
@@ -303,7 +309,8 @@ def random_config(rng, invalid_fraction=0.4):
 def run_rows(configs):
     """Evaluate configurations with ``kernels.sweep.evaluate_rows``; returns (status, out)."""
     n = len(configs)
-    cols = np.ascontiguousarray(np.array([c[:13] for c in configs], dtype=np.int64).T)
+    # (model, B, b, t, p, d, recompute) -> the kernel's row layout (ROW_FIELDS: tp, cp = 1, pp, dp)
+    cols = np.ascontiguousarray(np.array([(*c[:10], 1, c[10], c[11], c[12]) for c in configs], dtype=np.int64).T)
     tokens = np.array([c[13] for c in configs], dtype=np.float64)
     hw_rows = np.ascontiguousarray(np.stack([c[14] for c in configs]))
     out = np.empty((step.NUM_OUTPUTS, n), dtype=np.float64)

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vtrain_fast"
 # Lowest first. A module of layer k may import modules of layers <= k (never a circle).
 LAYERS = [
     ("errors", "_jit", "models", "inputs", "settings", "kernels.params", "kernels", "__init__"),  # leaves
-    ("kernels.ops", "kernels.comm", "kernels.memory", "kernels.step", "kernels.sweep"),  # cost model
+    ("kernels.layout", "kernels.ops", "kernels.comm", "kernels.memory", "kernels.step", "kernels.sweep"),  # cost model
     ("schema", "hardware"),                                    # columns; GPUs as data
     ("spec", "calfile", "writer"),                             # what to sweep; result folders
     ("grid",),                                                 # spec -> kernel arrays

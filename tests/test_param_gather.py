@@ -14,6 +14,7 @@ from vtrain_fast.errors import InputError
 from vtrain_fast.evaluate import evaluate_frame
 from vtrain_fast.hardware import PRESETS, machine_vector
 from vtrain_fast.kernels.params import NUM_OUTPUTS
+from vtrain_fast.kernels.layout import Layout
 from vtrain_fast.kernels.step import O_DP, micro_batch_costs, split_costs, step, S_DP
 
 # 2 layers per stage on 64 data-parallel ranks across nodes: a long exchange, a short forward
@@ -30,7 +31,7 @@ def parts(tp=8, pp=8, dp=16):
     """The exchange (S_DP) and the forward window (layers per stage x one layer's forward)."""
     hw = machine_vector(dataclasses.replace(PRESETS["h100-sxm-80gb"], distributed_optimizer=True))
     L, h, a, s, f, v = 16.0, 4096.0, 32.0, 2048.0, 4 * 4096.0, 51200.0
-    split = split_costs(L, h, a, a, f, v, s, float(tp), float(pp), float(dp), hw)
+    split = split_costs(L, h, a, a, f, v, s, Layout(tp, 1, dp, pp), hw)
     mb = micro_batch_costs(1.0, s, h, a, a, f, v, float(tp), hw)
     return split[S_DP], L / pp * mb[0]
 
@@ -79,7 +80,7 @@ def test_the_kernel_gives_it_no_effect_without_what_it_needs():
         for flag in (False, True):
             hw = machine_vector(dataclasses.replace(base, overlap_param_gather=flag, **needs))
             out = np.empty((NUM_OUTPUTS, 1))
-            step(16, 4096, 32, 32, 16384, 51200, 2048, 512, 1, 8, 8, 16, 0, 1e12, hw, out, 0)
+            step(16, 4096, 32, 32, 16384, 51200, 2048, 512, 1, Layout(8, 1, 16, 8), 0, 1e12, hw, out, 0)
             outs.append(out[:, 0].copy())
         assert np.array_equal(outs[0], outs[1]) and outs[0][O_DP] > 0.0, needs
 

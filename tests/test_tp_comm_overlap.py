@@ -14,6 +14,7 @@ from vtrain_fast.evaluate import evaluate_frame
 from vtrain_fast.hardware import PRESETS, machine_vector
 from vtrain_fast.kernels import comm, ops
 from vtrain_fast.kernels.params import NUM_OUTPUTS, hw_index
+from vtrain_fast.kernels.layout import Layout
 from vtrain_fast.kernels.step import O_TP, step
 
 PLAN = dict(num_layers=32, hidden_size=8192, num_attention_heads=64, seq_length=4096, global_batch_size=64,
@@ -65,7 +66,7 @@ def test_the_kernel_gives_it_no_effect_without_sequence_parallelism():
         hw = machine_vector(dataclasses.replace(base, tp_comm_overlap=flag))
         assert hw[hw_index("tp_comm_overlap")] == float(flag)
         out = np.empty((NUM_OUTPUTS, 1))
-        step(32, 8192, 64, 64, 32768, 51200, 4096, 64, 4, 4, 1, 2, 0, 1e12, hw, out, 0)
+        step(32, 8192, 64, 64, 32768, 51200, 4096, 64, 4, Layout(4, 1, 2, 1), 0, 1e12, hw, out, 0)
         outs.append(out[:, 0].copy())
     assert np.array_equal(outs[0], outs[1]) and outs[0][O_TP] > 0.0
 

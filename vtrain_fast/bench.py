@@ -186,9 +186,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     # the full cost model alone: evaluate_rows on those points as explicit configurations
     fb = RowBuffers(full_idx.size)
     ks.sweep_points(full_idx, *args, fb.inputs, fb.tokens, fb.out, fb.status)
-    rows_ = [ks.I_LAYERS + q for q in range(7)] + [ks.I_GBS, ks.I_MBS, ks.I_TP, ks.I_PP, ks.I_DP,
-                                                    ks.I_RECOMPUTE]
-    cols = np.ascontiguousarray(fb.inputs[rows_, :full_idx.size])
+    cols = ks.rows_from_inputs(fb.inputs[:, :full_idx.size])
     hw_rows = np.ascontiguousarray(grid.hw_table[fb.inputs[ks.I_GPU, :full_idx.size]])
     tokens = np.ascontiguousarray(fb.tokens[:full_idx.size])
     out = np.empty_like(fb.out[:, :full_idx.size])

@@ -13,7 +13,8 @@ from .chunks import output_arrays
 from .errors import InputError, check_output_file, write_atomically
 from .inputs import MAX_TABLE_BYTES, check_input_file
 from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
-from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS
+from .kernels.layout import Layout, world_size
+from .kernels.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
 from .kernels.step import NUM_OUTPUTS
 from .kernels.sweep import evaluate_rows
 from .models import DEFAULT_VOCAB_SIZE
@@ -263,15 +264,17 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = machine_vector(preset)
         hw_rows[i] = cache[key]
-    # tp x pp x dp as floats first: each may be up to 10^8, their int64 product would wrap
+    # the world size as floats first: each size may be up to 10^8, their int64 product would wrap
     hi = CSV_INT_RANGES["num_gpus"][1]
-    too_many = ints["tp"].astype(np.float64) * ints["pp"] * ints["dp"] > hi
+    cp = np.ones(n, dtype=np.int64)         # context parallelism: not modelled yet
+    sizes = dict(tp=ints["tp"], cp=cp, dp=ints["dp"], pp=ints["pp"])
+    too_many = world_size.py_func(Layout(**{k: v.astype(np.float64) for k, v in sizes.items()})) > hi
     if too_many.any():
         i = int(np.argmax(too_many))
         raise InputError(where, f"columns tp x pp x dp, row {i + 2}",
-                         int(ints["tp"][i]) * int(ints["pp"][i]) * int(ints["dp"][i]),
+                         int(world_size.py_func(Layout(**{k: int(v[i]) for k, v in sizes.items()}))),
                          f"at most {hi} GPUs", "check tp, pp and dp")
-    num_gpus = ints["tp"] * ints["pp"] * ints["dp"]
+    num_gpus = world_size.py_func(Layout(**sizes))
     gpn_used = hw_rows[:, H_GPUS_PER_NODE].astype(np.int64)
     num_nodes = -(-num_gpus // gpn_used)
     for name, value, rule in (("num_gpus", num_gpus, "tp x pp x dp"),
@@ -283,9 +286,11 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             raise InputError(where, f"column {name}, row {i + 2}", int(given[i]),
                              f"{rule} = {int(value[i])}, or an empty cell",
                              f"fix {name} or tp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
-    cols = np.stack([ints["num_layers"], h, a, groups, ffn, vocab, ints["seq_length"],
-                     ints["global_batch_size"], ints["micro_batch_size"], ints["tp"], ints["pp"],
-                     ints["dp"], np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64)])
+    row = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
+               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"],
+               global_batch_size=ints["global_batch_size"], micro_batch_size=ints["micro_batch_size"], **sizes,
+               recompute=np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64))
+    cols = np.stack([row[k] for k in ROW_FIELDS])
     cols = np.ascontiguousarray(cols, dtype=np.int64)
     out = np.empty((NUM_OUTPUTS, n), dtype=np.float64)
     status = np.empty(n, dtype=np.int8)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import InputError
 from .hardware import machine_vector
-from .kernels.params import HW_FIELDS
+from .kernels.params import HW_FIELDS, NUM_MODEL_FIELDS
 from .kernels.sweep import AXES, PREFIX_AXES, prefix_table
 from .spec import RECOMPUTE_VALUES, SweepSpec, repeat_cases
 
@@ -96,7 +96,7 @@ def build_grid(spec: SweepSpec) -> Grid:
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     return Grid(
         radices=radices,
-        models=i64(arrays["model"]).reshape(len(spec.models), 7),
+        models=i64(arrays["model"]).reshape(len(spec.models), NUM_MODEL_FIELDS),
         model_names=[m.name for m in spec.models],
         tokens=np.array(spec.num_tokens, dtype=np.float64),
         gpus=i64(arrays["gpu"]),
@@ -157,7 +157,7 @@ def pruning_table(grid: Grid) -> np.ndarray:
     """Per prefix of the axes :data:`~vtrain_fast.kernels.sweep.PREFIX_AXES` (model, gpu,
     cluster_size, tp, pp), whether any point under it can be feasible.
 
-    A prefix is infeasible when num_gpus is not a multiple of ``tp * pp`` or the model breaks a
+    A prefix is infeasible when num_gpus does not split into a layout (``tp * cp * pp`` must divide it) or the model breaks a
     heads or layers divisibility rule for that ``tp``/``pp``; then every combination of the
     remaining axes (micro_batch_size, global_batch_size, recompute, a contiguous run of the
     flat index) is infeasible too and the scan kernel skips it without evaluating it.

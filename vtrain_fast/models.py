@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import InputError, did_you_mean
 from .inputs import read_toml
+from .kernels.params import MODEL_FIELDS
 
 DEFAULT_VOCAB_SIZE = 50257
 
@@ -52,11 +53,11 @@ class ModelShape:
         )
 
     def as_row(self) -> tuple[int, ...]:
-        """Integers in kernel order: ``(num_layers, hidden_size, num_attention_heads,
-        num_query_groups, ffn_hidden_size, vocab_size, seq_length)``."""
+        """Integers in the kernels' model order (:data:`~vtrain_fast.kernels.params.MODEL_FIELDS`:
+        num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
+        vocab_size, seq_length)."""
         r = self.resolved()
-        return (r.num_layers, r.hidden_size, r.num_attention_heads, r.num_query_groups,
-                r.ffn_hidden_size, r.vocab_size, r.seq_length)
+        return tuple(getattr(r, k) for k in MODEL_FIELDS)
 
 
 # ranges of the shape arguments (the spec's and evaluate's checks use them too)

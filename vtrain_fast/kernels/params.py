@@ -81,6 +81,17 @@ CALIBRATION_FIELDS = (
 )
 
 
+# Model layout: column k of the int64 model table the sweep kernels read (one row per model).
+MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                "ffn_hidden_size", "vocab_size", "seq_length")
+NUM_MODEL_FIELDS = len(MODEL_FIELDS)
+(MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ) = range(NUM_MODEL_FIELDS)
+# Row layout of the explicit configurations evaluate_rows walks (int64 matrix, one column each).
+ROW_FIELDS = MODEL_FIELDS + ("global_batch_size", "micro_batch_size", "tp", "cp", "pp", "dp", "recompute")
+(R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GBS, R_MBS, R_TP, R_CP, R_PP, R_DP,
+ R_RECOMPUTE) = range(len(ROW_FIELDS))
+
+
 # Output layout: row k of the float64 output matrix. vtrain_fast.schema describes each column.
 OUTPUT_NAMES = (
     "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
@@ -97,7 +108,7 @@ NUM_OUTPUTS = len(OUTPUT_NAMES)
 # Status codes, one per row. vtrain_fast.schema.STATUS_LABELS names them.
 OK = 0
 BAD_INPUT = 1        # a size is zero or negative
-BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * pp
+BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (kernels.layout.split_world)
 BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
 BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interleaved)
 BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:

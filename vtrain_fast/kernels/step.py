@@ -21,6 +21,7 @@ import math
 
 from .._jit import jit
 from . import comm, memory, ops
+from .layout import Layout, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401 (Layout: for callers)
 from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import hw_index
 
@@ -92,10 +93,12 @@ def forward_flops_per_token(num_layers, h, a, g, f, v, s):
 
 
 @jit
-def validate_split(L, h, a, g, f, v, s, t, p, d):
-    """Status code of the rules that do not involve the batch sizes: every size positive
-    (``BAD_INPUT``), heads and query groups divisible by ``t`` and hidden by heads
-    (``BAD_HEADS``), layers divisible by ``p`` (``BAD_LAYERS``); ``OK`` when all hold."""
+def validate_split(L, h, a, g, f, v, s, lay):
+    """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
+    (:data:`~vtrain_fast.kernels.layout.Layout`): every size positive (``BAD_INPUT``), heads and
+    query groups divisible by ``tp`` and hidden by heads (``BAD_HEADS``), layers divisible by
+    ``pp`` (``BAD_LAYERS``); ``OK`` when all hold."""
+    t, p, d = lay.tp, lay.pp, lay.dp
     if L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or t <= 0 or p <= 0 or d <= 0:
         return BAD_INPUT
     if a % t != 0 or g % t != 0 or h % a != 0 or a % g != 0:
@@ -144,23 +147,24 @@ def validate_interleaving(L, B, b, p, d, hw):
 
 
 @jit
-def repeats(t, p, d, hw):
+def repeats(lay, hw):
     """Whether this machine (a value of a sweep's gpu axis) repeats an earlier one of the sweep at
-    tensor-, pipeline- and data-parallel sizes ``t, p, d``: bit ``(t > 1) + 2 (p > 1) + 4 (d > 1)``
+    parallel layout ``lay``: bit ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` (the plan kinds of
+    :data:`vtrain_fast.settings.LAYOUT_SIZES`)
     of the machine-vector field ``repeat_cases`` (set by :func:`vtrain_fast.grid.repeat_cases`
     where the settings that tell the two machines apart have no effect: ``vpp`` at ``p = 1``,
     sequence parallelism at ``t = 1``, the asynchronous TP all-reduce at ``t = 1`` or with
     sequence parallelism, the distributed optimizer and overlapped gradient reduction at
     ``d = 1``)."""
-    case = (1 if t > 1 else 0) + (2 if p > 1 else 0) + (4 if d > 1 else 0)
+    case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
     return (int(hw[H_REPEAT_CASES]) >> case) & 1 == 1
 
 
 @jit
-def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
+def validate_shape(L, h, a, g, f, v, s, B, b, lay):
     """Status code for the divisibility rules of Megatron-LM (``OK`` when all hold): the
     checks of :func:`validate_split`, then of :func:`validate_batch`."""
-    return validate_batch(validate_split(L, h, a, g, f, v, s, t, p, d), B, b, d)
+    return validate_batch(validate_split(L, h, a, g, f, v, s, lay), B, b, lay.dp)
 
 
 @jit
@@ -279,16 +283,16 @@ def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw):
 
 
 @jit
-def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
-    """Costs that depend on the model, the machine and the split ``(t, p, d)`` but not on the
+def split_costs(L, h, a, g, f, v, s, lay, hw):
+    """Costs that depend on the model, the machine and the parallel layout but not on the
     batch sizes or recomputation.
 
     Parameters
     ----------
     L, h, a, g, f, v, s : float
         Model shape (as :func:`step`).
-    t, p, d : float
-        Tensor-, pipeline- and data-parallel sizes.
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.kernels.layout`).
     hw : numpy.ndarray
         Machine vector.
 
@@ -300,11 +304,13 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
         LM head and final layer norm; one stage carries all), the data-parallel gradient
         all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
         of the two stages), the Adam seconds of the larger
-        stage, 1.0 when pipeline neighbours (``t * d`` ranks apart) sit on different nodes
-        (``t * d * p > gpus_per_node``) else 0.0, and the seconds of one gradient accumulation
+        stage, 1.0 when the pipeline group (``pp`` ranks :func:`~vtrain_fast.kernels.layout.pp_stride`
+        apart) leaves its node (:func:`~vtrain_fast.kernels.layout.spans_nodes`) else 0.0, and the seconds of one gradient accumulation
         (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``) of a stage's layers, of the
         embeddings and of the head.
     """
+    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
+    dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
     p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t)
     p_first = p_body + v * h / t + s * h
     p_last = p_body + v * h / t + 2.0 * h
@@ -313,14 +319,14 @@ def split_costs(L, h, a, g, f, v, s, t, p, d, hw):
         p_last = p_first
     if hw[H_OPT_SHARD] != 0.0:
         # a sharded (distributed) optimizer: gradient reduce-scatter + parameter all-gather
-        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, t, hw),
-                        comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, t, hw))
+        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, dp_apart, hw),
+                        comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, dp_apart, hw))
     else:
-        dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, t, hw),
-                        comm.group_allreduce_s(2.0 * p_last, d, t, hw))
+        dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, dp_apart, hw),
+                        comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
     # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, hw[H_OPT_SHARD]), hw)
-    crosses = 1.0 if t * d * p > hw[H_GPUS_PER_NODE] else 0.0
+    crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head
     per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_body,
@@ -337,16 +343,17 @@ def model_totals(L, h, a, g, f, v, s, num_tokens):
 
 
 @jit
-def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, totals, out, i):
+def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals, out, i):
     """Compose the 1F1B schedule, memory and totals of one shape-valid configuration from its
     per-micro-batch, per-split and per-model parts, write its outputs into column ``i`` of
     ``out`` and return ``OK`` or ``OUT_OF_MEMORY``.
 
     Parameters
     ----------
-    L, h, s, v, B, b, t, p, d : float
-        num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size,
-        tp, pp, dp.
+    L, h, s, v, B, b : float
+        num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size.
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.kernels.layout`).
     recompute : int
         ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1, every layer's forward again before its
         backward, only layer inputs kept) or ``RECOMPUTE_SELECTIVE`` (2, only the attention core
@@ -364,13 +371,14 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
         Column to write.
     """
     status = OK
+    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
     m = B / (d * b)
     Lp = L / p
     vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
     rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
     sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
     core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
-    num_gpus = t * p * d
+    num_gpus = float(world_size(lay))
     fwd = mb[M_FWD]
     ar_act = mb[M_AR_ACT]
 
@@ -518,7 +526,7 @@ def schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw, mb, split, to
 
 
 @jit
-def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
+def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i):
     """Evaluate one configuration and write its outputs into column ``i`` of ``out``.
 
     Composition: :func:`validate_shape`, then :func:`micro_batch_costs`, :func:`split_costs`
@@ -532,8 +540,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
         vocab_size, seq_length.
     B, b : int
         global_batch_size, micro_batch_size (sequences).
-    t, p, d : int
-        Tensor-, pipeline- and data-parallel sizes; ``num_gpus = t * p * d``.
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.kernels.layout`); ``num_gpus`` is its world size.
     recompute : int
         ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1) or ``RECOMPUTE_SELECTIVE`` (2); see
         :func:`schedule`.
@@ -553,15 +561,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, out, i):
         Status code (``OK``, ``OUT_OF_MEMORY`` or a shape error). Never raises; rows with a
         shape error are NaN.
     """
-    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
+    status = validate_shape(L, h, a, g, f, v, s, B, b, lay)
     if status == OK:
-        status = validate_interleaving(L, B, b, p, d, hw)
+        status = validate_interleaving(L, B, b, lay.pp, lay.dp, hw)
     if status != OK:
         fill_nan(out, i)
         return status
     L = float(L); h = float(h); a = float(a); g = float(g); f = float(f); v = float(v)
-    s = float(s); B = float(B); b = float(b); t = float(t); p = float(p); d = float(d)
-    return schedule(L, h, s, v, B, b, t, p, d, recompute, num_tokens, hw,
-                    micro_batch_costs(b, s, h, a, g, f, v, t, hw),
-                    split_costs(L, h, a, g, f, v, s, t, p, d, hw),
+    s = float(s); B = float(B); b = float(b)
+    return schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw,
+                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw),
+                    split_costs(L, h, a, g, f, v, s, lay, hw),
                     model_totals(L, h, a, g, f, v, s, num_tokens), out, i)

@@ -24,7 +24,10 @@ import numpy as np
 from numba import prange
 
 from .._jit import jit, pjit
-from .params import H_GPUS_PER_NODE
+from .layout import Layout, split_world
+from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
+                     NUM_MODEL_FIELDS, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
+                     R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import (REPEAT, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
@@ -105,17 +108,15 @@ def prefix_index(digits, radices):
 
 @jit
 def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
-    """Quantities fixed by the axes up to ``pp``: ``(gpu_index, num_gpus, num_nodes, tp, pp,
-    dp, ok)``; ``ok`` is False when num_gpus is not ``tp * pp * dp`` with ``dp >= 1``."""
+    """Quantities fixed by the axes up to ``pp``: ``(gpu_index, num_gpus, num_nodes, layout,
+    ok)``; the layout (:func:`~vtrain_fast.kernels.layout.split_world`) gives dp the rest, and
+    ``ok`` is False when tp x cp x pp does not divide num_gpus."""
     gi = gpus[digits[A_GPU]]
     gpn = int(hw_table[gi, H_GPUS_PER_NODE])
     size = sizes[digits[A_SIZE]]
     num_gpus = size * gpn if sizes_in_nodes else size
-    t = tps[digits[A_TP]]
-    p = pps[digits[A_PP]]
-    d = num_gpus // (t * p)
-    ok = d > 0 and num_gpus % (t * p) == 0
-    return gi, num_gpus, (num_gpus + gpn - 1) // gpn, t, p, d, ok
+    lay, ok = split_world(num_gpus, tps[digits[A_TP]], 1, pps[digits[A_PP]])
+    return gi, num_gpus, (num_gpus + gpn - 1) // gpn, lay, ok
 
 
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
@@ -139,32 +140,32 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
     Marks ``ctx`` (``float64``, shape ``(NUM_CTX + 1,)``) empty, and clears ``micro_ok``
     (``uint8``, one per micro_batch_size value) when (model, gpu, tp) differs from
     ``micro_key`` (``int64``, shape ``(3,)``, updated). Returns
-    ``(gpu_index, num_gpus, num_nodes, tp, pp, dp, ok, split_status)``, the first seven as
+    ``(gpu_index, num_gpus, num_nodes, layout, ok, split_status)``, the first five as
     :func:`prefix_values`; ``split_status`` is
     :func:`~vtrain_fast.kernels.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
     or ``REPEAT`` where it is ``OK`` but the machine repeats an earlier one
     (:func:`~vtrain_fast.kernels.step.repeats`).
     """
-    gi, num_gpus, nodes, t, p, d, ok = prefix_values(digits, gpus, hw_table, sizes,
-                                                     sizes_in_nodes, tps, pps)
+    gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps)
     mi = digits[A_MODEL]
     split_status = BAD_NUM_GPUS
     if ok:
-        split_status = validate_split(models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3],
-                                      models[mi, 4], models[mi, 5], models[mi, 6], t, p, d)
-        if split_status == OK and repeats(t, p, d, hw_table[gi]):
+        split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
+                                      models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
+                                      models[mi, MD_SEQ], lay)
+        if split_status == OK and repeats(lay, hw_table[gi]):
             split_status = REPEAT       # an earlier machine of the sweep has these rows
     ctx[CTX_FILLED] = 0.0
-    if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != t:
+    if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != lay.tp:
         micro_key[0] = mi
         micro_key[1] = gi
-        micro_key[2] = t
+        micro_key[2] = lay.tp
         micro_ok[:] = 0
-    return gi, num_gpus, nodes, t, p, d, ok, split_status
+    return gi, num_gpus, nodes, lay, ok, split_status
 
 
 @jit
-def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B, rc, tok, models,
+def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc, tok, models,
                hw, ctx, micro, micro_ok, inputs, token_col, out, status, j):
     """Write the inputs of one point into column ``j``, evaluate it and return its status.
 
@@ -176,13 +177,13 @@ def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B,
     """
     inputs[I_MODEL, j] = mi
     inputs[I_GPU, j] = gi
-    for k in range(7):
+    for k in range(NUM_MODEL_FIELDS):
         inputs[I_LAYERS + k, j] = models[mi, k]
     inputs[I_NUM_GPUS, j] = num_gpus
     inputs[I_NUM_NODES, j] = num_nodes
-    inputs[I_TP, j] = t
-    inputs[I_PP, j] = p
-    inputs[I_DP, j] = d
+    inputs[I_TP, j] = lay.tp
+    inputs[I_PP, j] = lay.pp
+    inputs[I_DP, j] = lay.dp
     inputs[I_MBS, j] = b
     inputs[I_GBS, j] = B
     inputs[I_RECOMPUTE, j] = rc
@@ -191,17 +192,18 @@ def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B,
         fill_nan(out, j)
         status[j] = BAD_NUM_GPUS
         return BAD_NUM_GPUS
-    st = validate_batch(split_status, B, b, d)
+    st = validate_batch(split_status, B, b, lay.dp)
     if st == OK:
-        st = validate_interleaving(models[mi, 0], B, b, p, d, hw)
+        st = validate_interleaving(models[mi, MD_LAYERS], B, b, lay.pp, lay.dp, hw)
     if st != OK:
         fill_nan(out, j)
         status[j] = st
         return st
-    L, h, a, g = float(models[mi, 0]), float(models[mi, 1]), float(models[mi, 2]), float(models[mi, 3])
-    f, v, s = float(models[mi, 4]), float(models[mi, 5]), float(models[mi, 6])
+    L, h, a = float(models[mi, MD_LAYERS]), float(models[mi, MD_HIDDEN]), float(models[mi, MD_HEADS])
+    g, f = float(models[mi, MD_GROUPS]), float(models[mi, MD_FFN])
+    v, s = float(models[mi, MD_VOCAB]), float(models[mi, MD_SEQ])
     if ctx[CTX_FILLED] == 0.0:
-        sc = split_costs(L, h, a, g, f, v, s, float(t), float(p), float(d), hw)
+        sc = split_costs(L, h, a, g, f, v, s, lay, hw)
         for k in range(NUM_SPLIT):
             ctx[k] = sc[k]
         mt = model_totals(L, h, a, g, f, v, s, tok)
@@ -209,14 +211,14 @@ def grid_point(mi, gi, num_gpus, num_nodes, t, p, d, ok, split_status, db, b, B,
             ctx[NUM_SPLIT + k] = mt[k]
         ctx[CTX_FILLED] = 1.0
     if micro_ok[db] == 0:
-        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(t), hw)
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw)
         for k in range(NUM_MICRO):
             micro[db, k] = mc[k]
         micro_ok[db] = 1
     mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
           micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
           micro[db, 12], micro[db, 13])
-    st = schedule(L, h, s, v, float(B), float(b), float(t), float(p), float(d), rc, tok, hw, mb,
+    st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7]), (ctx[8], ctx[9], ctx[10]),
                   out, j)
     status[j] = st
@@ -270,7 +272,7 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
         micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
         micro_key = np.full(3, -1, dtype=np.int64)
         decode_index(start + lo, radices, digits)
-        gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+        gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
             digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
             micro_key, micro_ok)
         mi = digits[A_MODEL]
@@ -280,11 +282,11 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
             m = min(SCRATCH, hi - s0)
             for j in range(m):
                 db = digits[A_MBS]
-                grid_point(mi, gi, num_gpus, nodes, t, p, d, ok, split_status, db, mbss[db],
+                grid_point(mi, gi, num_gpus, nodes, lay, ok, split_status, db, mbss[db],
                            gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]], tok, models,
                            hw, ctx, micro, micro_ok, ins, tk, res, st, j)
                 if advance_digits(digits, radices) <= A_PP:
-                    gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+                    gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
                         digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps,
                         ctx, micro_key, micro_ok)
                     mi = digits[A_MODEL]
@@ -316,7 +318,7 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
         prev = -1
         prev_prefix = -1
         prev_tok = -1
-        gi, num_gpus, nodes, t, p, d, ok, split_status = 0, 0, 0, 0, 0, 0, False, BAD_NUM_GPUS
+        gi, num_gpus, nodes, lay, ok, split_status = 0, 0, 0, split_world(0, 1, 1, 1)[0], False, BAD_NUM_GPUS
         for j in range(bi * SCRATCH, min(n, bi * SCRATCH + SCRATCH)):
             gap = indices[j] - prev
             if prev >= 0 and 0 <= gap <= 8:
@@ -327,13 +329,13 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
             prev = indices[j]
             pre = prefix_index(digits, radices)
             if pre != prev_prefix or digits[A_TOKENS] != prev_tok:
-                gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+                gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
                     digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
                     micro_key, micro_ok)
                 prev_prefix = pre
                 prev_tok = digits[A_TOKENS]
             db = digits[A_MBS]
-            grid_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, split_status, db,
+            grid_point(digits[A_MODEL], gi, num_gpus, nodes, lay, ok, split_status, db,
                        mbss[db], gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]],
                        tokens[digits[A_TOKENS]], models, hw_table[gi], ctx, micro, micro_ok,
                        inputs, token_col, out, status, j)
@@ -449,7 +451,7 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
         fill = 0
         pruned = 0
         decode_index(start + lo, radices, digits)
-        gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+        gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
             digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
             micro_key, micro_ok)
         live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
@@ -469,12 +471,12 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 if not ok:
                     s = BAD_NUM_GPUS
                 else:
-                    s = validate_batch(split_status, gbss[digits[A_GBS]], mbss[db], d)
+                    s = validate_batch(split_status, gbss[digits[A_GBS]], mbss[db], lay.dp)
                     if s == OK:
-                        s = validate_interleaving(models[digits[A_MODEL], 0], gbss[digits[A_GBS]], mbss[db],
-                                                  p, d, hw_table[gi])
+                        s = validate_interleaving(models[digits[A_MODEL], MD_LAYERS], gbss[digits[A_GBS]], mbss[db],
+                                                  lay.pp, lay.dp, hw_table[gi])
                 if s == OK:
-                    s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, t, p, d, ok, split_status,
+                    s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, lay, ok, split_status,
                                    db, mbss[db], gbss[digits[A_GBS]],
                                    recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
                                    models, hw_table[gi], ctx, micro, micro_ok, ins, tok, res, st, 0)
@@ -500,7 +502,7 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 j += 1
                 changed = advance_digits(digits, radices)
             if changed <= A_PP:
-                gi, num_gpus, nodes, t, p, d, ok, split_status = refresh_prefix(
+                gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
                     digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
                     micro_key, micro_ok)
                 live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
@@ -587,29 +589,26 @@ def integer_column(col, values, valid):
 def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, table):
     """Fill the pruning table of :func:`scan_chunk` (``uint8``, shape
     ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
-    ``tp * pp * dp`` and the model passes
+    a layout (:func:`~vtrain_fast.kernels.layout.split_world`) and the model passes
     :func:`~vtrain_fast.kernels.step.validate_split` with that split (the shape rules that do
     not involve the batch sizes, so some batch is valid) and, with an interleaved schedule,
     splits its layers into ``pp * vpp`` chunks, else 0."""
     r = 0
     for mi in range(radices[A_MODEL]):
-        L, h, a, g = models[mi, 0], models[mi, 1], models[mi, 2], models[mi, 3]
-        f, v, s = models[mi, 4], models[mi, 5], models[mi, 6]
+        L, h, a, g = models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS], models[mi, MD_GROUPS]
+        f, v, s = models[mi, MD_FFN], models[mi, MD_VOCAB], models[mi, MD_SEQ]
         for gd in range(radices[A_GPU]):
             gpn = int(hw_table[gpus[gd], H_GPUS_PER_NODE])
             for sd in range(radices[A_SIZE]):
                 num_gpus = sizes[sd] * gpn if sizes_in_nodes else sizes[sd]
                 for td in range(radices[A_TP]):
-                    t = tps[td]
                     for pd in range(radices[A_PP]):
-                        p = pps[pd]
-                        d = num_gpus // (t * p)
-                        ok = d > 0 and num_gpus % (t * p) == 0
+                        lay, ok = split_world(num_gpus, tps[td], 1, pps[pd])
                         if ok:
-                            ok = validate_split(L, h, a, g, f, v, s, t, p, d) == OK
+                            ok = validate_split(L, h, a, g, f, v, s, lay) == OK
                         if ok:
-                            vs = virtual_stages(float(p), hw_table[gpus[gd]])
-                            ok = vs <= 1.0 or L % (p * vs) == 0
+                            vs = virtual_stages(float(lay.pp), hw_table[gpus[gd]])
+                            ok = vs <= 1.0 or L % (lay.pp * vs) == 0
                         table[r] = 1 if ok else 0
                         r += 1
 
@@ -621,9 +620,9 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
     Parameters
     ----------
     cols : numpy.ndarray
-        ``int64``, shape ``(13, n)``: num_layers, hidden_size, num_attention_heads,
-        num_query_groups, ffn_hidden_size, vocab_size, seq_length, global_batch_size,
-        micro_batch_size, tp, pp, dp, recompute (0/1/2: none/full/selective).
+        ``int64``, shape ``(len(ROW_FIELDS), n)``, rows laid out as
+        :data:`~vtrain_fast.kernels.params.ROW_FIELDS`: the model, global_batch_size,
+        micro_batch_size, tp, cp, pp, dp, recompute (0/1/2: none/full/selective).
     tokens : numpy.ndarray
         ``float64``, shape ``(n,)``, tokens to train on.
     hw_rows : numpy.ndarray
@@ -634,9 +633,22 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
         ``int8``, shape ``(n,)``, output.
     """
     for j in prange(cols.shape[1]):
-        status[j] = step(cols[0, j], cols[1, j], cols[2, j], cols[3, j], cols[4, j], cols[5, j],
-                         cols[6, j], cols[7, j], cols[8, j], cols[9, j], cols[10, j], cols[11, j],
-                         cols[12, j], tokens[j], hw_rows[j], out, j)
+        lay = Layout(cols[R_TP, j], cols[R_CP, j], cols[R_DP, j], cols[R_PP, j])
+        status[j] = step(cols[R_LAYERS, j], cols[R_HIDDEN, j], cols[R_HEADS, j], cols[R_GROUPS, j], cols[R_FFN, j],
+                         cols[R_VOCAB, j], cols[R_SEQ, j], cols[R_GBS, j], cols[R_MBS, j], lay,
+                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j)
+
+
+def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:
+    """The configurations of sweep rows (``inputs``: ``int64``, shape ``(NUM_INPUTS, n)``, laid
+    out as :data:`INPUT_NAMES`) as :func:`evaluate_rows` takes them: ``int64``, shape
+    ``(len(ROW_FIELDS), n)``, C-contiguous (``cp`` = 1: a sweep has no context parallelism yet)."""
+    from .params import ROW_FIELDS
+    rows = np.ones((len(ROW_FIELDS), inputs.shape[1]), dtype=np.int64)
+    for k, name in enumerate(ROW_FIELDS):
+        if name in INPUT_NAMES:
+            rows[k] = inputs[INPUT_NAMES.index(name)]
+    return rows
 
 
 def pareto_positions(vals: np.ndarray, idx: np.ndarray) -> np.ndarray:
