@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from vtrain_fast.hardware import PRESETS, machine_vector
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 
 settings.register_profile("vtrain", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -75,7 +75,7 @@ def vouch_for_files(folder: Path) -> None:
 
     import pyarrow.parquet as pq
 
-    from vtrain_fast.writer import FINAL, ORIGIN_KEY, file_record
+    from vtrain_fast.io.writer import FINAL, ORIGIN_KEY, file_record
     path = Path(folder) / "manifest.json"
     manifest = json.loads(path.read_text())
     for n in manifest["parts"]:       # the writer's stamp (sweep, chunk), as PartWriter writes it

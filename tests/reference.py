@@ -1,6 +1,6 @@
 """Reference twin of the cost kernels, in plain Python (no Numba, no NumPy).
 
-Every formula in ``vtrain_fast/kernels/{ops,comm,memory,step,sweep}.py`` is re-stated here from
+Every formula in ``vtrain_fast/model/{ops,comm,memory,step,sweep}.py`` is re-stated here from
 its docstring and the papers it cites, as readable Python, so that ``tests/test_kernels.py`` can
 compare the compiled kernels with an independent statement on random points.
 
@@ -10,7 +10,7 @@ mirrored here makes the twin tests fail; that is the point.
 Conventions
 -----------
 * Machine vectors (``hw``) are any indexable sequence laid out as
-  :data:`vtrain_fast.kernels.params.HW_FIELDS`; fields are read by *name* through :func:`hw_get`,
+  :data:`vtrain_fast.model.params.HW_FIELDS`; fields are read by *name* through :func:`hw_get`,
   never by a hard-coded position.
 * Symbols are Megatron-LM's: ``b`` micro_batch_size, ``s`` seq_length, ``h`` hidden_size,
   ``a`` num_attention_heads, ``g`` num_query_groups, ``f`` ffn_hidden_size, ``v`` vocab_size,
@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import math
 
-from vtrain_fast.kernels.params import HW_FIELDS
+from vtrain_fast.model.params import HW_FIELDS
 
 _FIELD_INDEX = {name: k for k, name in enumerate(HW_FIELDS)}
 
 
 def hw_get(hw, name: str) -> float:
-    """Field ``name`` of machine vector ``hw`` (see ``kernels.params.HW_FIELDS``)."""
+    """Field ``name`` of machine vector ``hw`` (see ``model.params.HW_FIELDS``)."""
     return float(hw[_FIELD_INDEX[name]])
 
 
 # ---------------------------------------------------------------------------------------------
-# Status codes and output layout (restated; tests check them against kernels.step)
+# Status codes and output layout (restated; tests check them against model.step)
 # ---------------------------------------------------------------------------------------------
 OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY = range(7)
 
@@ -719,7 +719,7 @@ def decode(index: int, radices) -> list:
 
 
 def sweep_point(index: int, grid):
-    """Grid point ``index`` of a :class:`vtrain_fast.grid.Grid`, evaluated.
+    """Grid point ``index`` of a :class:`vtrain_fast.plan.grid.Grid`, evaluated.
 
     Returns
     -------

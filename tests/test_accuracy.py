@@ -9,12 +9,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from vtrain_fast.calibrate import fit
-from vtrain_fast.errors import InputError
-from vtrain_fast.hardware import PRESETS
-from vtrain_fast.nccl import fit_tables, read_table
-from vtrain_fast.spec import load_calibration
-from vtrain_fast.validate import load_measurements, validate
+from vtrain_fast.analysis.calibrate import fit
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.hardware.gpus import PRESETS
+from vtrain_fast.analysis.nccl import fit_tables, read_table
+from vtrain_fast.plan.spec import load_calibration
+from vtrain_fast.analysis.validate import load_measurements, validate
 
 DATA = Path(__file__).resolve().parents[1] / "vtrain_fast" / "data" / "vtrain"
 
@@ -85,9 +85,9 @@ def test_nccl_fit_recovers_known_parameters(tmp_path):
 def test_nccl_inter_node_fit_recovers_tree_parameters():
     """Multi-node all-reduce times made by the kernel's hierarchical tree model (known NIC
     latency, per-step latency and efficiency) are fitted back by the inter-node mode."""
-    from vtrain_fast.hardware import machine_vector
-    from vtrain_fast.kernels.comm import group_allreduce_s
-    from vtrain_fast.nccl import Table
+    from vtrain_fast.hardware.gpus import machine_vector
+    from vtrain_fast.model.comm import group_allreduce_s
+    from vtrain_fast.analysis.nccl import Table
     preset = PRESETS["a100-sxm4-80gb"]
     truth = replace(preset.calibration, inter_node_latency_s=20e-6, inter_node_step_latency_s=6e-6,
                     inter_node_efficiency=0.7)
@@ -108,9 +108,9 @@ def test_nccl_fit_keeps_the_step_latency_when_tables_cannot_tell_it():
     """Tables that all have one step count (8 GPUs only; 2 and 3 nodes share one tree level)
     cannot separate fixed from per-step latency: the per-step latency keeps the machine
     vector's value and is reported as kept."""
-    from vtrain_fast.hardware import machine_vector
-    from vtrain_fast.kernels.comm import group_allreduce_s
-    from vtrain_fast.nccl import Table
+    from vtrain_fast.hardware.gpus import machine_vector
+    from vtrain_fast.model.comm import group_allreduce_s
+    from vtrain_fast.analysis.nccl import Table
     preset = PRESETS["a100-sxm4-80gb"]
     hw = machine_vector(preset)
     sizes = (2.0 ** np.arange(16, 31)).astype(np.int64)
@@ -142,7 +142,7 @@ def test_nccl_bad_file_is_a_clear_error(tmp_path):
 
 def test_calibration_recovers_parameters_from_synthetic_measurements():
     """Measurements made by the model with known efficiencies are fitted back from a wrong start."""
-    from vtrain_fast.evaluate import evaluate_frame
+    from vtrain_fast.analysis.evaluate import evaluate_frame
     truth = replace(PRESETS["a100-sxm4-80gb"].calibration, gemm_efficiency=0.6, host_launch_s=40e-6)
     df = load_measurements("single").sample(200, seed=1)
     measured = evaluate_frame(df, "synthetic", {"a100-sxm4-80gb": truth})["iteration_time_s"]

@@ -1,5 +1,5 @@
 """Bad input: every case exits with status 2 and one message naming the file, the key or
-column, and the offending value. Also :func:`vtrain_fast.query.pareto_mask` against brute force."""
+column, and the offending value. Also :func:`vtrain_fast.analysis.query.pareto_mask` against brute force."""
 from __future__ import annotations
 
 import re
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vtrain_fast.errors import InputError
-from vtrain_fast.query import pareto_mask
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.query import pareto_mask
+from vtrain_fast.plan.spec import parse_spec
 
 GOOD = {
     "model": 'presets = ["gpt3-125m"]',

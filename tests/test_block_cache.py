@@ -1,15 +1,15 @@
 """The grid drivers reuse per-micro-batch, per-split and per-model costs across points (block
-caches in kernels.sweep); their rows must be bit-for-bit those of ``step`` on the same
+caches in model.sweep); their rows must be bit-for-bit those of ``step`` on the same
 configuration, whatever the start, length and order of the points they are given."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from vtrain_fast import grid as grid_mod
-from vtrain_fast.kernels import step
-from vtrain_fast.kernels import sweep as ks
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.plan import grid as grid_mod
+from vtrain_fast.model import step
+from vtrain_fast.model import sweep as ks
+from vtrain_fast.plan.spec import parse_spec
 
 # every status, pp = 1 and pp > 1, pipeline neighbours inside and across nodes, both recompute
 # settings, several models, GPUs, token budgets and micro-batch sizes

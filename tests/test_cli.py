@@ -15,12 +15,12 @@ import pytest
 
 import reference as ref
 from conftest import ONE_POINT_SPEC, flat
-from vtrain_fast import engine
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.grid import build_grid
-from vtrain_fast.hardware import PRESETS, machine_vector, with_overrides
-from vtrain_fast.schema import SCHEMA, STATUS_LABELS
-from vtrain_fast.spec import RECOMPUTE_DEFAULT, load_spec, parse_spec
+from vtrain_fast.engine import run as engine
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.plan.grid import build_grid
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector, with_overrides
+from vtrain_fast.io.schema import SCHEMA, STATUS_LABELS
+from vtrain_fast.plan.spec import RECOMPUTE_DEFAULT, load_spec, parse_spec
 
 
 def _parts(folder: Path, manifest: dict) -> list[Path]:
@@ -264,7 +264,7 @@ def test_custom_shape_names_are_distinct_and_not_gpu_like():
 
 # ------------------------------------------------------------------------------ validate
 def test_validate_writes_parquet(tmp_path, cli):
-    from vtrain_fast.validate import load_measurements
+    from vtrain_fast.analysis.validate import load_measurements
     out = tmp_path / "validation.parquet"
     res = cli("validate", "-o", out)
     assert res.exit_code == 0, res.output
@@ -278,8 +278,8 @@ def test_validate_writes_parquet(tmp_path, cli):
 
 
 def test_readme_column_table_is_the_schema():
-    """README's results-column table is generated from vtrain_fast.schema (regenerate it with
+    """README's results-column table is generated from vtrain_fast.io.schema (regenerate it with
     schema.markdown_table() when a column changes)."""
-    from vtrain_fast.schema import markdown_table
+    from vtrain_fast.io.schema import markdown_table
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert markdown_table() in readme

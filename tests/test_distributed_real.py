@@ -25,8 +25,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from vtrain_fast.schema import INPUT_COLUMNS
-from vtrain_fast.writer import read_manifest
+from vtrain_fast.io.schema import INPUT_COLUMNS
+from vtrain_fast.io.writer import read_manifest
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/fd").is_dir(),

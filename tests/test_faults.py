@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ONE_POINT_SPEC, TINY_SPEC, flat
-from vtrain_fast import engine
-from vtrain_fast.errors import InputError
-from vtrain_fast.query import pareto, scan_results
-from vtrain_fast.spec import load_spec
-from vtrain_fast.writer import sha256_of
+from vtrain_fast.engine import run as engine
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.query import pareto, scan_results
+from vtrain_fast.plan.spec import load_spec
+from vtrain_fast.io.writer import sha256_of
 
 OBJECTIVES = ["cost_usd", "train_days"]
 # Several chunks (part files) of the tiny grid, so that a test can damage one and check that
@@ -286,7 +286,7 @@ def _commands(spec_path, tiny_sweep, plans_csv, out):
         "pareto -o": ("pareto", tiny_sweep, "-o", out / "f.csv"),
         "pareto --plot": ("pareto", tiny_sweep, "--plot", out / "f.png"),
         "validate": ("validate", "-o", out / "v.parquet"),
-        "calibrate": ("calibrate-nccl", *sorted(Path(engine.__file__).parent.glob("data/vtrain/nccl_allreduce_a100/*2gpu.csv")),
+        "calibrate": ("calibrate-nccl", *sorted(Path(engine.__file__).parent.parent.glob("data/vtrain/nccl_allreduce_a100/*2gpu.csv")),
                       "--gpu", "a100-sxm4-80gb", "-o", out / "c.toml"),
     }
 
@@ -322,7 +322,7 @@ def test_sweep_output_that_is_an_existing_file_is_refused(spec_path, tmp_path, c
 @pytest.mark.parametrize("command", ["evaluate", "pareto -o", "pareto --plot", "validate", "calibrate"])
 def test_a_full_disk_under_any_output_exits_2_and_leaves_nothing(command, spec_path, tiny_sweep, plans_csv, tmp_path,
                                                                    cli, monkeypatch):
-    import vtrain_fast.errors as errors_module
+    import vtrain_fast.io.errors as errors_module
     real_replace = os.replace
 
     def full(src, dst):          # every atomic write fails at its last step, as on a full disk
@@ -374,12 +374,12 @@ def test_input_errors_survive_pickling_whole():
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (1536, "1.5 KiB"), (10**6, "977 KiB"),
                                      (2 * 10**6, "1.9 MiB"), (3 << 30, "3 GiB"), (16 << 20, "16 MiB"), (5 << 40, "5 TiB")])
 def test_sizes_are_printed_in_a_readable_unit(n, text):
-    from vtrain_fast.errors import format_bytes
+    from vtrain_fast.io.errors import format_bytes
     assert format_bytes(n) == text
 
 
 def test_a_write_failure_names_the_reason_from_a_polars_error():
-    from vtrain_fast.errors import write_failure
+    from vtrain_fast.io.errors import write_failure
     e = write_failure("/x/out.csv", OSError("No space left on device (os error 28)"))
     assert "No space left on device" in str(e) and "ulimit -f" in str(e)
 
@@ -394,7 +394,7 @@ def test_one_point_spec_still_sweeps(write_spec, tmp_path, cli):
 def test_a_chunk_the_cluster_cannot_finish_is_one_message_and_a_rerun_resumes(spec_path, tmp_path, monkeypatch):
     """A task that fails on every attempt (as when its workers keep dying) ends the sweep with
     an InputError naming the chunk, not a Dask traceback; the finished chunks stay recorded."""
-    from vtrain_fast import distributed as dist
+    from vtrain_fast.engine import distributed as dist
     real = dist.chunk_task
 
     def doomed(key, grid, keep, plan, folder, chunk, threads, prune):
@@ -426,7 +426,7 @@ def test_parts_without_a_manifest_are_not_read_and_the_message_says_why(tiny_swe
 
 def test_a_narrow_table_notes_only_values_every_row_shares():
     """A note ``tp = 2`` under a table cut to its first rows must hold for the rows not shown."""
-    from vtrain_fast.report import fit_columns
+    from vtrain_fast.analysis.report import fit_columns
     whole = pl.DataFrame({"tp": [2, 2, 8], "pp": [4, 4, 4], "model": ["m-" + "x" * 40] * 3,
                           "cost_usd": [1.0, 2.0, 3.0]})
     _, notes = fit_columns(whole.head(2), 40, keep=("cost_usd",), whole=whole)
@@ -485,7 +485,7 @@ def test_overwrite_counts_the_room_its_old_files_free(spec_path, tmp_path, cli, 
 def test_a_part_with_a_forged_record_is_still_refused(chunked, tiny_sweep, source):
     """A part copied in and its record in the manifest rewritten to match (size, checksum):
     the file's own metadata names the sweep and chunk that wrote it."""
-    from vtrain_fast.writer import file_record
+    from vtrain_fast.io.writer import file_record
     victim = chunked / "part-000001.parquet"
     src = (tiny_sweep / "part-000000.parquet") if source == "another sweep" else (chunked / "part-000004.parquet")
     shutil.copyfile(src, victim)

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 import vtrain_fast
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.cli import app
-from vtrain_fast.errors import InputError
-from vtrain_fast.nccl import fit_tables, read_table
-from vtrain_fast.schema import resolve_objectives
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.nccl import fit_tables, read_table
+from vtrain_fast.io.schema import resolve_objectives
+from vtrain_fast.plan.spec import parse_spec
 
 NCCL_TABLES = sorted((Path(vtrain_fast.__file__).parent / "data" / "vtrain" / "nccl_allreduce_a100").glob("*.csv"))
 HEADER = "num_layers,hidden_size,num_attention_heads,seq_length,global_batch_size,micro_batch_size,tp,pp,dp,gpu"
@@ -89,7 +89,7 @@ def test_calibrate_nccl_on_the_shipped_tables_still_fits(tmp_path):
     out = tmp_path / "cal.toml"
     r = run("calibrate-nccl", *NCCL_TABLES, "--gpu", "a100-sxm4-80gb", "-o", out)
     assert r.exit_code == 0, r.output
-    from vtrain_fast.spec import load_calibration
+    from vtrain_fast.plan.spec import load_calibration
     assert load_calibration(out)["a100-sxm4-80gb"].intra_node_efficiency == pytest.approx(0.726, abs=0.01)
 
 
@@ -153,7 +153,7 @@ def test_calibrate_nccl_updates_an_existing_calibration_file(tmp_path):
     out.write_text('[h100-sxm-80gb]\nhbm_efficiency = 0.9\n\n[meta."h100-sxm-80gb"]\nrows = 3\n')
     r = run("calibrate-nccl", *NCCL_TABLES, "--gpu", "a100-sxm4-80gb", "-o", out)
     assert r.exit_code == 0, r.output
-    from vtrain_fast.spec import load_calibration
+    from vtrain_fast.plan.spec import load_calibration
     cal = load_calibration(out)
     assert cal["h100-sxm-80gb"].hbm_efficiency == 0.9 and "a100-sxm4-80gb" in cal
 
@@ -215,7 +215,7 @@ def test_oversized_inputs_are_refused_before_reading(tmp_path, monkeypatch):
     with open(spec, "wb") as f:                 # sparse: 17 MiB of nothing, no disk used
         f.truncate(17 * 2 ** 20)
     refused(run("sweep", spec, "--dry-run"), "file size", "16 MiB")
-    import vtrain_fast.evaluate as ev
+    import vtrain_fast.analysis.evaluate as ev
     monkeypatch.setattr(ev, "MAX_TABLE_BYTES", 100)
     csv = tmp_path / "in.csv"
     csv.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")

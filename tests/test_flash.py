@@ -9,11 +9,11 @@ import pytest
 
 import reference as ref
 from conftest import ONE_POINT_SPEC
-from vtrain_fast.errors import InputError
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.hardware import PRESETS, machine_vector
-from vtrain_fast.kernels import step
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+from vtrain_fast.model import step
+from vtrain_fast.plan.spec import parse_spec
 
 PLANS = pl.DataFrame({
     "num_layers": [32, 96, 40, 24], "hidden_size": [4096, 12288, 6144, 2048],
@@ -85,7 +85,7 @@ def test_use_flash_attn_is_refused_for_gpus_without_kernels():
 def test_flash_kernel_flop_conventions():
     """Compute-bound case with every SM busy: forward = causal 2 b s^2 h / t FLOPs at
     peak x flash_attention_efficiency (+ one launch), backward = 2.5x (+ three launches)."""
-    from vtrain_fast.kernels import ops
+    from vtrain_fast.model import ops
     preset = PRESETS["a100-sxm4-80gb"]
     hw = machine_vector(replace(preset, use_flash_attn=True))
     b, s, h, a, g, t = 4, 8192, 8192, 64, 8, 2
@@ -114,7 +114,7 @@ def test_evaluate_keeps_flash_and_unfused_rows_apart():
 def test_calibrate_fits_flash_attention_efficiency():
     """Flash rows made by the model with a known efficiency are fitted back (the fit's lower
     bound stays above 0, which would switch FlashAttention off)."""
-    from vtrain_fast.calibrate import fit
+    from vtrain_fast.analysis.calibrate import fit
     truth = replace(PRESETS["a100-sxm4-80gb"].calibration, flash_attention_efficiency=0.4)
     rows = pl.concat([PLANS.with_columns(gpu=pl.lit("a100-sxm4-80gb"), micro_batch_size=pl.lit(m))
                       for m in (1, 2)]).with_columns(use_flash_attn=pl.lit("true"))

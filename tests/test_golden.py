@@ -30,9 +30,9 @@ CHUNK = 1 << 18
 
 def sweep_digest(spec) -> str:
     """SHA-256 over every point of ``spec``: the kernel's inputs, tokens, outputs and status."""
-    from vtrain_fast.chunks import RowBuffers
-    from vtrain_fast.grid import build_grid
-    from vtrain_fast.kernels.sweep import sweep_chunk
+    from vtrain_fast.engine.chunks import RowBuffers
+    from vtrain_fast.plan.grid import build_grid
+    from vtrain_fast.model.sweep import sweep_chunk
     grid = build_grid(spec)
     h = hashlib.sha256()
     b = RowBuffers(CHUNK)
@@ -48,8 +48,8 @@ def evaluate_digest(path: Path) -> str:
     """SHA-256 over every column of ``evaluate`` on the plans in ``path`` (by column name), less
     the training-setting columns that hold only their default (a setting added later adds such
     a column and changes no number)."""
-    from vtrain_fast.evaluate import evaluate_frame, read_csv
-    from vtrain_fast.settings import SETTINGS
+    from vtrain_fast.analysis.evaluate import evaluate_frame, read_csv
+    from vtrain_fast.model.settings import SETTINGS
     df = evaluate_frame(read_csv(path), str(path))
     at_default = {st.name for st in SETTINGS if st.name in df.columns and (df[st.name] == st.default).all()}
     h = hashlib.sha256()
@@ -63,7 +63,7 @@ def evaluate_digest(path: Path) -> str:
 
 def digests() -> dict:
     from conftest import TINY_SPEC
-    from vtrain_fast.spec import load_spec, parse_spec
+    from vtrain_fast.plan.spec import load_spec, parse_spec
     out = {f"sweep:{s}": sweep_digest(load_spec(ROOT / s)) for s in SWEEPS}
     out["sweep:tests TINY_SPEC"] = sweep_digest(parse_spec(TINY_SPEC, "tiny.toml"))
     out.update({f"evaluate:{e}": evaluate_digest(ROOT / e) for e in EVALUATE})
@@ -77,7 +77,7 @@ def test_outputs_are_bit_for_bit_the_recorded_ones(name):
     kind, what = name.split(":", 1)
     if kind == "sweep":
         from conftest import TINY_SPEC
-        from vtrain_fast.spec import load_spec, parse_spec
+        from vtrain_fast.plan.spec import load_spec, parse_spec
         spec = parse_spec(TINY_SPEC, "tiny.toml") if what == "tests TINY_SPEC" else load_spec(ROOT / what)
         got = sweep_digest(spec)
     else:
@@ -88,8 +88,8 @@ def test_outputs_are_bit_for_bit_the_recorded_ones(name):
 
 def test_the_digest_sees_a_one_ulp_change(monkeypatch):
     """The guard can fail: nudging one output of one point by one ulp changes the digest."""
-    from vtrain_fast.spec import load_spec
-    import vtrain_fast.kernels.sweep as ks
+    from vtrain_fast.plan.spec import load_spec
+    import vtrain_fast.model.sweep as ks
     spec = load_spec(ROOT / SWEEPS[1])
     base = sweep_digest(spec)
     real = ks.sweep_chunk

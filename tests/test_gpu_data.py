@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import ONE_POINT_SPEC
-from vtrain_fast.errors import InputError
-from vtrain_fast.hardware import (GPU_DATA_DIR, GPU_FIELD_RANGES, OPTIONAL_GPU_FIELD_RANGES, PRESETS,
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.hardware.gpus import (GPU_DATA_DIR, GPU_FIELD_RANGES, OPTIONAL_GPU_FIELD_RANGES, PRESETS,
                                   load_gpu_files, machine_vector)
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.plan.spec import parse_spec
 
 NUMBER_KEYS = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES)
 
@@ -58,7 +58,7 @@ def test_a_spec_defines_a_gpu_from_a_preset_and_only_the_fields_it_gives_change(
 
 
 def test_a_copy_of_a_preset_prices_every_plan_as_the_preset():
-    from vtrain_fast.grid import build_grid
+    from vtrain_fast.plan.grid import build_grid
     a = parse_spec(_spec("", "h100-sxm-80gb"))
     b = parse_spec(_spec('[gpus.my-h100]\nbase = "h100-sxm-80gb"\n', "my-h100"))
     assert np.array_equal(build_grid(a).hw_table, build_grid(b).hw_table)
@@ -164,7 +164,7 @@ def test_a_gpu_from_a_fitted_preset_with_other_hardware_is_not_called_calibrated
 
 
 def test_a_spec_calibration_and_a_calibration_file_for_one_gpu_are_refused(tmp_path):
-    from vtrain_fast.spec import load_calibration
+    from vtrain_fast.plan.spec import load_calibration
     cal = tmp_path / "c.toml"
     cal.write_text("[h100-sxm-80gb]\nhbm_efficiency = 0.7\n")
     text = _spec("[gpus.h100-sxm-80gb]\ncalibration = { gemm_efficiency = 0.9 }\n", "h100-sxm-80gb")
@@ -174,7 +174,7 @@ def test_a_spec_calibration_and_a_calibration_file_for_one_gpu_are_refused(tmp_p
 
 # ---------------------------------------------------------------- model presets as data
 def test_every_model_preset_comes_from_the_data_file_with_its_source():
-    from vtrain_fast.models import MODEL_PRESETS, MODELS_FILE
+    from vtrain_fast.plan.models import MODEL_PRESETS, MODELS_FILE
     doc = tomllib.loads(MODELS_FILE.read_text())
     assert list(doc["models"]) == list(MODEL_PRESETS)
     for name, t in doc["models"].items():

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.cli import app
-from vtrain_fast.errors import InputError
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.nccl import read_table
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.analysis.nccl import read_table
 
 HEADER = "num_layers,hidden_size,num_attention_heads,seq_length,global_batch_size,micro_batch_size,tp,pp,dp,gpu"
 GOOD = "24,2048,16,2048,512,1,2,2,4,a100-sxm4-80gb"
@@ -97,7 +97,7 @@ def test_nccl_reader_uses_the_header_and_skips_bad_rows(tmp_path):
 
 
 def test_calibrate_refuses_rows_the_model_cannot_evaluate(tmp_path):
-    from vtrain_fast.calibrate import fit
+    from vtrain_fast.analysis.calibrate import fit
     df = pl.DataFrame({"num_layers": [24] * 8, "hidden_size": [2048] * 8, "num_attention_heads": [3] * 8,
                        "seq_length": [1024] * 8, "global_batch_size": [8] * 8, "micro_batch_size": [1] * 8,
                        "tp": [1] * 8, "pp": [1] * 8, "dp": [1] * 8, "gpu": ["a100-sxm4-80gb"] * 8,

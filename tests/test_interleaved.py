@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 
 from conftest import ONE_POINT_SPEC
-from vtrain_fast.errors import InputError
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.kernels import memory
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.model import memory
+from vtrain_fast.plan.spec import parse_spec
 
 # 96 layers on 4 stages, 32 micro-batches, no recomputation: stage 0 holds the most activations
 PLAN = pl.DataFrame({

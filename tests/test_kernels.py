@@ -10,16 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference as ref
-from vtrain_fast import grid as grid_mod
-from vtrain_fast import schema
-from vtrain_fast.hardware import PRESETS, machine_vector
-from vtrain_fast.kernels import comm, memory, ops, step
-from vtrain_fast.kernels import sweep as ksweep
-from vtrain_fast.kernels.layout import Layout
-from vtrain_fast.kernels.params import HW_FIELDS
-from vtrain_fast.models import MODEL_PRESETS
-from vtrain_fast.settings import SETTINGS, SWITCHES
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.plan import grid as grid_mod
+from vtrain_fast.io import schema
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+from vtrain_fast.model import comm, memory, ops, step
+from vtrain_fast.model import sweep as ksweep
+from vtrain_fast.model.layout import Layout
+from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.plan.models import MODEL_PRESETS
+from vtrain_fast.model.settings import SETTINGS, SWITCHES
+from vtrain_fast.plan.spec import parse_spec
 
 REL = 1e-12
 GiB = 2.0 ** 30
@@ -307,7 +307,7 @@ def random_config(rng, invalid_fraction=0.4):
 
 
 def run_rows(configs):
-    """Evaluate configurations with ``kernels.sweep.evaluate_rows``; returns (status, out)."""
+    """Evaluate configurations with ``model.sweep.evaluate_rows``; returns (status, out)."""
     n = len(configs)
     # (model, B, b, t, p, d, recompute) -> the kernel's row layout (ROW_FIELDS: tp, cp = 1, pp, dp)
     cols = np.ascontiguousarray(np.array([(*c[:10], 1, c[10], c[11], c[12]) for c in configs], dtype=np.int64).T)
@@ -615,7 +615,7 @@ def test_gradient_accumulation_adds_six_bytes_per_parameter_per_extra_micro_batc
     """From the second micro-batch on, autograd adds each weight gradient into ``.grad`` (read
     both fp16 values, write one): ``(m - 1) * 6 * params / (HBM x hbm_efficiency)`` per step."""
     import polars as pl
-    from vtrain_fast.evaluate import evaluate_frame
+    from vtrain_fast.analysis.evaluate import evaluate_frame
     plan = dict(num_layers=12, hidden_size=2048, num_attention_heads=16, seq_length=1024, micro_batch_size=2,
                 tp=2, pp=1, dp=2, gpu="a100-sxm4-80gb")
     rows = evaluate_frame(pl.DataFrame([dict(plan, global_batch_size=B) for B in (4, 8, 16)]))

@@ -13,17 +13,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vtrain_fast"
 
 # Lowest first. A module of layer k may import modules of layers <= k (never a circle).
 LAYERS = [
-    ("errors", "_jit", "models", "inputs", "settings", "kernels.params", "kernels", "__init__"),  # leaves
-    ("kernels.layout", "kernels.ops", "kernels.comm", "kernels.memory", "kernels.step", "kernels.sweep"),  # cost model
-    ("schema", "hardware"),                                    # columns; GPUs as data
-    ("spec", "calfile", "writer"),                             # what to sweep; result folders
-    ("grid",),                                                 # spec -> kernel arrays
-    ("chunks",),                                               # one chunk into its file
-    ("distributed",),                                          # chunks on a Dask cluster
-    ("engine",),                                               # folders, resume, merge
-    ("query", "report", "evaluate", "nccl"),                   # reading results, single plans
-    ("validate", "calibrate"),                                 # measurements
-    ("cli", "bench", "__main__"),                              # commands
+    ("analysis", "engine", "hardware", "io", "plan"),                             # layer folders' __init__ (docstrings only)
+    ("io.errors", "model._jit", "plan.models", "io.inputs", "model.settings", "model.params", "model", "__init__"),  # leaves
+    ("model.layout", "model.ops", "model.comm", "model.memory", "model.step", "model.sweep"),  # cost model
+    ("io.schema", "hardware.gpus"),                                               # columns; GPUs as data
+    ("plan.spec", "hardware.calfile", "io.writer"),                               # what to sweep; result folders
+    ("plan.grid",),                                                               # spec -> kernel arrays
+    ("engine.chunks",),                                                           # one chunk into its file
+    ("engine.distributed",),                                                      # chunks on a Dask cluster
+    ("engine.run",),                                                              # folders, resume, merge
+    ("analysis.query", "analysis.report", "analysis.evaluate", "analysis.nccl"),  # reading results, single plans
+    ("analysis.validate", "analysis.calibrate"),                                  # measurements
+    ("cli", "bench", "__main__"),                                                 # commands
 ]
 LAYER = {m: k for k, mods in enumerate(LAYERS) for m in mods}
 
@@ -94,14 +95,41 @@ def test_no_import_circles():
             visit(m, [m])
 
 
+# The layer folders, lowest first: a module of one may import only modules of its own folder or a
+# lower one (the top-level modules cli, bench and __main__ sit above them all).
+FOLDERS = ["model", "io", "hardware", "plan", "engine", "analysis"]
+
+
+def folder_violations(graph: dict) -> list[tuple[str, str]]:
+    """``(module, imported)`` pairs where a module of a layer folder imports a higher folder (or
+    a top-level command module)."""
+    rank = {f: k for k, f in enumerate(FOLDERS)}
+
+    def folder_rank(m):
+        top = m.split(".")[0]
+        return rank.get(top, len(FOLDERS) if m in ("cli", "bench", "__main__") else -1)
+    return sorted((m, t) for m, ts in graph.items() if m.split(".")[0] in rank
+                  for t in ts if folder_rank(t) > folder_rank(m))
+
+
+def test_every_folder_imports_only_its_own_or_lower_folders():
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(FOLDERS), "add the folder to FOLDERS in its layer order"
+    bad = folder_violations(imports())
+    assert not bad, "folders importing higher ones: " + ", ".join(f"{m} -> {t}" for m, t in bad)
+    graph = imports()
+    graph["model.step"] = graph["model.step"] | {"io.errors"}          # a kernel raising InputError: refused
+    assert folder_violations(graph) == [("model.step", "io.errors")]
+
+
 def test_the_layer_check_can_fail():
     graph = imports()
-    assert "kernels.params" in graph["schema"] and "distributed" in graph["engine"]   # lazy imports seen
-    graph["writer"] = graph["writer"] | {"query"}                  # writer reading query: refused
-    assert violations(graph) == [("writer", "query")]
+    assert "model.params" in graph["io.schema"] and "engine.distributed" in graph["engine.run"]   # lazy imports seen
+    graph["io.writer"] = graph["io.writer"] | {"analysis.query"}                  # writer reading query: refused
+    assert violations(graph) == [("io.writer", "analysis.query")]
 
 
 def test_the_spec_layer_loads_without_numba():
-    code = "import sys, vtrain_fast.spec, vtrain_fast.hardware, vtrain_fast.schema; print('numba' in sys.modules)"
+    code = "import sys, vtrain_fast.plan.spec, vtrain_fast.hardware.gpus, vtrain_fast.io.schema; print('numba' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stdout + res.stderr

@@ -6,9 +6,9 @@ import polars as pl
 import pytest
 
 from conftest import ONE_POINT_SPEC
-from vtrain_fast.errors import InputError
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.spec import parse_spec
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.plan.spec import parse_spec
 
 PLANS = pl.DataFrame({
     "num_layers": [30, 96, 40, 24], "hidden_size": [3072, 12288, 6144, 2048],

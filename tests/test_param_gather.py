@@ -10,12 +10,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from vtrain_fast.errors import InputError
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.hardware import PRESETS, machine_vector
-from vtrain_fast.kernels.params import NUM_OUTPUTS
-from vtrain_fast.kernels.layout import Layout
-from vtrain_fast.kernels.step import O_DP, micro_batch_costs, split_costs, step, S_DP
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+from vtrain_fast.model.params import NUM_OUTPUTS
+from vtrain_fast.model.layout import Layout
+from vtrain_fast.model.step import O_DP, micro_batch_costs, split_costs, step, S_DP
 
 # 2 layers per stage on 64 data-parallel ranks across nodes: a long exchange, a short forward
 PLAN = dict(num_layers=16, hidden_size=4096, num_attention_heads=32, seq_length=2048, global_batch_size=512,
@@ -92,7 +92,7 @@ def test_evaluate_and_spec_refuse_it_without_what_it_needs(missing):
         evaluate_frame(df, "plans.csv")
     assert "--overlap-param-gather" in str(e.value)
     from conftest import ONE_POINT_SPEC
-    from vtrain_fast.spec import parse_spec
+    from vtrain_fast.plan.spec import parse_spec
     other = "overlap_grad_reduce" if missing == "distributed_optimizer" else "distributed_optimizer"
     with pytest.raises(InputError, match=f"training.overlap_param_gather.*{missing} = true"):
         parse_spec(ONE_POINT_SPEC.format(training=f"overlap_param_gather = true\n{other} = true"), "s.toml")
@@ -100,7 +100,7 @@ def test_evaluate_and_spec_refuse_it_without_what_it_needs(missing):
 
 def test_a_sweep_axis_keeps_only_the_machines_megatron_accepts():
     from conftest import ONE_POINT_SPEC
-    from vtrain_fast.spec import parse_spec
+    from vtrain_fast.plan.spec import parse_spec
     spec = parse_spec(ONE_POINT_SPEC.format(training="distributed_optimizer = [false, true]\n"
                                                      "overlap_grad_reduce = [false, true]\n"
                                                      "overlap_param_gather = [false, true]"), "s.toml")

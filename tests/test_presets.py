@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from vtrain_fast.kernels.memory import model_params
-from vtrain_fast.models import MODEL_PRESETS
+from vtrain_fast.model.memory import model_params
+from vtrain_fast.plan.models import MODEL_PRESETS
 
 # Parameters of the released checkpoints (model cards), billions. Ours differ by learned position
 # embeddings, biases and LayerNorm (the presets keep the GPT layer), under 0.5%.

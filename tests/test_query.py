@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 
 from conftest import vouch_for_files
-from vtrain_fast import engine
-from vtrain_fast.errors import InputError
-from vtrain_fast.query import pareto, pareto_mask
-from vtrain_fast.spec import load_spec
+from vtrain_fast.engine import run as engine
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.query import pareto, pareto_mask
+from vtrain_fast.plan.spec import load_spec
 
 
 def _brute_front(df: pl.DataFrame, objectives) -> set:
@@ -67,7 +67,7 @@ def test_reduced_folders_refuse_queries_they_cannot_answer(tiny_spec_path, tmp_p
 
 
 def test_shard_resume_leaves_other_shards_temporary_files_alone(tiny_spec_path, tmp_path):
-    from vtrain_fast.writer import part_name, remove_leftovers
+    from vtrain_fast.io.writer import part_name, remove_leftovers
     folder = tmp_path / "f"
     folder.mkdir()
     mine, theirs = folder / (part_name(0) + ".tmp"), folder / (part_name(5) + ".tmp")
@@ -137,7 +137,7 @@ def test_short_table_headers_name_columns_on_the_command_line(tiny_sweep, cli):
 
 
 def test_a_narrow_table_names_the_differing_columns_it_leaves_out():
-    from vtrain_fast.report import fit_columns
+    from vtrain_fast.analysis.report import fit_columns
     df = pl.DataFrame({"model": ["m"] * 3, "dp": [1, 2, 4], "micro_batch_size": [1, 1, 2],
                        "iteration_time_s": [1.0, 2.0, 3.0], "cost_usd": [3.0, 2.0, 1.0]})
     shown, notes = fit_columns(df, 30, keep=("iteration_time_s", "cost_usd"))
@@ -146,7 +146,7 @@ def test_a_narrow_table_names_the_differing_columns_it_leaves_out():
 
 
 def test_breakdown_shows_components_that_add_up_to_the_iteration_time(tiny_sweep, cli, wide_console):
-    from vtrain_fast.query import BREAKDOWN_COLUMNS
+    from vtrain_fast.analysis.query import BREAKDOWN_COLUMNS
     front = pareto(tiny_sweep, ["cost_usd", "train_days"], breakdown=True)
     parts = front.select(BREAKDOWN_COLUMNS).to_numpy().sum(axis=1)
     assert np.allclose(parts, front["iteration_time_s"].to_numpy(), rtol=1e-9, atol=0.0)

@@ -8,9 +8,9 @@ import polars as pl
 import pytest
 
 from conftest import ONE_POINT_SPEC
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.kernels import step
-from vtrain_fast.spec import RECOMPUTE_VALUES
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.model import step
+from vtrain_fast.plan.spec import RECOMPUTE_VALUES
 
 GiB = 2.0 ** 30
 
@@ -43,7 +43,7 @@ def test_selective_memory_is_korthikanti_table_2():
     # every layer drops its attention core; backward rebuilds one layer's core at a time
     np.testing.assert_allclose(saved, (L - 1.0) * core, rtol=1e-9)
     # what one layer keeps under selective recomputation is Table 2's sbh(10 + 24/t)
-    from vtrain_fast.kernels import memory
+    from vtrain_fast.model import memory
     for bi, si, hi, ai, ti in zip(b, s, h, a, t):
         kept = (memory.layer_activation_bytes(bi, si, hi, ai, ai, 4.0 * hi, ti, 0.0, 0.0)
                 - memory.attention_core_activation_bytes(bi, si, ai, ti, 0.0))
@@ -88,8 +88,8 @@ def test_selective_with_flash_attention_reruns_the_fused_kernel_only():
 
 
 def test_spec_and_evaluate_accept_selective_and_name_it_when_refusing():
-    from vtrain_fast.errors import InputError
-    from vtrain_fast.spec import parse_spec
+    from vtrain_fast.io.errors import InputError
+    from vtrain_fast.plan.spec import parse_spec
     spec = parse_spec(ONE_POINT_SPEC.format(training='recompute = ["none", "selective", "full"]'), "spec.toml")
     assert spec.recompute == ("none", "selective", "full")
     assert run("selective")["recompute"].to_list() == ["selective"] * 3
@@ -103,8 +103,8 @@ def test_selective_with_overlapped_gradient_reduction_widens_the_window_by_the_r
     """The DP all-reduce hides behind the last micro-batch's backward, which with selective
     recomputation includes the rerun attention cores: the exposed part shrinks by exactly
     layers x core time while the all-reduce is longer than the window."""
-    from vtrain_fast.hardware import PRESETS, machine_vector
-    from vtrain_fast.kernels import ops
+    from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+    from vtrain_fast.model import ops
     plan = pl.DataFrame([dict(num_layers=4, hidden_size=8192, num_attention_heads=64, seq_length=1024,
                               global_batch_size=64, micro_batch_size=1, tp=1, pp=1, dp=64,
                               gpu="a100-sxm4-80gb", overlap_grad_reduce="true", recompute=r)
@@ -120,9 +120,9 @@ def test_attention_core_forward_moves_the_core_bytes():
     """Memory-bound machine (free FLOPs, no gaps, no host floor): the rerun attention core is
     its two batched GEMMs' bytes plus softmax (4), dropout (5) per score element and the
     context permute copy (4 per token and hidden unit per rank)."""
-    from vtrain_fast.hardware import PRESETS, machine_vector
-    from vtrain_fast.kernels import ops
-    from vtrain_fast.kernels.params import HW_FIELDS
+    from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+    from vtrain_fast.model import ops
+    from vtrain_fast.model.params import HW_FIELDS
     hw = machine_vector(PRESETS["a100-sxm4-80gb"])
     for name, value in (("peak_flops", 1e30), ("kernel_overhead_s", 0.0), ("host_launch_s", 0.0)):
         hw[HW_FIELDS.index(name)] = value

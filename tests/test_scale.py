@@ -22,15 +22,15 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import reference as ref
-from vtrain_fast import chunks, engine
-from vtrain_fast.errors import InputError
-from vtrain_fast.grid import build_grid, pruning_table
-from vtrain_fast.kernels import step
-from vtrain_fast.kernels import sweep as ks
-from vtrain_fast.query import pareto, pareto_mask
-from vtrain_fast.schema import SCHEMA
-from vtrain_fast.spec import parse_spec
-from vtrain_fast.writer import ROW_GROUP_ROWS, FolderLock, read_manifest
+from vtrain_fast.engine import chunks, run as engine
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.plan.grid import build_grid, pruning_table
+from vtrain_fast.model import step
+from vtrain_fast.model import sweep as ks
+from vtrain_fast.analysis.query import pareto, pareto_mask
+from vtrain_fast.io.schema import SCHEMA
+from vtrain_fast.plan.spec import parse_spec
+from vtrain_fast.io.writer import ROW_GROUP_ROWS, FolderLock, read_manifest
 
 # 2 models x 2 token budgets x 2 GPUs x 4 sizes x 3 tp x 4 pp x 3 mbs x 3 gbs x 2 recompute
 # = 6,912 points: ok, out_of_memory, bad_num_gpus, bad_heads, bad_layers and bad_batch rows.
@@ -298,7 +298,7 @@ def test_dask_equals_local(spec, tmp_path, dask_client, keep):
 
 def test_dask_retries_a_failed_chunk(spec, full_rows, tmp_path, dask_client, monkeypatch):
     """A task that dies half way (partial file left behind) is retried; the result is exact."""
-    from vtrain_fast import distributed as dist
+    from vtrain_fast.engine import distributed as dist
     real = dist.chunk_task
     marker = tmp_path / "failed-once"       # tasks are pickled: remember the failure on disk
 
@@ -364,8 +364,8 @@ def test_resume_after_sigkill(spec, tmp_path):
     (tmp_path / "scale.toml").write_text(SPEC)
     script = textwrap.dedent(f"""
         import time
-        from vtrain_fast.engine import run_sweep
-        from vtrain_fast.spec import load_spec
+        from vtrain_fast.engine.run import run_sweep
+        from vtrain_fast.plan.spec import load_spec
         run_sweep(load_spec({str(tmp_path / 'scale.toml')!r}), {str(folder)!r},
                   chunk_points=600, batch_points=200, on_progress=lambda n: time.sleep(0.05))
     """)

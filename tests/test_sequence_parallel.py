@@ -4,8 +4,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.kernels import memory
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.model import memory
 
 PLANS = pl.DataFrame({
     "num_layers": [126, 96, 40, 24], "hidden_size": [16384, 12288, 6144, 2048],

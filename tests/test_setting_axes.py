@@ -8,12 +8,12 @@ import math
 import polars as pl
 import pytest
 
-from vtrain_fast.chunks import evaluate_chunk
-from vtrain_fast.errors import InputError
-from vtrain_fast.grid import build_grid
-from vtrain_fast.schema import SETTING_COLUMNS
-from vtrain_fast.settings import BY_NAME, SWITCHES
-from vtrain_fast.spec import TRAINING_FLAGS, parse_spec
+from vtrain_fast.engine.chunks import evaluate_chunk
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.plan.grid import build_grid
+from vtrain_fast.io.schema import SETTING_COLUMNS
+from vtrain_fast.model.settings import BY_NAME, SWITCHES
+from vtrain_fast.plan.spec import TRAINING_FLAGS, parse_spec
 
 from conftest import ONE_POINT_SPEC
 
@@ -114,8 +114,8 @@ vpp = [1, 2]
 def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(tmp_path):
     """Brute force over every setting: evaluate each `repeat` row on its own (evaluate never
     marks repeats) and find a kept row of the same plan with bit-identical outputs."""
-    from vtrain_fast.evaluate import evaluate_frame
-    from vtrain_fast.kernels.step import OUTPUT_NAMES
+    from vtrain_fast.analysis.evaluate import evaluate_frame
+    from vtrain_fast.model.step import OUTPUT_NAMES
     rows = _rows(ALL_SETTINGS_SPEC)
     rep = rows.filter(pl.col("status") == "repeat")
     kept = rows.filter(pl.col("status") != "repeat")
@@ -172,12 +172,12 @@ def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, c
     assert "sequence_parallel" in res.output and "use_flash_attn" not in res.output
     # the file holds whole plans (every column) and evaluates to the same rows
     front = pl.read_csv(tmp_path / "front.csv")
-    from vtrain_fast.evaluate import CLUSTER_COLUMNS
+    from vtrain_fast.analysis.evaluate import CLUSTER_COLUMNS
     assert front.columns == pl.read_parquet(str(full / "part-*.parquet")).columns + list(CLUSTER_COLUMNS)
     res = cli("evaluate", tmp_path / "front.csv", "-o", tmp_path / "again.parquet")
     assert res.exit_code == 0 and "recomputed" in res.output, res.output
     again = pl.read_parquet(tmp_path / "again.parquet")
-    from vtrain_fast.kernels.step import OUTPUT_NAMES
+    from vtrain_fast.model.step import OUTPUT_NAMES
     for col in list(OUTPUT_NAMES) + ["sequence_parallel", "vpp", "num_nodes"]:
         assert all(_same(a, b) for a, b in zip(again[col].to_list(), front[col].to_list())), col
     # the Parquet frontier reads back too
@@ -226,7 +226,7 @@ def _key_rows(df, cols):
 def test_a_frontier_per_setting_value_counts_the_plans_the_setting_does_not_change(write_spec, tmp_path, cli):
     """`pareto --by S` and `--where S==v` on a list sweep give the frontier of the sweep that fixes
     S = v, although the list sweep priced plans where S has no effect only once (status repeat)."""
-    from vtrain_fast.query import pareto
+    from vtrain_fast.analysis.query import pareto
     text = AXES_SPEC.replace('gpu = ["a100-sxm4-80gb", "h100-sxm-80gb"]', 'gpu = "a100-sxm4-80gb"')
     both = tmp_path / "both"
     assert cli("sweep", write_spec(text.format(sp="[false, true]", vpp="[1, 2]"), "b.toml"), "-o", both).exit_code == 0
@@ -259,7 +259,7 @@ def test_top_k_by_a_short_column_name(write_spec, tmp_path, cli):
      "async_tensor_model_parallel_allreduce==true"),            # those machines are left out
 ])
 def test_a_value_without_plans_of_its_own_still_has_its_frontier(write_spec, tmp_path, cli, extra, condition):
-    from vtrain_fast.query import pareto
+    from vtrain_fast.analysis.query import pareto
     base = AXES_SPEC.format(sp="[false, true]", vpp="1").replace(
         'gpu = ["a100-sxm4-80gb", "h100-sxm-80gb"]', 'gpu = "a100-sxm4-80gb"')
     for line in extra.splitlines():

@@ -1,4 +1,4 @@
-"""The settings registry (vtrain_fast.settings) is the one place each training setting lives:
+"""The settings registry (vtrain_fast.model.settings) is the one place each training setting lives:
 every other table is derived from it, and every record is complete."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from vtrain_fast.hardware import GPUPreset, PRESETS, machine_vector
-from vtrain_fast.kernels.params import HW_FIELDS
-from vtrain_fast.schema import SCHEMA, SETTING_COLUMNS
-from vtrain_fast.settings import BY_NAME, LAYOUT_SIZES, SETTINGS
-from vtrain_fast.spec import TRAINING_FLAGS
+from vtrain_fast.hardware.gpus import GPUPreset, PRESETS, machine_vector
+from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.io.schema import SCHEMA, SETTING_COLUMNS
+from vtrain_fast.model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS
+from vtrain_fast.plan.spec import TRAINING_FLAGS
 
 
 @pytest.mark.parametrize("st", SETTINGS, ids=lambda s: s.name)

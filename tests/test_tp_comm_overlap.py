@@ -9,13 +9,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from vtrain_fast.errors import InputError
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.hardware import PRESETS, machine_vector
-from vtrain_fast.kernels import comm, ops
-from vtrain_fast.kernels.params import NUM_OUTPUTS, hw_index
-from vtrain_fast.kernels.layout import Layout
-from vtrain_fast.kernels.step import O_TP, step
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+from vtrain_fast.model import comm, ops
+from vtrain_fast.model.params import NUM_OUTPUTS, hw_index
+from vtrain_fast.model.layout import Layout
+from vtrain_fast.model.step import O_TP, step
 
 PLAN = dict(num_layers=32, hidden_size=8192, num_attention_heads=64, seq_length=4096, global_batch_size=64,
             micro_batch_size=4, pp=1, gpu="h100-sxm-80gb", recompute="none")
@@ -80,7 +80,7 @@ def test_evaluate_refuses_it_without_sequence_parallelism():
 
 def test_a_sweep_axis_leaves_out_the_machines_megatron_would_refuse():
     from conftest import ONE_POINT_SPEC
-    from vtrain_fast.spec import parse_spec
+    from vtrain_fast.plan.spec import parse_spec
     spec = parse_spec(ONE_POINT_SPEC.format(training="sequence_parallel = [false, true]\n"
                                                      "tp_comm_overlap = [false, true]"), "s.toml")
     assert [(g.sequence_parallel, g.tp_comm_overlap) for g in spec.gpus] == [(False, False), (True, False), (True, True)]

@@ -7,9 +7,9 @@ import math
 import polars as pl
 import pytest
 
-from vtrain_fast.evaluate import evaluate_frame
-from vtrain_fast.hardware import PRESETS, machine_vector
-from vtrain_fast.kernels import comm, ops
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+from vtrain_fast.model import comm, ops
 
 PLAN = dict(num_layers=32, hidden_size=8192, num_attention_heads=64, seq_length=4096, global_batch_size=64,
             micro_batch_size=4, pp=1, gpu="a100-sxm4-80gb")
@@ -45,7 +45,7 @@ def test_short_gemms_hide_only_their_length():
     wq = ops.gemm_time_s(h, 3 * h / t, b * s, 1.0, hw)
     wf = ops.gemm_time_s(h, 4 * h / t, b * s, 1.0, hw)
     assert wq < ar and wf < ar                      # tiny GEMMs: the exchange outlasts them
-    from vtrain_fast.kernels.step import tp_backward_hidden_s
+    from vtrain_fast.model.step import tp_backward_hidden_s
     assert tp_backward_hidden_s(b, s, h, 16.0, 16.0, 4 * h, t, ar, hw) == pytest.approx(wq + wf, rel=1e-12)
     assert tp_backward_hidden_s(b, s, h, 16.0, 16.0, 4 * h, 1.0, ar, hw) == 0.0
 

@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 
 from conftest import ONE_POINT_SPEC, TINY_SPEC, flat
-from vtrain_fast.calibrate import fit
-from vtrain_fast.errors import InputError
-from vtrain_fast.hardware import PRESETS
-from vtrain_fast.query import pareto, varying_job_columns
-from vtrain_fast.validate import load_measurements
+from vtrain_fast.analysis.calibrate import fit
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.hardware.gpus import PRESETS
+from vtrain_fast.analysis.query import pareto, varying_job_columns
+from vtrain_fast.analysis.validate import load_measurements
 
 
 def _flat(text: str) -> str:
@@ -77,7 +77,7 @@ def test_rerun_of_finished_sweep_fails_before_any_output(tiny_spec_path, tmp_pat
 def test_calibration_writes_exact_zero_for_a_term_the_data_do_not_need():
     """Times made by the model with no per-iteration overhead: the fitted overhead lands on its
     lower bound and is reported as exactly 0.0, not as round-off."""
-    from vtrain_fast.evaluate import evaluate_frame
+    from vtrain_fast.analysis.evaluate import evaluate_frame
     truth = replace(PRESETS["a100-sxm4-80gb"].calibration, iteration_overhead_s=0.0)
     df = load_measurements("single").sample(60, seed=3)
     measured = evaluate_frame(df, "synthetic", {"a100-sxm4-80gb": truth})["iteration_time_s"]
@@ -89,7 +89,7 @@ def test_calibration_writes_exact_zero_for_a_term_the_data_do_not_need():
 
 
 def test_calibrate_without_param_keeps_gemm_efficiency_pinned(tmp_path, cli):
-    from vtrain_fast.spec import load_calibration
+    from vtrain_fast.plan.spec import load_calibration
     df = load_measurements("single").sample(40, seed=5)
     csv = tmp_path / "meas.csv"
     df.write_csv(csv)
@@ -151,8 +151,8 @@ def test_presets_keep_their_names_in_a_narrow_terminal(monkeypatch):
     from rich.console import Console
 
     from vtrain_fast import cli as cli_module
-    from vtrain_fast.hardware import PRESETS
-    from vtrain_fast.models import MODEL_PRESETS
+    from vtrain_fast.hardware.gpus import PRESETS
+    from vtrain_fast.plan.models import MODEL_PRESETS
     narrow = Console(width=90, record=True)
     monkeypatch.setattr(cli_module, "console", narrow)
     cli_module.presets()
@@ -161,8 +161,8 @@ def test_presets_keep_their_names_in_a_narrow_terminal(monkeypatch):
 
 
 def test_presets_lists_every_model_and_gpu_preset(cli):
-    from vtrain_fast.hardware import PRESETS
-    from vtrain_fast.models import MODEL_PRESETS
+    from vtrain_fast.hardware.gpus import PRESETS
+    from vtrain_fast.plan.models import MODEL_PRESETS
     res = cli("presets")
     assert res.exit_code == 0, res.output
     for name in list(MODEL_PRESETS) + list(PRESETS):
@@ -200,7 +200,7 @@ pp = 1
 
 
 def test_a_gpu_table_under_cluster_overrides_that_gpu_only():
-    from vtrain_fast.spec import parse_spec
+    from vtrain_fast.plan.spec import parse_spec
     spec = parse_spec(PER_GPU_SPEC.format(h100="usd_per_gpu_hour = 3.5\npue = 1.3"), "s.toml")
     a100, h100 = spec.gpus
     assert (a100.usd_per_gpu_hour, a100.pue) == (2.0, 1.0)
@@ -216,7 +216,7 @@ def test_a_gpu_table_under_cluster_overrides_that_gpu_only():
 def test_a_written_frontier_evaluates_to_the_same_rows_under_cluster_overrides(write_spec, tmp_path, cli):
     """pareto -o carries each GPU's cluster values (spec overrides and [cluster.<gpu>] tables), so
     evaluate prices the plans exactly as the sweep did."""
-    from vtrain_fast.kernels.step import OUTPUT_NAMES
+    from vtrain_fast.model.step import OUTPUT_NAMES
     spec = PER_GPU_SPEC.format(h100="usd_per_gpu_hour = 3.5\npue = 1.2").replace(
         "num_gpus = 32", "num_nodes = [4, 8]\ngpus_per_node = 4\nreserved_GiB = 20").replace(
         "tp = 1\npp = 1", "tp = [1, 2]\npp = [1, 2]")

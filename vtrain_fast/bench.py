@@ -157,9 +157,9 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     """Row kernel, full-model-only and scan kernel rates over ``grid``."""
     import numpy as np
 
-    from .chunks import RowBuffers
-    from .kernels import sweep as ks
-    from .kernels.step import OK, OUT_OF_MEMORY
+    from .engine.chunks import RowBuffers
+    from .model import sweep as ks
+    from .model.step import OK, OUT_OF_MEMORY
 
     n = grid.num_points
     batch = 1 << 18
@@ -201,8 +201,8 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     t_scan = _best_scan(grid, repeat)
 
     # a sweep whose every point reaches the whole cost model: row and scan kernels
-    from .grid import build_grid
-    from .spec import parse_spec
+    from .plan.grid import build_grid
+    from .plan.spec import parse_spec
     fgrid = build_grid(parse_spec(full_model_spec_text(), "bench-full-model.toml"))
     fn = fgrid.num_points
     fargs = fgrid.kernel_args()
@@ -241,7 +241,7 @@ def _best_scan(grid, repeat: int) -> float:
     """Best time of the ``--keep frontier`` scan kernel (cost_usd, train_days) over ``grid``."""
     import numpy as np
 
-    from .chunks import ChunkEvaluator, parse_keep, plan_sweep
+    from .engine.chunks import ChunkEvaluator, parse_keep, plan_sweep
     n = grid.num_points
     keep = parse_keep("frontier", ["cost_usd", "train_days"])
     plan = plan_sweep(n, keep)
@@ -260,8 +260,8 @@ def bench_reference(grid, samples: int) -> dict | None:
     """Plain-Python twin vs kernel on the same ``samples`` random points of ``grid``."""
     import numpy as np
 
-    from .chunks import RowBuffers
-    from .kernels import sweep as ks
+    from .engine.chunks import RowBuffers
+    from .model import sweep as ks
     ref = _import_reference()
     if ref is None:
         return None
@@ -284,8 +284,8 @@ def bench_reference(grid, samples: int) -> dict | None:
 def bench_end_to_end(spec_text: str, folder: Path, writer_threads: int | None) -> dict:
     """Run ``spec_text`` with ``--keep all`` into ``folder``; return rows, seconds, rows/s,
     bytes per row on disk and the number of part files."""
-    from .engine import run_sweep
-    from .spec import parse_spec
+    from .engine.run import run_sweep
+    from .plan.spec import parse_spec
     spec = parse_spec(spec_text, "bench-e2e.toml")
     warm = parse_spec(default_spec_text("warm", 1, 4), "bench-warm.toml")
     run_sweep(warm, folder / "warm", overwrite=True, writer_threads=writer_threads)
@@ -314,8 +314,8 @@ def bench_frontier(num_sizes: int, folder: Path, timeout: float) -> dict:
 
 
 def _frontier_child(num_sizes: int, folder: Path) -> None:
-    from .engine import run_sweep
-    from .spec import parse_spec
+    from .engine.run import run_sweep
+    from .plan.spec import parse_spec
     spec = parse_spec(frontier_spec_text(num_sizes), "bench-frontier.toml")
     t = time.perf_counter()
     m = run_sweep(spec, folder / "frontier", overwrite=True, keep="frontier",
@@ -347,8 +347,8 @@ def main(argv=None) -> int:
 
     import numba
 
-    from .grid import build_grid
-    from .spec import load_spec
+    from .plan.grid import build_grid
+    from .plan.spec import load_spec
     if args.quick:
         args.frontier_sizes = min(args.frontier_sizes, 2)
         args.e2e_tokens = min(args.e2e_tokens, 2)

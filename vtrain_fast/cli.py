@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .errors import InputError
+from .io.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM training time, memory, cost and energy for millions of plans.")
@@ -48,7 +48,7 @@ def _user_errors(func):
         except OSError as e:
             # the last line of defence: a file operation no check foresaw (each write path
             # converts its own failures) still ends in one message and status 2, not a traceback
-            from .errors import write_failure
+            from .io.errors import write_failure
             where = e.filename or "a file"
             err.print(f"[bold red]error:[/] {escape(str(write_failure(where, e, 'file')))}", markup=True,
                       highlight=False)
@@ -57,7 +57,7 @@ def _user_errors(func):
 
 
 def _calibration(path: Optional[Path]):
-    from .spec import load_calibration
+    from .plan.spec import load_calibration
     return load_calibration(path) if path else None
 
 
@@ -66,7 +66,7 @@ GpusOpt = typer.Option(None, "--gpus", help="TOML of your own GPUs ([gpus.<name>
 
 
 def _gpus(path: Optional[Path]):
-    from .spec import load_gpus
+    from .plan.spec import load_gpus
     return load_gpus(path) if path else None
 
 
@@ -93,19 +93,19 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     """Evaluate every point of SPEC and write results/<name>/part-*.parquet + manifest.json.
 
     Rerunning the same command after an interruption resumes it."""
-    from .chunks import parse_keep
-    from .engine import _parse_shard, run_sweep
-    from .spec import load_spec
+    from .engine.chunks import parse_keep
+    from .engine.run import _parse_shard, run_sweep
+    from .plan.spec import load_spec
     s = load_spec(spec, _calibration(calibration), _gpus(gpus))
     kept = parse_keep(keep, minimize)   # bad options fail before the progress bar starts
     shard_kn = _parse_shard(shard)
-    from .grid import check_index_space
+    from .plan.grid import check_index_space
     check_index_space(s.num_points, str(spec))    # the dry run too, not only build_grid
     folder = output or Path("results") / s.name
-    from .errors import check_output_folder
+    from .io.errors import check_output_folder
     check_output_folder(folder)
     if not overwrite and not dry_run and shard is None and (folder / "manifest.json").is_file():
-        from .writer import check_manifest, folder_problems, read_json
+        from .io.writer import check_manifest, folder_problems, read_json
         try:
             done = read_json(folder / "manifest.json")
             if done.get("complete"):
@@ -144,14 +144,14 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     if kept.mode == "all" and (dry_run or not folder.exists()):
         # a new sweep is refused before any work (a shard writes its slice of the rows); a resumed or
         # overwritten one is checked by the run for the chunks still to do, once old files are gone
-        from .engine import check_room_for_rows
+        from .engine.run import check_room_for_rows
         check_room_for_rows(folder, -(-n // shard_kn[1]) if shard_kn else n)
     if dry_run:
         console.print(f"dry run: {n:,} points over {_plural(len(s.gpus), 'machine')} "
                       f"({', '.join(s.setting_axes) or 'no setting'} as axes); nothing evaluated or written")
         return
     if scheduler is not None:          # a bad --scheduler fails before the progress bar
-        from .distributed import check_scheduler
+        from .engine.distributed import check_scheduler
         check_scheduler(scheduler)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -182,8 +182,8 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     if shard:
         console.print(f"shard {shard} finished; when every shard has, run `vtrain-fast merge {folder}`")
     elif keep.startswith("top"):
-        from .report import print_frame
-        from .query import CONFIG_COLUMNS, HEADLINE_COLUMNS, scan_results, varying_setting_columns
+        from .analysis.report import print_frame
+        from .analysis.query import CONFIG_COLUMNS, HEADLINE_COLUMNS, scan_results, varying_setting_columns
         column = kept.objectives[0]       # the full column name (a short one is resolved)
         metric = column.lstrip("-")
         cols = list(dict.fromkeys(CONFIG_COLUMNS + tuple(varying_setting_columns(folder)) + (metric,)
@@ -197,7 +197,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     elif show_pareto:
         by = []
         if not keep.startswith("frontier"):
-            from .query import varying_job_columns
+            from .analysis.query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
         pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [], False)
 
@@ -208,7 +208,7 @@ def unvalidated_settings(spec) -> list[str]:
     """The settings of ``spec`` that vTrain's measurements (the validation set) do not cover:
     every training switch that is on (none is used by those runs), interleaving, selective
     recomputation and sequences longer than 2,048."""
-    from .settings import SETTINGS
+    from .model.settings import SETTINGS
     out = [st.label for st in SETTINGS
            if not st.validated and any(getattr(g, st.name) != st.default for g in spec.gpus)]
     if "selective" in spec.recompute:
@@ -228,10 +228,10 @@ def presets():
     """List the model and GPU presets a spec or CSV can name, with their numbers."""
     import polars as pl
 
-    from .hardware import PRESETS
-    from .kernels.memory import model_params
-    from .models import MODEL_PRESETS
-    from .report import print_frame
+    from .hardware.gpus import PRESETS
+    from .model.memory import model_params
+    from .plan.models import MODEL_PRESETS
+    from .analysis.report import print_frame
     models = pl.DataFrame([dict(model=m.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
                                 num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
                                 ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length,
@@ -241,7 +241,7 @@ def presets():
                                                                   m.ffn_hidden_size, m.vocab_size,
                                                                   m.seq_length) / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
-    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/models.py)",
+    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/plan/models.py)",
                 console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
                               hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
@@ -258,7 +258,7 @@ def presets():
 @_user_errors
 def merge(folder: Path = typer.Argument(..., help="results folder of a sweep run with --shard K/N")):
     """Check that every shard of a sharded sweep finished and combine them into one result."""
-    from .engine import merge_shards
+    from .engine.run import merge_shards
     manifest = merge_shards(folder)
     console.print(f"merged {manifest['shards']} shards of [bold]{manifest['name']}[/]: "
                   f"{manifest['num_rows']:,} rows ({manifest['keep']}) in {len(manifest['parts'])} part files; "
@@ -283,10 +283,10 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                                           help="also show where each plan's iteration time goes (compute, TP, "
                                                "pipeline, data-parallel communication, bubble, optimizer)")):
     """Print the Pareto frontier of the feasible rows of a results folder."""
-    from .evaluate import check_table_path, write_table_atomic
-    from .query import frontier_columns, pareto as pareto_frontier, resolve_groups, where_filter
-    from .schema import resolve_objectives
-    from .report import PLOT_SUFFIXES, print_frame
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.query import frontier_columns, pareto as pareto_frontier, resolve_groups, where_filter
+    from .io.schema import resolve_objectives
+    from .analysis.report import PLOT_SUFFIXES, print_frame
     minimize = resolve_objectives("command line", minimize)
     by = resolve_groups("command line", by)
     where_filter("command line", where)     # malformed conditions fail before any work
@@ -315,9 +315,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                       "the status counts in its manifest.json: try larger tp/pp, recompute = full or more GPUs"
                       + (", or loosen --where" if where else "") + (f"; {output} not written" if output else ""))
         return
-    from .writer import read_manifest
+    from .io.writer import read_manifest
     if not read_manifest(folder).get("keep", "all").startswith("frontier"):
-        from .query import varying_job_columns
+        from .analysis.query import varying_job_columns
         mixed = [c for c in varying_job_columns(folder, list(where)) if c not in by]
         if mixed:
             console.print(f"note: the rows train different jobs ({', '.join(mixed)} vary), so shorter or smaller "
@@ -330,7 +330,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         if shown.height < front.height:
             title += f"; first {top} of each group"
         top = shown.height
-    from .query import BREAKDOWN_COLUMNS
+    from .analysis.query import BREAKDOWN_COLUMNS
     print_frame(shown, title, top, console, whole=front, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize)
                 + (BREAKDOWN_COLUMNS if breakdown else ()))
     if shown.height < front.height:
@@ -344,8 +344,8 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                           f"`vtrain-fast evaluate {output}` prices them as this sweep did only with --gpus FILE "
                           "holding those tables, otherwise with the presets", style="yellow", markup=False)
     if plot:
-        from .query import feasible_sample
-        from .report import plot_frontier
+        from .analysis.query import feasible_sample
+        from .analysis.report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])
         plot_frontier(front, feasible_sample(folder, [x, y], where=list(where)), x, y, tuple(by), plot)
         console.print(f"plot: {plot}")
@@ -356,8 +356,8 @@ def _own_gpus(folder: Path) -> list[str]:
     ``[gpus]`` tables and names no preset has (``--gpus``)."""
     import tomllib
 
-    from .hardware import PRESETS
-    from .writer import read_manifest
+    from .hardware.gpus import PRESETS
+    from .io.writer import read_manifest
     manifest = read_manifest(folder)
     try:
         tables = tomllib.loads(manifest.get("spec") or "").get("gpus") or {}
@@ -376,9 +376,9 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
              breakdown: bool = typer.Option(False, "--breakdown",
                                             help="also show where each plan's iteration time goes")):
     """Evaluate explicit configurations from a CSV or Parquet file."""
-    from .evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
-    from .report import print_frame
-    from .kernels.step import OUTPUT_NAMES
+    from .analysis.evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
+    from .analysis.report import print_frame
+    from .model.step import OUTPUT_NAMES
     check_table_path(output)
     plans = read_csv(csv)
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
@@ -393,8 +393,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus))
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
-    from .query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS
-    from .schema import COLUMNS, SETTING_COLUMNS
+    from .analysis.query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS
+    from .io.schema import COLUMNS, SETTING_COLUMNS
     known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
     labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
     settings = [c for c in SETTING_COLUMNS if c in df.columns and df[c].n_unique() > 1]
@@ -418,11 +418,11 @@ def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o
     """Compare predictions with vTrain's 1,549 measured A100 iteration times."""
     import polars as pl
 
-    from .evaluate import check_table_path, write_table_atomic
-    from .report import print_frame
-    from .validate import group_spearman, load_measurements
-    from .validate import plot as plot_rows
-    from .validate import validate as run
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.report import print_frame
+    from .analysis.validate import group_spearman, load_measurements
+    from .analysis.validate import plot as plot_rows
+    from .analysis.validate import validate as run
     check_table_path(output)
     rows, summary = run(_calibration(calibration))
     print_frame(summary, "Iteration-time error vs measurements (percent)", console=console)
@@ -452,9 +452,9 @@ def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate colum
                                                       "--calibration's (or the preset's) values"),
               calibration: Optional[Path] = CalibrationOpt):
     """Least-squares fit of a few global efficiencies of one GPU type to measured iteration times."""
-    from .calfile import read_calibration_output, update_calibration_file
-    from .calibrate import DEFAULT_FIT, calibration_values, fit
-    from .evaluate import read_csv
+    from .hardware.calfile import read_calibration_output, update_calibration_file
+    from .analysis.calibrate import DEFAULT_FIT, calibration_values, fit
+    from .analysis.evaluate import read_csv
     read_calibration_output(output)     # a sweep spec or another TOML is refused before the fit
     start = (_calibration(calibration) or {}).get(gpu)
     cal, report = fit(read_csv(measurements), gpu, tuple(param) if param else DEFAULT_FIT, start, str(measurements))
@@ -479,9 +479,9 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
                    inter_node_gbps: Optional[float] = typer.Option(None, "--inter-node-Gbps", help="NIC bandwidth per GPU of the measured cluster [preset]"),
                    calibration: Optional[Path] = CalibrationOpt):
     """Fit latency, per-step latency and bus-bandwidth efficiency to nccl-tests measurements."""
-    from .calfile import read_calibration_output, update_calibration_file
-    from .hardware import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
-    from .nccl import MAX_RANKS, check_fit, fit_tables, read_table
+    from .hardware.calfile import read_calibration_output, update_calibration_file
+    from .hardware.gpus import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
+    from .analysis.nccl import MAX_RANKS, check_fit, fit_tables, read_table
     if gpu not in PRESETS:
         raise InputError("command line", "--gpu", gpu, "GPU presets " + ", ".join(PRESETS))
     # 0 is a value, not "not given": --gpus-per-node 0 used to fit the intra-node model

@@ -1,0 +1,418 @@
+"""Evaluate explicit configurations (one per CSV row) with the same kernel as sweeps."""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..engine.chunks import output_arrays
+from ..io.errors import InputError, check_output_file, write_atomically
+from ..io.inputs import MAX_TABLE_BYTES, check_input_file
+from ..hardware.gpus import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
+from ..model.layout import Layout, world_size
+from ..model.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
+from ..model.step import NUM_OUTPUTS
+from ..model.sweep import evaluate_rows
+from ..plan.models import DEFAULT_VOCAB_SIZE
+from ..model.settings import BY_NAME, SETTINGS, unmet_requirements
+from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
+from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
+from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention,
+                   check_reserved)
+
+REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+            "micro_batch_size", "tp", "pp", "dp", "gpu")
+# Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
+OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
+            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, "vpp")
+# Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
+CHECKED = ("num_gpus", "num_nodes")
+INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
+# A column this close to an input column (difflib ratio, after lower-casing) is taken for a
+# misspelling of it rather than for a label: "recomputation" (0.73), "num_token", "seq_len".
+# Labels such as name, model, notes, id stay below it.
+NEAR_MISS_CUTOFF = 0.7
+# Label names that come close to an input column's but mean something else.
+LABELS = {"num_params", "params", "params_billion", "model_params", "num_experiments"}
+# Other tools' names for input columns (Hugging Face configs, Megatron-LM arguments, nanoGPT):
+# a column so named would otherwise pass through as a label while its input takes the default.
+ALIASES = {
+    "num_hidden_layers": "num_layers", "n_layer": "num_layers", "n_layers": "num_layers",
+    "d_model": "hidden_size", "n_embd": "hidden_size", "hidden_dim": "hidden_size", "dim": "hidden_size",
+    "n_head": "num_attention_heads", "n_heads": "num_attention_heads", "num_heads": "num_attention_heads",
+    "num_key_value_heads": "num_query_groups", "num_kv_heads": "num_query_groups",
+    "n_kv_heads": "num_query_groups", "kv_heads": "num_query_groups",
+    "intermediate_size": "ffn_hidden_size", "ffn_dim": "ffn_hidden_size", "n_inner": "ffn_hidden_size",
+    "max_position_embeddings": "seq_length", "n_positions": "seq_length", "context_length": "seq_length",
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "data_parallel_size": "dp",
+    "virtual_pipeline_model_parallel_size": "vpp", "num_layers_per_virtual_pipeline_stage": "vpp",
+    "mbs": "micro_batch_size", "gbs": "global_batch_size", "train_tokens": "num_tokens",
+    "recompute_granularity": "recompute", "recompute_activations": "recompute",
+    "use_distributed_optimizer": "distributed_optimizer",
+}
+# Settings of Megatron-LM (argument names, dashes as underscores) and neighbouring tools that the
+# cost model does not have: a column with one of these names would pass through as a label and
+# the plan would be priced without it, so it is refused with what to do instead.
+UNMODELLED = {
+    "context_parallel_size": "context parallelism is not modelled",
+    "cp": "context parallelism is not modelled",
+    "expert_model_parallel_size": "expert parallelism (mixture of experts) is not modelled",
+    "ep": "expert parallelism (mixture of experts) is not modelled",
+    "num_experts": "mixture-of-experts layers are not modelled",
+    "recompute_num_layers": "partial (block) recomputation is not modelled; recompute is none, selective or full",
+    "recompute_method": "partial (block or uniform) recomputation is not modelled; "
+                        "recompute is none, selective or full",
+    "fp8": "FP8 training is not modelled", "fp8_format": "FP8 training is not modelled",
+    "swiglu": "give a gated (SwiGLU) MLP as ffn_hidden_size = 1.5 x the gated width (see README, Layer type)",
+    "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
+    "sp": "use the column sequence_parallel (true or false)",
+    "world_size": "use the column num_gpus (or leave it out: tp x pp x dp)",
+    "zero_stage": "ZeRO-2/3 are not modelled; distributed_optimizer = true is ZeRO-1",
+}
+
+# Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
+CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
+                  "vpp": VPP_RANGE}
+PRECISIONS = ("fp16", "bf16")
+DEFAULT_NUM_TOKENS = 300e9
+
+
+def _int_column(df: pl.DataFrame, name: str, where: str, default=None) -> np.ndarray:
+    """Whole numbers within :data:`CSV_INT_RANGES`; empty cells (or a missing column) take
+    ``default`` (0 means "derive from the model"); with ``default=None`` a value is required."""
+    if name not in df.columns:
+        return np.full(df.height, default, dtype=np.int64)
+    lo, hi = CSV_INT_RANGES[name]
+    col = df[name]
+    empty = col.is_null().to_numpy()
+    if col.dtype == pl.Boolean:
+        vals = np.full(df.height, np.nan)
+    else:
+        vals = col.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = np.isnan(vals) | (vals != np.round(vals)) | (vals < lo) | (vals > hi)
+    if default is not None:
+        bad &= ~empty
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"whole numbers from {lo} to {hi}")
+    return np.where(empty, 0 if default is None else default, np.nan_to_num(vals)).astype(np.int64)
+
+
+def _float_column(df, name, where, default, lo, hi) -> np.ndarray:
+    """Numbers from ``lo`` to ``hi``; empty cells (or a missing column) take ``default``
+    (NaN when ``default`` is None, meaning "use the preset")."""
+    fill = np.nan if default is None else float(default)
+    if name not in df.columns:
+        return np.full(df.height, fill, dtype=np.float64)
+    col = df[name]
+    empty = col.is_null().to_numpy()
+    vals = col.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
+    bad = ~empty & (np.isnan(vals) | (vals < lo) | (vals > hi))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"numbers from {lo:g} to {hi:g}")
+    return np.where(empty, fill, vals)
+
+
+def _str_column(df, name, where, allowed, default) -> list[str]:
+    if name not in df.columns:
+        return [default] * df.height
+    out = []
+    for i, v in enumerate(df[name].cast(pl.String).to_list()):
+        v = default if v is None or v == "" else v.strip().lower()
+        if v not in allowed:
+            raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed),
+                             "a GPU of your own: pass --gpus FILE with its [gpus.<name>] table" if name == "gpu" else "")
+        out.append(v)
+    return out
+
+
+def _normalised(name: str) -> str:
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def check_column_names(columns, where: str) -> None:
+    """Refuse a column that looks like a misspelt input column, which would otherwise pass
+    through as a label while its input silently takes the default.
+
+    A column is refused when, lower-cased with spaces and hyphens as underscores, it equals an
+    input column (``Recompute``, ``Num Tokens``), or when :func:`difflib.get_close_matches`
+    finds an input column the file lacks at ratio >= :data:`NEAR_MISS_CUTOFF`
+    (``recomputation``, ``num_token``). Other columns pass through unchanged.
+
+    Parameters
+    ----------
+    columns : sequence of str
+        The file's column names.
+    where : str
+        File name for error messages.
+
+    Raises
+    ------
+    InputError
+        Naming the file, the column and the input column it is close to.
+    """
+    known = {_normalised(k): k for k in INPUT_NAMES}
+    present = set(columns)
+    for col in columns:
+        if col in INPUT_NAMES or _normalised(col) in LABELS:
+            continue
+        norm = _normalised(col)
+        if norm in UNMODELLED:
+            raise InputError(where, "column", col, "a column vtrain_fast models",
+                             f"{UNMODELLED[norm]}: drop the column to price the plan without it")
+        target = known.get(norm) or ALIASES.get(norm)
+        if target is None:
+            close = difflib.get_close_matches(norm, [k for k in known if known[k] not in present],
+                                              n=1, cutoff=NEAR_MISS_CUTOFF)
+            target = known[close[0]] if close else None
+        if target is not None:
+            fix = f"rename the column {col!r} to {target!r}"
+            if norm == "num_layers_per_virtual_pipeline_stage":
+                fix = "give vpp = num_layers / (pp x num_layers_per_virtual_pipeline_stage) instead"
+            raise InputError(where, "column", col,
+                             f"the input column {target}, or a label not close to an input column name "
+                             "(labels pass through unchanged)", fix)
+
+
+def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None,
+                   gpus: dict | None = None) -> pl.DataFrame:
+    """Evaluate every row of ``df`` (columns as in the ``evaluate`` command).
+
+    Parameters
+    ----------
+    df : polars.DataFrame
+        One configuration per row; required columns :data:`REQUIRED`, optional :data:`OPTIONAL`
+        and :data:`CHECKED`. Other columns (labels such as ``name``) are passed through, unless
+        their name is close to an input column's (:func:`check_column_names`).
+    where : str
+        File name for error messages.
+    calibration : dict, optional
+        GPU preset name -> Calibration.
+    gpus : dict, optional
+        GPU name -> GPUPreset the ``gpu`` column may name (default: the presets; ``--gpus``).
+
+    Returns
+    -------
+    polars.DataFrame
+        The label columns of ``df``, then the sweep schema's input columns (all but ``model``,
+        which passes through if given) with the values used (defaults filled in, ``num_gpus``
+        and ``num_nodes`` added), ``status`` and every output column.
+
+    Raises
+    ------
+    InputError
+        Missing or misspelt column, bad value, unknown GPU preset, num_gpus / num_nodes that
+        disagree with tp x pp x dp, more than 100,000,000 GPUs.
+    """
+    dup = [c for c in df.columns if "_duplicated_" in c]
+    if dup:
+        raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
+                         "each column once", "remove the repeated column from the header")
+    check_column_names(df.columns, where)
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise InputError(where, "missing column(s)", ", ".join(missing),
+                         "a header with the required columns " + ", ".join(REQUIRED),
+                         "add the missing column(s) to the header")
+    clash = [c for c in df.columns if c in OUTPUT_NAMES or c == "status"]
+    if clash:
+        raise InputError(where, "column", clash[0], "input columns; output column names are reserved: "
+                         + ", ".join(("status",) + OUTPUT_NAMES), "rename or drop the column")
+    if df.height == 0:
+        raise InputError(where, "rows", 0, "at least one configuration row", "add rows under the header")
+    n = df.height
+    ints = {c: _int_column(df, c, where, None) for c in REQUIRED if c != "gpu"}
+    h, a = ints["hidden_size"], ints["num_attention_heads"]
+    ffn = _int_column(df, "ffn_hidden_size", where, 0)
+    ffn = np.where(ffn == 0, 4 * h, ffn)
+    groups = _int_column(df, "num_query_groups", where, 0)
+    groups = np.where(groups == 0, a, groups)
+    vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
+    recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
+    _str_column(df, "precision", where, PRECISIONS, "bf16")
+    known = gpus or PRESETS
+    gpu = _str_column(df, "gpu", where, tuple(known), "")
+    gpn = _int_column(df, "gpus_per_node", where, 0)
+    cluster = {k: _float_column(df, k, where, None, *OVERRIDE_RANGES[k]) for k in CLUSTER_COLUMNS[1:]}
+    tokens = _float_column(df, "num_tokens", where, DEFAULT_NUM_TOKENS, 1.0, 1e16)
+    flags = {name: [v in ("true", "1") for v in
+                    _str_column(df, name, where, ("true", "false", "1", "0"), "false")]
+             for name in TRAINING_FLAGS}
+    vpp = _int_column(df, "vpp", where, 1)
+    calibration = calibration or {}
+    cache: dict = {}
+    hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
+    for i in range(n):
+        row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
+        values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
+        key = (gpu[i], int(gpn[i]), *values.values(), int(vpp[i]), *row_flags.values())
+        if key not in cache:
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
+            preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
+            check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
+            for st, other, value in unmet_requirements({s.name: getattr(preset, s.name) for s in SETTINGS}):
+                raise InputError(where, f"row {i + 2}, column {st.name}", str(getattr(preset, st.name)).lower(),
+                                 f"{other} = {str(value).lower()} in the same row ({st.megatron} needs "
+                                 f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
+                                 f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {i + 2}")
+            check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
+            cache[key] = machine_vector(preset)
+        hw_rows[i] = cache[key]
+    # the world size as floats first: each size may be up to 10^8, their int64 product would wrap
+    hi = CSV_INT_RANGES["num_gpus"][1]
+    cp = np.ones(n, dtype=np.int64)         # context parallelism: not modelled yet
+    sizes = dict(tp=ints["tp"], cp=cp, dp=ints["dp"], pp=ints["pp"])
+    too_many = world_size.py_func(Layout(**{k: v.astype(np.float64) for k, v in sizes.items()})) > hi
+    if too_many.any():
+        i = int(np.argmax(too_many))
+        raise InputError(where, f"columns tp x pp x dp, row {i + 2}",
+                         int(world_size.py_func(Layout(**{k: int(v[i]) for k, v in sizes.items()}))),
+                         f"at most {hi} GPUs", "check tp, pp and dp")
+    num_gpus = world_size.py_func(Layout(**sizes))
+    gpn_used = hw_rows[:, H_GPUS_PER_NODE].astype(np.int64)
+    num_nodes = -(-num_gpus // gpn_used)
+    for name, value, rule in (("num_gpus", num_gpus, "tp x pp x dp"),
+                              ("num_nodes", num_nodes, "ceil(num_gpus / gpus_per_node)")):
+        given = _int_column(df, name, where, 0)
+        bad = (given != 0) & (given != value)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(where, f"column {name}, row {i + 2}", int(given[i]),
+                             f"{rule} = {int(value[i])}, or an empty cell",
+                             f"fix {name} or tp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
+    row = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
+               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"],
+               global_batch_size=ints["global_batch_size"], micro_batch_size=ints["micro_batch_size"], **sizes,
+               recompute=np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64))
+    cols = np.stack([row[k] for k in ROW_FIELDS])
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    out = np.empty((NUM_OUTPUTS, n), dtype=np.float64)
+    status = np.empty(n, dtype=np.int8)
+    evaluate_rows(cols, np.ascontiguousarray(tokens), hw_rows, out, status)
+    result = pl.from_arrow(pa.table(output_arrays(out, status)))
+    result = result.with_columns(pl.col("status").cast(pl.String))
+    used = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
+                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], num_tokens=tokens,
+                gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
+                micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
+                recompute=recompute)
+    for col in SETTING_COLUMNS:
+        used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(col)])
+    names = [c.name for c in INPUT_COLUMNS if c.name in used]
+    used_df = pl.DataFrame({k: used[k] for k in names},
+                           schema={k: pl.String if k in ("gpu", "recompute")
+                                   else pl.Float64 if k == "num_tokens"
+                                   else pl.Boolean if k in SETTING_COLUMNS and k != "vpp" else pl.Int64
+                                   for k in names})
+    labels = df.drop([c for c in df.columns if c in used or c in result.columns])
+    return pl.concat([labels, used_df, result], how="horizontal")
+
+
+def read_csv(path: str | Path) -> pl.DataFrame:
+    """Read a configurations file: CSV, or Parquet (``.parquet``, ``.pq``, e.g. written by
+    ``pareto -o``; categorical columns come back as text).
+
+    A CSV's separator is read from its header line (:func:`csv_separator`: comma, semicolon
+    or tab).
+
+    Raises
+    ------
+    InputError
+        Missing or unreadable file; not a regular file (a folder, a device, a FIFO) or larger
+        than :data:`~vtrain_fast.io.inputs.MAX_TABLE_BYTES` (1 GiB); malformed file; a Parquet
+        column of lists or structs.
+    """
+    p = Path(path)
+    check_input_file(p, "CSV or Parquet file", MAX_TABLE_BYTES)
+    if p.suffix.lower() in (".parquet", ".pq"):
+        try:
+            df = pl.read_parquet(p)
+        except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for bad files
+            raise InputError(str(p), "Parquet", str(e).splitlines()[0], "a Parquet file") from None
+        nested = [c for c, t in df.schema.items() if t.is_nested() or t == pl.Object]
+        if nested:
+            raise InputError(str(p), f"column {nested[0]}", str(df.schema[nested[0]]),
+                             "columns of numbers, text or true/false, one value per cell",
+                             f"drop the column {nested[0]!r} or flatten it into plain columns")
+        return df.with_columns(pl.col(pl.Categorical, pl.Enum).cast(pl.String))
+    try:
+        separator = csv_separator(p)
+    except OSError as e:
+        raise InputError(str(p), "file", str(p), "an existing, readable CSV or Parquet file",
+                         e.strerror or str(e)) from None
+    try:
+        return pl.read_csv(p, infer_schema_length=None, separator=separator)
+    except Exception as e:  # polars raises several error types for malformed CSV
+        raise InputError(str(p), "CSV", str(e).splitlines()[0],
+                         f"a {SEPARATOR_NAMES[separator]}-separated file with a header row") from None
+
+
+# Column separators a CSV header is recognised by (the first line), and their names for messages.
+SEPARATOR_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
+
+
+def csv_separator(path) -> str:
+    """The column separator of the CSV file ``path``, from its header line: ``,`` unless the
+    header has no comma and a semicolon or a tab (spreadsheets in many locales write ``;``)."""
+    with open(path, "rb") as f:
+        header = f.readline(1 << 16).decode("utf-8", errors="replace")
+    if "," in header:
+        return ","
+    counts = {sep: header.count(sep) for sep in (";", "\t")}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else ","
+
+
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+def check_table_path(path: str | Path, option: str = "-o") -> None:
+    """Refuse an output file name whose suffix is not a table format we write
+    (:data:`TABLE_SUFFIXES`): call before any work.
+
+    Raises
+    ------
+    InputError
+        Naming the option, the path and the allowed suffixes.
+    """
+    check_output_file(path)
+    if Path(path).is_dir():
+        raise InputError("command line", option, str(path), "a file name, not a folder",
+                         f"e.g. -o {Path(path) / 'results.parquet'}")
+    if Path(path).suffix.lower() not in TABLE_SUFFIXES:
+        raise InputError("command line", option, str(path), "a file name ending in " + ", ".join(TABLE_SUFFIXES),
+                         "e.g. -o results.parquet (Parquet) or -o results.csv (CSV)")
+
+
+def write_table_atomic(df: pl.DataFrame, path: str | Path) -> None:
+    """Write ``df`` to ``path`` as CSV (suffix ``.csv``) or Parquet (``.parquet``, ``.pq``),
+    through a temporary name and an atomic rename.
+
+    Raises
+    ------
+    InputError
+        If the suffix is not one of :data:`TABLE_SUFFIXES`, or ``path`` is a folder or lies
+        under a file.
+    """
+    check_table_path(path)
+    if Path(path).suffix.lower() == ".csv":
+        write_atomically(path, lambda tmp: df.write_csv(tmp))
+    else:
+        write_parquet_atomic(df, path)
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> None:
+    """Write ``df`` to ``path`` through a temporary name and an atomic rename.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder or lies under a file.
+    """
+    write_atomically(path, lambda tmp: pq.write_table(df.to_arrow(), tmp, compression="zstd"))

@@ -1,0 +1,158 @@
+"""Rendering only: rich tables of frontiers and validation summaries. Computes nothing."""
+from __future__ import annotations
+
+import math
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from ..io.schema import SHORT_NAMES
+
+
+def _fmt(v) -> str:
+    """Numbers for people: thousands separators, no scientific notation below 10^9."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        a = abs(v)
+        if a >= 1e9:
+            return f"{v:.3g}"
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 0.01 or a == 0:
+            return f"{v:.3f}"
+        return f"{v:.2e}"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}"
+    return str(v)
+
+
+def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None, keep: tuple = ()) -> Table:
+    """A rich table of ``df`` (first ``max_rows`` rows), with short headers; the columns in
+    ``keep`` are never narrowed below their longest value (others are, when space runs out)."""
+    table = Table(title=title, show_lines=False)
+    rows = df.rows() if max_rows is None else df.head(max_rows).rows()
+    for k, c in enumerate(df.columns):
+        whole = max([len(SHORT_NAMES.get(c, c))] + [len(_fmt(r[k])) for r in rows]) if c in keep else None
+        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric() else "left",
+                         min_width=whole)
+    for r in rows:
+        table.add_row(*(_fmt(v) for v in r))
+    return table
+
+
+# Dropped first when a table is wider than the terminal.
+DROP_ORDER = ("num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s", "num_nodes", "dp",
+              "micro_batch_size", "global_batch_size", "model")
+
+
+def fit_columns(df: pl.DataFrame, width: int, keep: tuple = (),
+                whole: pl.DataFrame | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """Drop columns until ``df`` fits ``width`` characters: first those with one value in every
+    row of ``whole`` (the rows ``df`` was taken from; default ``df`` itself), returned as
+    ``name = value`` notes for the title, so that a note holds for every row and not just the
+    ones shown; then :data:`DROP_ORDER` (named in a note when they differ). Columns in ``keep``
+    always stay."""
+    whole = df if whole is None else whole
+
+    def constant(c):             # one value in every row of whole, so in the rows shown too
+        return whole[c].n_unique() == 1
+
+    def need(frame):
+        return sum(max(len(SHORT_NAMES.get(c, c)), max((len(_fmt(v)) for v in frame[c].to_list()), default=0)) + 3
+                   for c in frame.columns) + 1
+    notes = []
+    if need(df) > width and df.height > 1:
+        for c in df.columns:
+            if c not in keep and constant(c):
+                notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
+                df = df.drop(c)
+    hidden = []
+    for c in DROP_ORDER:
+        if need(df) <= width:
+            break
+        if c in df.columns and c not in keep:
+            if not constant(c):
+                hidden.append(SHORT_NAMES.get(c, c))
+            else:
+                notes.append(f"{SHORT_NAMES.get(c, c)} = {_fmt(df[c][0])}")
+            df = df.drop(c)
+    if hidden:
+        notes.append(f"not shown for the terminal's width: {', '.join(hidden)} (widen the terminal)")
+    return df, notes
+
+
+def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, console: Console | None = None,
+                keep: tuple = (), whole: pl.DataFrame | None = None,
+                more_hint: str = "use --top or -o FILE.parquet"):
+    """Print ``df`` (its first ``max_rows`` rows) as a rich table that fits the console (see
+    :func:`fit_columns`; ``whole``: the rows ``df`` was taken from, for the notes of values every
+    row shares; default ``df``). ``more_hint`` follows the count of rows not shown."""
+    console = console or Console()
+    shown = df if max_rows is None else df.head(max_rows)
+    shown, notes = fit_columns(shown, console.width, keep, df if whole is None else whole)
+    if notes:
+        title += "\n" + ", ".join(notes)
+    console.print(frame_table(shown, title, keep=keep), soft_wrap=False)   # a table fits the width
+    if max_rows is not None and df.height > max_rows:
+        console.print(f"({df.height - max_rows:,} more rows not shown; {more_hint})")
+
+
+PLOT_SUFFIXES = ("png", "svg", "pdf")
+
+
+def save_figure(fig, path) -> None:
+    """Write a matplotlib figure to ``path`` (format from its suffix) through a temporary name
+    and an atomic rename, so that an interrupted run leaves no half-written image.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder or lies under a file.
+    """
+    from pathlib import Path
+
+    from ..io.errors import write_atomically
+    kind = Path(path).suffix.lstrip(".") or "png"
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format=kind))
+
+
+def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, path) -> None:
+    """Scatter the feasible plans (``cloud``, grey) and the Pareto frontier (``front``, one
+    colour and line per group of ``by``) of objectives ``x`` and ``y`` on log axes; PNG.
+
+    Parameters
+    ----------
+    front, cloud : polars.DataFrame
+        Frontier rows and a sample of feasible rows; both hold columns ``x`` and ``y`` (and
+        ``by``).
+    x, y : str
+        Column names (objectives without a leading ``-``).
+    by : tuple of str
+        Group columns of the frontier (empty: one frontier).
+    path : str or Path
+        Output file.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    if cloud.height:
+        ax.scatter(cloud[x], cloud[y], s=3, c="0.8", alpha=0.5, label=f"feasible plans ({cloud.height:,} shown)")
+    groups = front.partition_by(list(by), maintain_order=True) if by else [front]
+    for g in groups:
+        g = g.sort(x)
+        label = ", ".join(f"{c}={g[c][0]}" for c in by) if by else "Pareto frontier"
+        ax.plot(g[x], g[y], "o-", ms=4, lw=1, label=label)
+    ax.set(xscale="log", yscale="log", xlabel=x, ylabel=y, title="Pareto frontier")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)

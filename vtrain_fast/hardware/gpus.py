@@ -1,0 +1,415 @@
+"""GPU presets: hardware numbers with their sources, plus default calibration values, read from
+one TOML file per GPU in ``vtrain_fast/data/gpus/`` (a spec may add or change GPUs in
+``[gpus.<name>]`` tables).
+
+Every number carries its source and the date of that source. Units are in the names and
+all values are converted to SI units (bytes, bytes/s, FLOP/s, seconds, watts) exactly once,
+in :func:`machine_vector`.
+
+Preset names are lower case: ``<gpu>-<form factor>-<memory>``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..io.errors import InputError, check_plain_name
+from ..io.inputs import read_toml
+from ..model.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
+from ..model.settings import SETTINGS
+
+GiB = 1024.0 ** 3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Global efficiencies of one GPU type (fitted by ``vtrain-fast calibrate``).
+
+    Attributes
+    ----------
+    gemm_efficiency : float
+        Achievable fraction of the dense tensor-core peak for large fp16/bf16 GEMMs, (0, 1].
+    hbm_efficiency : float
+        Achievable fraction of HBM bandwidth for streaming (memory-bound) kernels, (0, 1].
+    kernel_overhead_s : float
+        Launch plus idle time charged per kernel, seconds.
+    intra_node_efficiency, inter_node_efficiency : float
+        Large-message nccl-tests bus bandwidth divided by the link bandwidth, (0, 1].
+    intra_node_latency_s, inter_node_latency_s : float
+        Fixed latency of one collective or point-to-point send inside a node / across nodes,
+        seconds.
+    intra_node_step_latency_s, inter_node_step_latency_s : float
+        Extra latency per ring step (an all-reduce over n ranks has 2(n-1) steps), seconds.
+    host_launch_s : float
+        Host (CPU) time per modelled kernel launch, including the framework's Python and
+        autograd work around it; a layer phase takes the larger of its GPU time and its host
+        time (eager PyTorch runs ahead of the GPU only while the GPU is the bottleneck).
+    iteration_overhead_s : float
+        Fixed host time per iteration (loss scaling, gradient clipping, logging), seconds.
+    p2p_overhead_s : float
+        Host and synchronisation time of one pipeline send or receive (the framework waits for
+        each blocking point-to-point call), seconds.
+    flash_attention_efficiency : float
+        Achievable fraction of the dense tensor-core peak of the fused FlashAttention kernels,
+        forward and backward together, [0, 1]; 0 means the GPU has no such kernel, and
+        ``use_flash_attn`` is refused for it.
+    """
+
+    gemm_efficiency: float = 0.70
+    hbm_efficiency: float = 0.80
+    kernel_overhead_s: float = 5e-6
+    intra_node_efficiency: float = 0.75
+    inter_node_efficiency: float = 0.80
+    intra_node_latency_s: float = 30e-6
+    inter_node_latency_s: float = 30e-6
+    intra_node_step_latency_s: float = 3e-6
+    inter_node_step_latency_s: float = 5e-6
+    host_launch_s: float = 0.0
+    iteration_overhead_s: float = 0.0
+    p2p_overhead_s: float = 0.0
+    flash_attention_efficiency: float = 0.0
+
+
+def _with_settings(cls):
+    """``cls`` as a frozen dataclass with one field per training setting after its own (name,
+    kind and default from the registry, :data:`vtrain_fast.model.settings.SETTINGS`)."""
+    for st in SETTINGS:
+        cls.__annotations__[st.name] = st.kind.__name__
+        setattr(cls, st.name, st.default)
+    return dataclass(frozen=True)(cls)
+
+
+@_with_settings
+class GPUPreset:
+    """One GPU type as deployed in a typical node, with the training settings it runs.
+
+    Attributes
+    ----------
+    name : str
+        Preset name, lower case.
+    peak_tflops : float
+        Dense bf16 tensor-core peak (``peak_bf16_tflops`` in a GPU file), 10^12 FLOP/s: the peak
+        the cost model charges GEMMs at.
+    hbm_GiB : float
+        HBM capacity, GiB.
+    hbm_GBps : float
+        HBM bandwidth, 10^9 bytes/s.
+    intra_node_GBps : float
+        NVLink bandwidth per GPU per direction, 10^9 bytes/s.
+    inter_node_Gbps : float
+        Network (NIC) bandwidth per GPU, 10^9 bits/s.
+    gpus_per_node : int
+        GPUs in one scale-up (NVLink / NVSwitch / Infinity Fabric) domain: 8 for an HGX board,
+        72 for a GB200 NVL72 rack.
+    num_sms : int
+        Streaming multiprocessors.
+    tdp_W : float
+        Board power, watts.
+    usd_per_gpu_hour : float
+        Default rental price, US dollars per GPU-hour.
+    source : str
+        Where the numbers come from, with dates.
+    pue : float
+        Data-centre power usage effectiveness (energy multiplier), default 1.0.
+    reserved_GiB : float
+        Memory per GPU not available to the model (CUDA context, NCCL buffers, allocator
+        slack), GiB; default 1.5. A sweep's ``[cluster] reserved_GiB`` raises it for headroom.
+    calibration : Calibration
+        Default efficiencies (see :class:`Calibration`).
+    calibrated : bool
+        True when ``calibration`` was fitted to this GPU's measurements.
+    overlap_grad_reduce, distributed_optimizer, ..., vpp : bool or int
+        The training settings, one field each, named, typed and defaulted by the registry
+        (:data:`vtrain_fast.model.settings.SETTINGS`); a sweep's machines differ in them.
+    """
+
+    name: str
+    peak_tflops: float
+    hbm_GiB: float
+    hbm_GBps: float
+    intra_node_GBps: float
+    inter_node_Gbps: float
+    gpus_per_node: int
+    num_sms: int
+    tdp_W: float
+    usd_per_gpu_hour: float
+    source: str
+    peak_tf32_tflops: float = 0.0    # dense peaks of the other precisions, 10^12 FLOP/s (0: none)
+    peak_fp16_tflops: float = 0.0
+    peak_fp8_tflops: float = 0.0
+    peak_fp4_tflops: float = 0.0
+    vendor: str = ""
+    pue: float = 1.0
+    reserved_GiB: float = 1.5
+    calibration: Calibration = field(default_factory=Calibration)
+    calibrated: bool = False    # True when ``calibration`` was fitted to this GPU's measurements
+    # the training settings follow, one field each (_with_settings)
+
+
+# ------------------------------------------------------------------------ presets as data files
+# One TOML file per GPU in vtrain_fast/data/gpus/ (the format: a100-sxm4-80gb.toml). Every number
+# is a table ``{ value, source, date }``; the ``[calibration]`` table holds the efficiencies (its
+# ``base`` names a preset whose calibration fills the keys it does not give).
+GPU_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "gpus"
+
+# Keys a sweep spec, a CSV row or a calibration file may override, with their allowed range.
+OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
+    "gpus_per_node": (1, 1024),
+    "intra_node_GBps": (0.1, 1e5),
+    "inter_node_Gbps": (0.1, 1e6),
+    "usd_per_gpu_hour": (0.0, 1e4),
+    "pue": (1.0, 5.0),
+    "reserved_GiB": (0.0, 1024.0),
+}
+# Preset fields a GPU file gives (all required), and optional ones, with their allowed range.
+GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
+    "peak_bf16_tflops": (1.0, 1e6),
+    "hbm_GiB": (1.0, 1e5),
+    "hbm_GBps": (1.0, 1e6),
+    "num_sms": (1, 10_000),
+    "tdp_W": (1.0, 1e5),
+    **{k: OVERRIDE_RANGES[k] for k in ("intra_node_GBps", "gpus_per_node", "inter_node_Gbps", "usd_per_gpu_hour")},
+}
+OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
+    "peak_tf32_tflops": (0.0, 1e6),
+    "peak_fp16_tflops": (0.0, 1e6),
+    "peak_fp8_tflops": (0.0, 1e6),
+    "peak_fp4_tflops": (0.0, 1e6),
+    **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
+}
+_INTEGER_FIELDS = ("gpus_per_node", "num_sms")
+# Fields a calibration's fit depends on: a GPU that changes one of them is not the fitted one.
+_PERFORMANCE_FIELDS = ("peak_bf16_tflops", "hbm_GBps", "intra_node_GBps", "gpus_per_node", "inter_node_Gbps",
+                       "num_sms")
+_TEXT_KEYS = ("name", "vendor", "base", "description")
+
+
+def _finite(v) -> bool:
+    """True for a finite number (an integer too large for a float is not)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool):
+    """``(value, source text)`` of one GPU number: ``{ value, source, date }`` (a plain number
+    only where ``need_source`` is false, e.g. a spec's own GPU)."""
+    if isinstance(entry, dict):
+        extra = set(entry) - {"value", "source", "date"}
+        if extra:
+            raise InputError(where, f"{key}.{sorted(extra)[0]}", entry[sorted(extra)[0]], "value, source and date")
+        value, source, date = entry.get("value"), entry.get("source"), entry.get("date")
+        if need_source and (not isinstance(source, str) or not source.strip() or not isinstance(date, str)):
+            raise InputError(where, key, entry, "{ value = N, source = \"...\", date = \"YYYY-MM\" }",
+                             "every hardware number carries its source and date")
+    elif need_source:
+        raise InputError(where, key, entry, "{ value = N, source = \"...\", date = \"YYYY-MM\" }",
+                         "every hardware number carries its source and date")
+    else:
+        value, source, date = entry, "given in " + where, None
+    whole = key in _INTEGER_FIELDS
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
+            or not _finite(value) or not lo <= value <= hi:
+        raise InputError(where, key, value, f"{'an integer' if whole else 'a number'} from {lo:g} to {hi:g}")
+    return (int(value) if whole else float(value)), f"{key}: {source}" + (f" ({date})" if date else "")
+
+
+def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: bool = True) -> GPUPreset:
+    """Build the :class:`GPUPreset` ``name`` from a GPU table (a file of ``GPU_DATA_DIR`` or a
+    spec's ``[gpus.<name>]``). With ``base = "<preset>"`` (or when ``name`` is a preset in
+    ``known``) the table overrides that preset's fields; otherwise every field of
+    :data:`GPU_FIELD_RANGES` is required.
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, the key, the value and what is allowed.
+    """
+    check_plain_name(where, "GPU name", name, "[gpus.h100-nvl-94gb]")
+    for key in _TEXT_KEYS:
+        if key in doc and not isinstance(doc[key], str):
+            raise InputError(where, key, doc[key], "a string")
+    if doc.get("name", name) != name:
+        raise InputError(where, "name", doc["name"], f"{name!r}, the name of its table (or leave name out)")
+    base_name = doc.get("base", name if name in known else None)
+    if base_name is not None and (not isinstance(base_name, str) or base_name not in known):
+        raise InputError(where, "base", base_name, "a GPU preset: " + ", ".join(known))
+    base = known.get(base_name)
+    allowed = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(_TEXT_KEYS) | {"calibration"}
+    for key in doc:
+        if key not in allowed:
+            raise InputError(where, key, doc[key], "GPU fields: " + ", ".join(sorted(allowed)))
+    values, sources = {}, []
+    for key, (lo, hi) in {**GPU_FIELD_RANGES, **OPTIONAL_GPU_FIELD_RANGES}.items():
+        if key in doc:
+            values[key], text = _number(where, key, doc[key], lo, hi, need_source)
+            sources.append(text)
+        elif base is None and key in GPU_FIELD_RANGES:
+            raise InputError(where, key, None, "a number (every GPU field, or base = \"<preset>\" to start from one)")
+    cal_doc = doc.get("calibration", {})
+    if not isinstance(cal_doc, dict):
+        raise InputError(where, "calibration", cal_doc, "a table of calibration values")
+    changed = any(k in doc for k in _PERFORMANCE_FIELDS) or bool(set(cal_doc) - {"base", "source", "fitted"})
+    calibration, fitted = _calibration_from_table(cal_doc, where, known, base, changed)
+    if "peak_bf16_tflops" in values:            # the preset field the kernels charge GEMMs at
+        values["peak_tflops"] = values.pop("peak_bf16_tflops")
+    if "vendor" in doc:
+        values["vendor"] = doc["vendor"]
+    if base is None:
+        return GPUPreset(name=name, source="; ".join(sources), calibration=calibration, calibrated=fitted, **values)
+    source = "; ".join(sources + [f"other numbers: {base.source}"]) if sources else base.source
+    return replace(base, name=name, source=source, calibration=calibration, calibrated=fitted, **values)
+
+
+def _calibration_from_table(doc: dict, where: str, known: dict, base: GPUPreset | None, changed: bool = False):
+    """``(Calibration, fitted)`` from a ``[calibration]`` table (its ``base`` preset, else the
+    GPU's base, fills the keys it does not give). ``fitted`` is the base's unless the table
+    says otherwise, or the GPU changes a number the fit depends on (``changed``): a fit of one
+    chip is not a fit of another."""
+    name = doc.get("base")
+    if name is not None and (not isinstance(name, str) or name not in known):
+        raise InputError(where, "calibration.base", name, "a GPU preset: " + ", ".join(known))
+    start = known[name] if name is not None else base
+    cal = start.calibration if start is not None else Calibration()
+    values = {}
+    for key, v in doc.items():
+        if key in ("base", "source", "fitted"):
+            continue
+        if key not in CALIBRATION_RANGES:
+            raise InputError(where, f"calibration.{key}", v, "calibration fields: " + ", ".join(CALIBRATION_RANGES))
+        lo, hi = CALIBRATION_RANGES[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or not lo <= v <= hi:
+            raise InputError(where, f"calibration.{key}", v, f"a number from {lo:g} to {hi:g}")
+        values[key] = float(v)
+    fitted = doc.get("fitted", start.calibrated if start is not None and not changed else False)
+    if not isinstance(fitted, bool):
+        raise InputError(where, "calibration.fitted", fitted, "true or false")
+    return (replace(cal, **values) if values else cal), fitted
+
+
+def load_gpu_files(paths, known: dict | None = None, need_source: bool = True) -> dict[str, GPUPreset]:
+    """GPU presets from TOML files (one GPU per file, or ``[gpus.<name>]`` tables), resolving
+    ``base`` references among them and ``known``.
+
+    Raises
+    ------
+    InputError
+        A file that cannot be read or parsed, a bad key or value, a ``base`` that names no
+        preset (or a circle of them).
+    """
+    tables = {}
+    for path in paths:
+        doc = read_toml(path, "TOML file of GPU tables")
+        if "gpus" in doc:          # [gpus.<name>] tables (a sweep spec's too; its other tables are not read)
+            if not isinstance(doc["gpus"], dict) or not all(isinstance(t, dict) for t in doc["gpus"].values()):
+                raise InputError(str(path), "gpus", doc["gpus"], "[gpus.<name>] tables, one per GPU",
+                                 'e.g. [gpus.my-gpu] with base = "h100-sxm-80gb" and the fields that differ')
+            for name, table in doc["gpus"].items():
+                tables[name] = (table, f"{path}: [gpus.{name}]")
+        else:
+            name = doc.get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError(str(path), "name", name, "the GPU's preset name, e.g. name = \"h200-sxm-141gb\"")
+            tables[name] = (doc, str(path))
+    return resolve_gpu_tables(tables, dict(known or {}), need_source)
+
+
+def resolve_gpu_tables(tables: dict, known: dict, need_source: bool = True) -> dict[str, GPUPreset]:
+    """Build every GPU of ``tables`` (name -> ``(table, where)``), bases first."""
+    out: dict[str, GPUPreset] = {}
+    pending = dict(tables)
+    while pending:
+        ready = [n for n, (t, _) in pending.items()
+                 if all(not isinstance(b, str) or b in known or b not in pending or b == n
+                        for b in (t.get("base"), (t.get("calibration") or {}).get("base")
+                                  if isinstance(t.get("calibration"), dict) else None))]
+        if not ready:
+            name, (_, where) = next(iter(pending.items()))
+            raise InputError(where, "base", pending[name][0].get("base"), "a preset that does not lead back to this one")
+        for n in ready:
+            table, where = pending.pop(n)
+            known[n] = out[n] = gpu_from_table(n, table, where, known, need_source)
+    return out
+
+
+CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.01, 1.0),
+    "hbm_efficiency": (0.01, 1.0),
+    "kernel_overhead_s": (0.0, 1e-3),
+    "intra_node_efficiency": (0.01, 1.0),
+    "inter_node_efficiency": (0.01, 1.0),
+    "intra_node_latency_s": (0.0, 1e-2),
+    "inter_node_latency_s": (0.0, 1e-2),
+    "intra_node_step_latency_s": (0.0, 1e-3),
+    "inter_node_step_latency_s": (0.0, 1e-3),
+    "host_launch_s": (0.0, 1e-3),
+    "iteration_overhead_s": (0.0, 10.0),
+    "p2p_overhead_s": (0.0, 0.1),
+    "flash_attention_efficiency": (0.0, 1.0),
+}
+
+
+# The shipped presets, by name (sorted): one file each in GPU_DATA_DIR.
+PRESETS: dict[str, GPUPreset] = dict(sorted(load_gpu_files(sorted(GPU_DATA_DIR.glob("*.toml"))).items()))
+
+
+def get_preset(name: str) -> GPUPreset:
+    """Return the preset called ``name``.
+
+    Raises
+    ------
+    KeyError
+        If ``name`` is not a preset; the message lists the known names.
+    """
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown GPU preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+
+
+def with_overrides(preset: GPUPreset, calibration: Calibration | None = None, **overrides) -> GPUPreset:
+    """Return a copy of ``preset`` with cluster overrides (keys of ``OVERRIDE_RANGES``) and an
+    optional calibration applied. ``None`` values are ignored."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if calibration is not None:
+        clean["calibration"] = calibration
+        clean["calibrated"] = True
+    return replace(preset, **clean) if clean else preset
+
+
+def machine_vector(preset: GPUPreset) -> np.ndarray:
+    """Convert a preset to the kernel's machine vector.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64``, shape ``(NUM_HW_FIELDS,)``, SI units, laid out as
+        :data:`vtrain_fast.model.params.HW_FIELDS`.
+    """
+    c = preset.calibration
+    values = {
+        "peak_flops": preset.peak_tflops * 1e12,
+        "hbm_bytes": preset.hbm_GiB * GiB,
+        "hbm_Bps": preset.hbm_GBps * 1e9,
+        "intra_node_Bps": preset.intra_node_GBps * 1e9,
+        "inter_node_Bps": preset.inter_node_Gbps * 1e9 / 8.0,
+        "gpus_per_node": float(preset.gpus_per_node),
+        "num_sms": float(preset.num_sms),
+        "tdp_W": preset.tdp_W,
+        "usd_per_gpu_hour": preset.usd_per_gpu_hour,
+        "pue": preset.pue,
+        "reserved_bytes": preset.reserved_GiB * GiB,
+        "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
+    }
+    for st in SETTINGS:         # the training settings, each in its field (vtrain_fast.model.settings)
+        values[st.name] = float(getattr(preset, st.name))
+    for name in CALIBRATION_FIELDS:
+        values[name] = float(getattr(c, name))
+    vec = np.empty(NUM_HW_FIELDS, dtype=np.float64)
+    for i, name in enumerate(HW_FIELDS):
+        vec[i] = values[name]
+    return vec

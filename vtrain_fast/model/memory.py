@@ -1,0 +1,104 @@
+"""Parameter counts and memory per GPU, in bytes.
+
+Model states: mixed-precision Adam without ZeRO keeps 16 bytes per parameter (fp16 weight 2,
+fp16 gradient 2, fp32 master weight 4, Adam momentum 4 and variance 4; Rajbhandari et al. 2020,
+"ZeRO", Sec. 3.1). Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", Sec. 4 (tensor parallelism without sequence parallelism:
+``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes per layer), generalised here to grouped-query
+attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/t``).
+"""
+from __future__ import annotations
+
+from ._jit import jit
+from .ops import fused_softmax
+
+STATE_BYTES_PER_PARAM = 16.0
+WEIGHT_AND_GRAD_BYTES_PER_PARAM = 4.0    # fp16 weight + fp16 gradient, never sharded here
+
+
+@jit
+def optimizer_shards(d, sharding):
+    """Ranks the Adam states are spread over: ``d`` with a sharded (distributed, ZeRO-1)
+    optimizer (``sharding = 1``), else 1."""
+    return 1.0 + sharding * (d - 1.0)
+
+
+@jit
+def model_state_bytes(params, d, sharding):
+    """Model-state bytes of ``params`` parameters on one GPU: fp16 weight and gradient
+    (4 bytes) plus fp32 master weight, Adam momentum and variance (12 bytes) divided over
+    :func:`optimizer_shards` (Rajbhandari et al. 2020, "ZeRO", Sec. 5.1: ``(2 + 2 + K/N_d)``
+    per parameter with ``K = 12`` for stage 1). Without sharding: 16 bytes per parameter."""
+    return params * (WEIGHT_AND_GRAD_BYTES_PER_PARAM
+                     + (STATE_BYTES_PER_PARAM - WEIGHT_AND_GRAD_BYTES_PER_PARAM) / optimizer_shards(d, sharding))
+
+
+@jit
+def layer_params(h, a, g, f):
+    """Parameters of one transformer layer (weights and biases; 2 layer norms)."""
+    qkv_out = h + 2.0 * h * g / a
+    return h * qkv_out + qkv_out + h * h + h + 2.0 * h * f + f + h + 4.0 * h
+
+
+@jit
+def layer_params_per_rank(h, a, g, f, t):
+    """Parameters of one layer held by one tensor-parallel rank (layer norms and row-parallel
+    biases are replicated)."""
+    qkv_out = h + 2.0 * h * g / a
+    return (h * qkv_out + qkv_out + h * h + 2.0 * h * f + f) / t + h + h + 4.0 * h
+
+
+@jit
+def model_params(num_layers, h, a, g, f, v, s):
+    """Total parameters: layers, word embedding ``v*h``, position embedding ``s*h``, final
+    layer norm ``2h`` and an untied LM head ``v*h``."""
+    return num_layers * layer_params(h, a, g, f) + 2.0 * v * h + s * h + 2.0 * h
+
+
+@jit
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
+    """Activation bytes one layer stores for backward, one micro-batch, no recomputation
+    (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
+
+    Without FlashAttention the scores cost ``5 a s^2 b / t`` bytes, ``7 a s^2 b / t`` when the
+    softmax runs unfused in fp32 (:func:`~vtrain_fast.model.ops.fused_softmax`).
+    With FlashAttention (``flash`` non-zero) the ``5 a s^2 b / t`` bytes of softmax output,
+    dropout mask and dropout output are not stored; the kernel keeps Q, K, V and the output
+    (already counted) plus an fp32 log-sum-exp per query row, ``4 b (a/t) s`` bytes
+    (Dao 2023, "FlashAttention-2").
+
+    With sequence parallelism (``sp`` non-zero) the ``10 s b h`` bytes kept outside the
+    tensor-parallel regions (layer-norm inputs, dropout masks and outputs) are split over the
+    ``t`` ranks too: ``s b h (10 + 4 + 4g/a + 4f/h) / t`` (Korthikanti et al. 2022, Sec. 4.2.2,
+    Table 2: ``sbh (34/t + 5as/(ht))``)."""
+    outside = 10.0 / t if sp != 0.0 else 10.0
+    base = s * b * h * (outside + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
+    return base + attention_core_activation_bytes(b, s, a, t, flash)
+
+
+@jit
+def attention_core_activation_bytes(b, s, a, t, flash):
+    """Bytes of one layer's stored activations that only the attention core needs, one
+    micro-batch: softmax output (2 bytes per score element, 4 when the softmax runs unfused in
+    fp32, :func:`~vtrain_fast.model.ops.fused_softmax`), dropout mask (1) and dropout output (2)
+    over ``b (a/t) s^2`` elements; with FlashAttention (``flash`` non-zero) the fp32
+    log-sum-exp per query row, ``4 b (a/t) s``. Selective recomputation drops exactly these; a
+    GPT layer then keeps ``sbh (10 + 24/t)`` (Korthikanti et al. 2022, Sec. 5, Table 2)."""
+    if flash != 0.0:
+        return 4.0 * b * a / t * s
+    softmax_out = 2.0 if fused_softmax(b, s, a, t) != 0.0 else 4.0
+    return (softmax_out + 3.0) * a * s * s * b / t
+
+
+@jit
+def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full, recompute):
+    """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches (or chunks)
+    of ``layers_on_stage`` layers, given ``full``, the bytes of one layer
+    (:func:`layer_activation_bytes`), so that callers can reuse it across stages.
+
+    With full recomputation each layer keeps only its 2-byte input (``2 s b h``; ``h`` is the
+    hidden size a rank keeps, ``h / t`` with sequence parallelism) and one layer's full
+    activations are rebuilt at a time during backward."""
+    if recompute:
+        return in_flight * layers_on_stage * 2.0 * s * b * h + full
+    return in_flight * layers_on_stage * full

@@ -1,0 +1,405 @@
+"""Per-operator cost formulas: FLOPs, bytes moved and seconds on one GPU.
+
+All functions are scalar, ``float64`` in and out, and compiled with :func:`vtrain_fast.model._jit.jit`.
+Symbols (Megatron-LM names): ``b`` micro_batch_size, ``s`` seq_length, ``h`` hidden_size,
+``a`` num_attention_heads, ``g`` num_query_groups, ``f`` ffn_hidden_size, ``v`` vocab_size,
+``t`` tensor-parallel size. Activations are 2-byte (fp16/bf16).
+
+Time model: roofline (Williams, Waterman, Patterson 2009, "Roofline", CACM 52(4)) with achievable
+fractions of peak, plus a per-kernel overhead:
+``time = max(flops / (peak * gemm_efficiency * sm_util), bytes / (hbm_Bps * hbm_efficiency)) + overhead``
+where ``sm_util = min(1, tiles / num_sms)`` is the fraction of SMs a GEMM with fewer 128 x 128
+output tiles than SMs keeps busy (NVIDIA, "Matrix Multiplication Background User's Guide", 2023,
+tile and wave quantization). From one wave up, no tail is charged: cuBLAS picks the tile shape
+(and split-K) per problem, and a fixed 128 x 128 wave sawtooth fitted vTrain's single-node
+measurements worse (MAPE 6.89% vs 6.52%, same free parameters). ``gemm_efficiency`` is the
+large-GEMM ceiling: for the A100 it is pinned to a published matmul benchmark, not fitted
+(see ``gemm_efficiency`` in ``vtrain_fast/data/gpus/a100-sxm4-80gb.toml``). A phase of kernels lasts at least
+``num_kernels * host_launch_s`` (:func:`phase_s`).
+"""
+from __future__ import annotations
+
+import math
+
+from ._jit import jit
+from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S,
+                     H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_SEQ_PAR)
+
+BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
+GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
+# Kernels launched per phase, as modelled below (GEMMs + memory-bound kernels).
+# Forward memory-bound: LN1, scale-mask-softmax, dropout, permute copy, bias-dropout-add, LN2,
+# bias-GeLU, bias-dropout-add = 8. Backward: 2 LN, softmax, dropout, permute copy, 2
+# bias-dropout-add, 2 residual-gradient adds, bias-GeLU, and 2 bias-gradient reductions = 12.
+LAYER_FORWARD_MEMORY_KERNELS = 8.0
+LAYER_BACKWARD_MEMORY_KERNELS = 12.0
+LAYER_FORWARD_KERNELS = 6.0 + LAYER_FORWARD_MEMORY_KERNELS
+# With FlashAttention (machine-vector field ``flash_attn``) the scores and context GEMMs, the
+# softmax and the attention dropout become one fused kernel forward and three backward
+# (FlashAttention-2: dO.O preprocessing, the main kernel, the fp32 dQ conversion).
+FLASH_LAYER_FORWARD_MEMORY_KERNELS = LAYER_FORWARD_MEMORY_KERNELS - 2.0
+FLASH_LAYER_BACKWARD_MEMORY_KERNELS = LAYER_BACKWARD_MEMORY_KERNELS - 2.0
+FLASH_FORWARD_KERNELS = 1.0
+FLASH_BACKWARD_KERNELS = 3.0
+FLASH_LAYER_FORWARD_KERNELS = 4.0 + FLASH_FORWARD_KERNELS + FLASH_LAYER_FORWARD_MEMORY_KERNELS
+FLASH_LAYER_BACKWARD_KERNELS = 8.0 + FLASH_BACKWARD_KERNELS + FLASH_LAYER_BACKWARD_MEMORY_KERNELS
+LAYER_BACKWARD_KERNELS = 12.0 + LAYER_BACKWARD_MEMORY_KERNELS
+# Megatron's fused scale-mask-softmax (FusedScaleMaskSoftmax.is_kernel_available, Megatron-LM
+# megatron/core/fusions/fused_softmax.py) runs only for 16 < s <= 4096, s % 4 == 0 and
+# (micro_batch_size * heads per TP rank) a multiple of the causal kernel's batches per block (4;
+# 8 for s <= 128). Megatron-DeepSpeed and Megatron-LM before 2022 (megatron/model/fused_softmax.py)
+# allow s <= 2048 and only check the multiple of 4: the rules agree for 128 < s <= 2048.
+# Otherwise PyTorch runs it unfused in fp32 (query-key layer scaling on, Megatron's default until
+# 2024): cast to fp32, scale, in-place masked fill, softmax, cast back = 5 kernels instead of 1
+# forward, and their 5 gradients backward (see softmax_costs).
+FUSED_SOFTMAX_MAX_SEQ = 4096.0
+FUSED_SOFTMAX_SHORT_SEQ = 128.0   # up to here a warp holds two rows: 8 batches per block
+UNFUSED_SOFTMAX_EXTRA_KERNELS = 4.0
+# The attention core's memory-bound kernels: softmax, dropout, context permute copy.
+ATTENTION_CORE_MEMORY_KERNELS = 3.0
+EMBEDDING_KERNELS = 3.0 + 4.0
+HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
+
+
+@jit
+def phase_s(gpu_s, num_kernels, hw):
+    """Seconds of a phase of ``num_kernels`` kernels whose GPU time is ``gpu_s``: eager
+    PyTorch launches asynchronously, so the phase takes the larger of the GPU time and the host
+    time ``num_kernels * host_launch_s`` (the host-bound regime of small models)."""
+    return max(gpu_s, num_kernels * hw[H_HOST_LAUNCH_S])
+
+
+@jit
+def gemm_time_s(m, n, k, batch, hw):
+    """Seconds for ``batch`` GEMMs of ``(m x k) @ (k x n)`` in fp16/bf16.
+
+    Parameters
+    ----------
+    m, n, k, batch : float
+        GEMM dimensions and batch count (a plain GEMM has ``batch = 1``).
+    hw : numpy.ndarray
+        Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
+
+    Returns
+    -------
+    float
+        Seconds: roofline of ``2*m*n*k*batch`` FLOPs at ``peak_flops * gemm_efficiency``
+        times the SM utilisation ``min(1, tiles / num_sms)`` of ``ceil(m/128) * ceil(n/128) *
+        batch`` output tiles, and ``2*(m*k + k*n + m*n)*batch`` bytes at
+        ``hbm_Bps * hbm_efficiency``, plus one kernel overhead.
+    """
+    flops = 2.0 * m * n * k * batch
+    nbytes = BYTES_PER_ELEMENT * (m * k + k * n + m * n) * batch
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
+    # flops / (peak * efficiency * sm_util) with sm_util = min(1, tiles / num_sms); the
+    # reciprocal rate is shared by every GEMM of a caller
+    t_compute = flops * (1.0 / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
+    t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
+    return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def memory_bound_time_s(nbytes, num_kernels, hw):
+    """Seconds for memory-bound kernels (softmax, layer norm, GeLU, dropout, adds, Adam).
+
+    Parameters
+    ----------
+    nbytes : float
+        Bytes read plus written, all kernels together.
+    num_kernels : float
+        Kernel launches, each charged ``kernel_overhead_s``.
+    hw : numpy.ndarray
+        Machine vector.
+
+    Returns
+    -------
+    float
+        ``nbytes / (hbm_Bps * hbm_efficiency) + num_kernels * kernel_overhead_s``.
+    """
+    return nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF])) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def fused_softmax(b, s, a, t):
+    """1.0 when Megatron's fused causal scale-mask-softmax kernel runs for ``b`` sequences of
+    length ``s`` with ``a / t`` heads per TP rank, else 0.0.
+
+    Megatron-LM ``FusedScaleMaskSoftmax.is_kernel_available``: ``16 < s <= 4096``, ``s % 4 == 0``
+    and ``b * a / t`` a multiple of the kernel's batches per block (128 threads; 4 rows per
+    block, 8 when ``s <= 128`` and a warp holds two rows; ``scaled_upper_triang_masked_softmax.h``).
+    """
+    # multiples of 4 and 8 tested by exact power-of-two scaling (no float modulo on the hot path)
+    if s <= 16.0 or s > FUSED_SOFTMAX_MAX_SEQ or math.floor(s * 0.25) * 4.0 != s:
+        return 0.0
+    batches = b * a / t
+    if s <= FUSED_SOFTMAX_SHORT_SEQ:
+        return 1.0 if math.floor(batches * 0.125) * 8.0 == batches else 0.0
+    return 1.0 if math.floor(batches * 0.25) * 4.0 == batches else 0.0
+
+
+@jit
+def softmax_costs(b, s, a, t):
+    """``(forward bytes, backward bytes, extra kernels)`` of the scale-mask-softmax: HBM bytes per
+    attention-score element each way and the kernels it launches beyond one, each way.
+
+    Fused kernel (:func:`fused_softmax`): fp16 read and write forward (4), y and dy read and dx
+    written backward (6), no extra kernel. Unfused fp32 path: cast (2 + 4), scale (4 + 4), masked
+    fill (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 forward; their gradients
+    6 + 12 + 8 + 8 + 6 = 40 backward; 5 kernels instead of 1 each way. PyTorch's softmax reads a
+    row once and writes it once (in registers up to 1,024 elements, in shared memory beyond:
+    ``cunn_SoftMaxForwardSmem``, rows up to about 12k fp32 values; older PyTorch re-read longer
+    rows up to three times, not modelled)."""
+    if fused_softmax(b, s, a, t) != 0.0:
+        return 4.0, 6.0, 0.0
+    return 36.0, 40.0, UNFUSED_SOFTMAX_EXTRA_KERNELS
+
+
+@jit
+def attention_scores_forward(b, s, h, a, t, hw):
+    """The unfused attention core forward of one layer, one micro-batch, one TP rank, without its
+    context permute copy: ``(GEMM seconds, memory-bound bytes, extra kernels)``.
+
+    GEMMs: ``Q K^T`` and ``softmax(.) V``, batched over ``b * a/t`` heads (:func:`gemm_time_s`).
+    Bytes over the ``b (a/t) s^2`` score elements: the scale-mask-softmax (:func:`softmax_costs`)
+    and the attention dropout (read 2, write 2, 1-byte mask). Extra kernels: those of an unfused
+    softmax. Shared by :func:`layer_forward_s` and :func:`attention_core_forward_s`.
+    """
+    heads = a / t
+    score_elems = b * heads * s * s
+    time = gemm_time_s(s, s, h / a, b * heads, hw)           # Q K^T
+    time += gemm_time_s(s, h / a, s, b * heads, hw)          # softmax(.) V
+    softmax_fwd, _, extra = softmax_costs(b, s, a, t)
+    return time, (softmax_fwd + 5.0) * score_elems, extra
+
+
+@jit
+def sequence_split(t, hw):
+    """How many ways the token-wise work outside attention and MLP (layer norms, dropouts,
+    residual adds) is split: ``t`` with sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2),
+    else 1 (every TP rank repeats it)."""
+    return t if hw[H_SEQ_PAR] != 0.0 else 1.0
+
+
+@jit
+def layer_forward_s(b, s, h, a, g, f, t, hw):
+    """Forward compute seconds of one transformer layer for one micro-batch on one TP rank.
+
+    Operators (Megatron-LM GPT layer, fused kernels as in Megatron-LM 2021): LN1, QKV GEMM,
+    attention scores (batched GEMM), scale-mask-softmax (fused when Megatron's kernel accepts
+    the shape, else five fp32 PyTorch kernels: :func:`fused_softmax`), attention dropout, context
+    (batched GEMM), context permute copy, output projection GEMM, bias-dropout-add, LN2, FC1
+    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. With ``flash_attn`` set in ``hw`` the scores,
+    softmax, dropout and context are one :func:`flash_attention_forward_s`. Tensor-parallel
+    communication is not included (see :mod:`vtrain_fast.model.comm`).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    tokens = b * s
+    qkv_out = (h + 2.0 * h * g / a) / t
+    time = gemm_time_s(tokens, qkv_out, h, 1.0, hw)
+    time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
+    time += gemm_time_s(tokens, f / t, h, 1.0, hw)           # FC1
+    time += gemm_time_s(tokens, h, f / t, 1.0, hw)           # FC2
+    sp = sequence_split(t, hw)
+    nbytes = (
+        2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
+        + 4.0 * tokens * h / t          # context permute copy
+        + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
+        + 4.0 * tokens * f / t          # bias-GeLU
+    )
+    if hw[H_FLASH_ATTN] != 0.0:
+        time += flash_attention_forward_s(b, s, h, a, g, t, hw)
+        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS, hw),
+                       FLASH_LAYER_FORWARD_KERNELS, hw)
+    core_s, core_bytes, extra = attention_scores_forward(b, s, h, a, t, hw)
+    memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra, hw)
+    return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra, hw)
+
+
+@jit
+def layer_backward_s(b, s, h, a, g, f, t, hw):
+    """Backward compute seconds of one transformer layer for one micro-batch on one TP rank.
+
+    Each forward GEMM becomes a data-gradient and a weight-gradient GEMM of the same FLOPs;
+    memory-bound kernels read the saved input and the incoming gradient and write the outgoing
+    one; with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`.
+    Recomputation is added by the caller. TP communication is not included.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    tokens = b * s
+    heads = a / t
+    qkv_out = (h + 2.0 * h * g / a) / t
+    score_elems = b * heads * s * s
+    time = gemm_time_s(tokens, h, qkv_out, 1.0, hw) + gemm_time_s(h, qkv_out, tokens, 1.0, hw)
+    time += gemm_time_s(tokens, h / t, h, 1.0, hw) + gemm_time_s(h / t, h, tokens, 1.0, hw)
+    time += gemm_time_s(tokens, h, f / t, 1.0, hw) + gemm_time_s(h, f / t, tokens, 1.0, hw)
+    time += gemm_time_s(tokens, f / t, h, 1.0, hw) + gemm_time_s(f / t, h, tokens, 1.0, hw)
+    sp = sequence_split(t, hw)
+    nbytes = (
+        2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx
+        + 4.0 * tokens * h / t          # context permute copy
+        + 2.0 * 5.0 * tokens * h / sp   # two bias-dropout-add backwards: dy, mask -> dx
+        + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
+        + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
+    )                                   # (+ 2 bias-gradient reductions: launches, bytes negligible)
+    if hw[H_FLASH_ATTN] != 0.0:
+        time += flash_attention_backward_s(b, s, h, a, g, t, hw)
+        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS, hw),
+                       FLASH_LAYER_BACKWARD_KERNELS, hw)
+    time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
+    time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
+    _, softmax_bwd, extra = softmax_costs(b, s, a, t)
+    nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
+               + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
+    return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra, hw),
+                   LAYER_BACKWARD_KERNELS + extra, hw)
+
+
+@jit
+def attention_core_forward_s(b, s, h, a, g, t, hw):
+    """Seconds of the attention core forward of one layer, one micro-batch, one TP rank, as a
+    phase of its own: what selective recomputation runs again before the backward
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+    Sec. 5; Megatron-LM ``--recompute-granularity selective`` checkpoints ``core_attention``).
+
+    Scores and context batched GEMMs, scale-mask-softmax (fused or not, :func:`fused_softmax`),
+    attention dropout and the context permute copy, as in :func:`layer_forward_s`; with
+    ``flash_attn`` the FlashAttention-2 forward (:func:`flash_attention_forward_s`). The
+    host-launch floor applies to its kernels.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    if hw[H_FLASH_ATTN] != 0.0:
+        return phase_s(flash_attention_forward_s(b, s, h, a, g, t, hw), FLASH_FORWARD_KERNELS, hw)
+    time, nbytes, extra = attention_scores_forward(b, s, h, a, t, hw)
+    nbytes += 4.0 * b * s * h / t                            # context permute copy
+    return phase_s(time + memory_bound_time_s(nbytes, ATTENTION_CORE_MEMORY_KERNELS + extra, hw),
+                   2.0 + ATTENTION_CORE_MEMORY_KERNELS + extra, hw)
+
+
+@jit
+def flash_attention_blocks(b, s, a, t):
+    """Thread blocks of a FlashAttention-2 launch: one per 128-row tile of the sequence, per head
+    on this TP rank, per sequence of the micro-batch (``b * (a/t) * ceil(s/128)``)."""
+    return b * (a / t) * math.ceil(s / GEMM_TILE)
+
+
+@jit
+def flash_attention_time_s(flops, nbytes, b, s, a, t, num_kernels, hw):
+    """Seconds of FlashAttention kernels doing ``flops`` and moving ``nbytes``: roofline of
+    ``flops`` at ``peak_flops * flash_attention_efficiency``, scaled by the SM occupancy
+    ``min(1, blocks / num_sms)`` (:func:`flash_attention_blocks`), and ``nbytes`` at
+    ``hbm_Bps * hbm_efficiency``, plus ``num_kernels`` kernel overheads."""
+    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
+    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
+    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return max(t_compute, t_memory) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def flash_attention_forward_s(b, s, h, a, g, t, hw):
+    """Seconds of the fused causal attention forward (FlashAttention-2) of one layer, one
+    micro-batch, one TP rank.
+
+    FLOPs: the two attention matmuls over the causal half of the ``s x s`` scores,
+    ``4 * b * (a/t) * s^2 * (h/a) / 2`` (Dao 2023, "FlashAttention-2", arXiv:2307.08691, and its
+    benchmark script's FLOP count), at ``peak_flops * flash_attention_efficiency``. Bytes: read
+    Q, K, V (K and V with ``g`` query groups), write the output and the fp32 log-sum-exp per
+    row; no ``s x s`` tensor reaches HBM. Roofline of the two, plus one kernel overhead. The
+    published efficiency assumes every SM busy: with fewer thread blocks (one per 128 query
+    rows of one head of one sequence, :func:`flash_attention_blocks`) than SMs, the FLOP rate is
+    scaled by ``blocks / num_sms``, as for GEMMs.
+    """
+    q = BYTES_PER_ELEMENT * b * s * h / t
+    kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
+    nbytes = q + 2.0 * kv + q + 4.0 * b * (a / t) * s
+    return flash_attention_time_s(2.0 * b * s * s * h / t, nbytes, b, s, a, t, FLASH_FORWARD_KERNELS, hw)
+
+
+@jit
+def flash_attention_backward_s(b, s, h, a, g, t, hw):
+    """Seconds of the fused causal attention backward (FlashAttention-2) of one layer, one
+    micro-batch, one TP rank.
+
+    FLOPs: 2.5 times the forward's (five matmuls, the scores recomputed from Q and K; Dao 2023).
+    Bytes: read Q, K, V, the output, its gradient and the log-sum-exp, write dQ, dK, dV, and
+    write and read the fp32 dQ accumulator. Roofline plus three kernel overheads
+    (preprocessing, main kernel, dQ conversion); SM occupancy as in the forward (one block per
+    128 key rows).
+    """
+    q = BYTES_PER_ELEMENT * b * s * h / t
+    kv = BYTES_PER_ELEMENT * b * s * h * g / a / t
+    nbytes = (3.0 * q + 2.0 * kv + 4.0 * b * (a / t) * s) + (q + 2.0 * kv) + 2.0 * 2.0 * q
+    return flash_attention_time_s(2.5 * 2.0 * b * s * s * h / t, nbytes, b, s, a, t, FLASH_BACKWARD_KERNELS, hw)
+
+
+@jit
+def embedding_forward_s(b, s, h, hw):
+    """Forward seconds of word + position embedding lookup, add and dropout (first stage)."""
+    return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
+
+
+@jit
+def embedding_s(b, s, h, v, t, hw):
+    """Forward plus backward seconds of the embeddings (a host-bound floor applies)."""
+    gpu = embedding_forward_s(b, s, h, hw) + embedding_backward_s(b, s, h, v, t, hw)
+    return phase_s(gpu, EMBEDDING_KERNELS, hw)
+
+
+@jit
+def head_s(b, s, h, v, t, hw):
+    """Forward plus backward seconds of the last stage's head (a host-bound floor applies)."""
+    gpu = head_forward_s(b, s, h, v, t, hw) + head_backward_s(b, s, h, v, t, hw)
+    return phase_s(gpu, HEAD_KERNELS, hw)
+
+
+@jit
+def embedding_backward_s(b, s, h, v, t, hw):
+    """Backward seconds of the embeddings: dropout backward and scatter-add of gradients into
+    the (vocab-parallel) word and position embedding tables, including zeroing the dense
+    ``v/t x h`` gradient table."""
+    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0) + 2.0 * v * h / t, 4.0, hw)
+
+
+@jit
+def head_forward_s(b, s, h, v, t, hw):
+    """Forward seconds on the last stage: final layer norm, LM-head GEMM onto ``v/t`` logits,
+    and vocab-parallel cross-entropy (fp16 logits read, fp32 softmax written)."""
+    tokens = b * s
+    time = memory_bound_time_s(4.0 * tokens * h, 1.0, hw)
+    time += gemm_time_s(tokens, v / t, h, 1.0, hw)
+    time += memory_bound_time_s(tokens * v / t * (2.0 + 4.0 + 4.0), 4.0, hw)
+    return time
+
+
+@jit
+def head_backward_s(b, s, h, v, t, hw):
+    """Backward seconds on the last stage: cross-entropy gradient, LM-head data and weight
+    gradients, final layer-norm backward."""
+    tokens = b * s
+    time = memory_bound_time_s(tokens * v / t * (4.0 + 2.0), 2.0, hw)
+    time += gemm_time_s(tokens, h, v / t, 1.0, hw) + gemm_time_s(h, v / t, tokens, 1.0, hw)
+    time += memory_bound_time_s(6.0 * tokens * h, 2.0, hw)
+    return time
+
+
+@jit
+def optimizer_s(params, hw):
+    """Seconds of one mixed-precision Adam step over ``params`` parameters on one GPU.
+
+    Bytes per parameter (Megatron-LM fp16 optimizer): copy fp16 grads to fp32 main grads
+    (2 + 4), inf/nan check (4), gradient-norm for clipping (4), fused Adam (read param, grad,
+    m, v; write param, m, v: 28), copy fp32 params to fp16 model params (4 + 2): 48 bytes.
+    Multi-tensor-apply launches are charged as 6 kernels.
+    """
+    return memory_bound_time_s(48.0 * params, 6.0, hw)

@@ -1,0 +1,119 @@
+"""Layouts every kernel reads: the machine vector, the output rows and the status codes (no
+Numba here, so that the spec, schema and query modules load without it).
+
+A machine vector is a ``float64`` array of shape ``(NUM_HW_FIELDS,)`` holding one GPU type's
+hardware numbers (SI units) and its calibrated efficiencies. Kernels index it with the
+integer constants below, which Numba folds into the compiled code.
+Field meanings, units and sources live in :mod:`vtrain_fast.hardware.gpus`.
+"""
+from __future__ import annotations
+
+from .settings import SETTINGS
+
+# Hardware, price and calibration fields, then one field per training setting (its registry name,
+# vtrain_fast.model.settings, in registry order: 1.0/0.0 for a switch, the value of vpp), then the
+# sweep's bookkeeping.
+HARDWARE_FIELDS = (
+    "peak_flops",             # dense fp16/bf16 tensor-core FLOP/s
+    "hbm_bytes",              # HBM capacity, bytes
+    "hbm_Bps",                # HBM bandwidth, bytes/s
+    "intra_node_Bps",         # NVLink bandwidth per GPU per direction, bytes/s
+    "inter_node_Bps",         # NIC bandwidth per GPU per direction, bytes/s
+    "gpus_per_node",          # GPUs sharing one NVLink/NVSwitch domain
+    "num_sms",                # streaming multiprocessors (GEMM SM occupancy)
+    "tdp_W",                  # board power, watts
+    "usd_per_gpu_hour",       # price, US dollars per GPU-hour
+    "pue",                    # data-centre power usage effectiveness (energy multiplier)
+    "gemm_efficiency",        # achievable fraction of peak_flops for large GEMMs
+    "hbm_efficiency",         # achievable fraction of hbm_Bps for streaming kernels
+    "kernel_overhead_s",      # launch + idle gap per kernel, seconds
+    "intra_node_efficiency",  # nccl busbw / intra_node_Bps for large messages
+    "inter_node_efficiency",  # nccl busbw / inter_node_Bps for large messages
+    "intra_node_latency_s",   # fixed latency of an intra-node collective or send, seconds
+    "inter_node_latency_s",   # fixed latency of an inter-node collective or send, seconds
+    "reserved_bytes",         # memory taken by CUDA context, NCCL and allocator, bytes
+    "intra_node_step_latency_s",  # extra latency per ring step inside a node, seconds
+    "inter_node_step_latency_s",  # extra latency per ring step across nodes, seconds
+    "host_launch_s",          # host (CPU) time per launched kernel, seconds
+    "iteration_overhead_s",   # fixed host time per iteration (loss scaling, clipping, logging), s
+    "p2p_overhead_s",         # host/synchronisation time of one pipeline send or receive, s
+    "flash_attention_efficiency",  # achievable fraction of peak_flops of the FlashAttention kernels
+)
+HW_FIELDS = (
+    *HARDWARE_FIELDS,
+    *(st.name for st in SETTINGS),
+    "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp>1) set where this machine
+                              # repeats an earlier one of the sweep (model.step.repeats); 0 outside sweeps
+)
+NUM_HW_FIELDS = len(HW_FIELDS)
+
+
+def hw_index(name: str) -> int:
+    """Row of field ``name`` in a machine vector (a compile-time constant for the kernels).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not a field of :data:`HW_FIELDS`.
+    """
+    return HW_FIELDS.index(name)
+
+
+(H_PEAK_FLOPS, H_HBM_BYTES, H_HBM_BPS, H_INTRA_BPS, H_INTER_BPS, H_GPUS_PER_NODE, H_NUM_SMS,
+ H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
+ H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
+ H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF) = range(len(HARDWARE_FIELDS))
+# The settings the cost formulas read (a new setting's formula takes its own hw_index)
+H_DP_OVERLAP = hw_index("overlap_grad_reduce")        # 1: DP all-reduce hidden behind backward
+H_OPT_SHARD = hw_index("distributed_optimizer")       # 1: Adam states sharded over DP (ZeRO-1)
+H_FLASH_ATTN = hw_index("use_flash_attn")             # 1: fused FlashAttention-2 attention core
+H_SEQ_PAR = hw_index("sequence_parallel")             # 1: Megatron sequence parallelism
+H_TP_OVERLAP = hw_index("async_tensor_model_parallel_allreduce")  # 1: backward TP exchange overlapped
+H_VPP = hw_index("vpp")                               # virtual pipeline stages per device
+H_REPEAT_CASES = hw_index("repeat_cases")
+
+# Fields a calibration may change (a handful of global numbers per GPU type).
+CALIBRATION_FIELDS = (
+    "gemm_efficiency", "hbm_efficiency", "kernel_overhead_s", "intra_node_efficiency",
+    "inter_node_efficiency", "intra_node_latency_s", "inter_node_latency_s",
+    "intra_node_step_latency_s", "inter_node_step_latency_s", "host_launch_s",
+    "iteration_overhead_s", "p2p_overhead_s", "flash_attention_efficiency",
+)
+
+
+# Model layout: column k of the int64 model table the sweep kernels read (one row per model).
+MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                "ffn_hidden_size", "vocab_size", "seq_length")
+NUM_MODEL_FIELDS = len(MODEL_FIELDS)
+(MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ) = range(NUM_MODEL_FIELDS)
+# Row layout of the explicit configurations evaluate_rows walks (int64 matrix, one column each).
+ROW_FIELDS = MODEL_FIELDS + ("global_batch_size", "micro_batch_size", "tp", "cp", "pp", "dp", "recompute")
+(R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GBS, R_MBS, R_TP, R_CP, R_PP, R_DP,
+ R_RECOMPUTE) = range(len(ROW_FIELDS))
+
+
+# Output layout: row k of the float64 output matrix. vtrain_fast.io.schema describes each column.
+OUTPUT_NAMES = (
+    "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
+    "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
+    "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
+    "num_parameters", "num_micro_batches", "num_steps",
+    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
+)
+NUM_OUTPUTS = len(OUTPUT_NAMES)
+(O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
+ O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
+ O_LOSS) = range(NUM_OUTPUTS)
+
+# Status codes, one per row. vtrain_fast.io.schema.STATUS_LABELS names them.
+OK = 0
+BAD_INPUT = 1        # a size is zero or negative
+BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (model.layout.split_world)
+BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
+BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interleaved)
+BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
+                     # micro-batches per pipeline not divisible by pp)
+OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
+REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
+                     # setting that differs has no effect at this tp, pp, dp (see repeats)
+NUM_STATUS = 8

@@ -1,0 +1,118 @@
+"""The registry of training settings: one record per setting (Megatron-LM's name, kind, default,
+where it has no effect, what it needs, its label and documentation). Everything else reads it:
+spec parsing (``spec.TRAINING_FLAGS``), the sweep's setting axes, ``GPUPreset``'s setting fields
+(``hardware``), the machine vector's setting fields (``model.params.HW_FIELDS``, one per
+setting, of the same name), the columns and their documentation (``schema``), the ``repeat``
+status and the query-time expansion (:meth:`Setting.has_no_effect`), evaluate's columns and the "not
+validated" notes.
+
+Adding a setting: a record here (at the end of :data:`SETTINGS`), the formula that reads it
+(``kernels``: its machine-vector index is ``params.hw_index(name)``), and its tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The parallel sizes a setting's no-effect rule may name, in the order of the kernels' plan kinds
+# (bit k of a plan kind: size k > 1; model.step.repeats).
+LAYOUT_SIZES = ("tp", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One training setting.
+
+    Attributes
+    ----------
+    name : str
+        Spec key, column, ``GPUPreset`` field and machine-vector field (Megatron-LM's argument
+        name).
+    kind : type
+        ``bool`` (a switch) or ``int`` (``vpp``).
+    default : bool or int
+        Value when a spec or CSV row leaves it out.
+    label : str
+        Readable name for notes.
+    doc : str
+        What ``true`` (or the value) does: the spec's and the column table's text.
+    megatron : str
+        The Megatron-LM command-line flag.
+    inert_at : tuple of str
+        Parallel sizes (:data:`LAYOUT_SIZES`) at which, when 1, the setting changes no cost.
+    inert_with : tuple of (str, bool)
+        Other settings' values with which it changes no cost (the asynchronous TP all-reduce with
+        sequence parallelism, which overlaps regardless).
+    requires : tuple of (str, bool)
+        Other settings' values it needs: Megatron-LM refuses the flag without them, a spec that
+        asks only for such a combination is refused, and a sweep axis leaves those machines out
+        (the cost model gives the flag no effect there).
+    validated : bool
+        True when measurements the project validates against use it (none today: vTrain's runs
+        use none of these settings).
+    """
+
+    name: str
+    kind: type
+    default: bool | int
+    label: str
+    doc: str
+    megatron: str
+    inert_at: tuple[str, ...] = ()
+    inert_with: tuple[tuple[str, bool], ...] = ()
+    requires: tuple[tuple[str, bool], ...] = ()
+    validated: bool = False
+
+    def has_no_effect(self, sizes_are_1: dict, values: dict) -> bool:
+        """Whether the setting changes no cost of a plan whose parallel sizes equal 1 where
+        ``sizes_are_1`` (:data:`LAYOUT_SIZES` -> bool) says so, on a machine with the other
+        settings' ``values`` (name -> value)."""
+        return (any(sizes_are_1[k] for k in self.inert_at)
+                or any(values[k] == v for k, v in self.inert_with)
+                or any(values[k] != v for k, v in self.requires))
+
+
+# In the order of the sweep's machine axis (the last setting varies fastest): this order decides
+# the row order of every sweep, so a new setting goes at the end.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("overlap_grad_reduce", bool, False, "overlapped gradient reduction",
+            "true overlaps the data-parallel all-reduce with backward (Megatron --overlap-grad-reduce)",
+            "--overlap-grad-reduce", inert_at=("dp",)),
+    Setting("distributed_optimizer", bool, False, "distributed optimizer",
+            "true shards the Adam states over data-parallel ranks (Megatron --use-distributed-optimizer, ZeRO-1)",
+            "--use-distributed-optimizer", inert_at=("dp",)),
+    Setting("use_flash_attn", bool, False, "FlashAttention",
+            "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn)",
+            "--use-flash-attn"),
+    Setting("sequence_parallel", bool, False, "sequence parallelism",
+            "true splits layer norms and dropouts over the tensor-parallel ranks (Megatron --sequence-parallel)",
+            "--sequence-parallel", inert_at=("tp",)),
+    Setting("async_tensor_model_parallel_allreduce", bool, False, "asynchronous TP all-reduce",
+            "true overlaps the backward tensor-parallel all-reduce (or, with sequence parallelism, "
+            "reduce-scatter) of the column-parallel layers with their weight-gradient GEMMs (Megatron-LM's "
+            "default; Megatron-DeepSpeed: false)",
+            "--async-tensor-model-parallel-allreduce", inert_at=("tp",), inert_with=(("sequence_parallel", True),)),
+    Setting("vpp", int, 1, "interleaved 1F1B (vpp > 1)",
+            "model chunks per device (interleaved 1F1B when > 1; no effect at pp = 1)",
+            "--num-layers-per-virtual-pipeline-stage", inert_at=("pp",)),
+    Setting("tp_comm_overlap", bool, False, "TP communication overlap (userbuffers)",
+            "true overlaps the sequence-parallel all-gathers and reduce-scatters of the tensor-parallel "
+            "linears with the GEMMs that consume or produce them (Megatron-LM --tp-comm-overlap, "
+            "Transformer Engine userbuffers; needs sequence_parallel)",
+            "--tp-comm-overlap", inert_at=("tp",), requires=(("sequence_parallel", True),)),
+    Setting("overlap_param_gather", bool, False, "overlapped parameter all-gather",
+            "true overlaps the distributed optimizer's parameter all-gather with the next forward instead of "
+            "running it after the step (Megatron --overlap-param-gather; needs distributed_optimizer and "
+            "overlap_grad_reduce)",
+            "--overlap-param-gather", inert_at=("dp",),
+            requires=(("distributed_optimizer", True), ("overlap_grad_reduce", True))),
+)
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# The switches (bool settings), in axis order.
+SWITCHES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is bool)
+
+
+def unmet_requirements(values: dict) -> list[tuple[Setting, str, bool]]:
+    """``(setting, needed setting, needed value)`` for each switched-on setting of ``values``
+    (name -> value, every setting) whose requirement (:attr:`Setting.requires`) is not met."""
+    return [(st, k, v) for st in SETTINGS if values[st.name] != st.default
+            for k, v in st.requires if values[k] != v]

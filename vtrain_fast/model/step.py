@@ -1,0 +1,575 @@
+"""One configuration: compose operator, communication and memory formulas into an iteration.
+
+Schedule: Megatron-LM's 1F1B (Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters", Sec. 2.2). With ``m`` micro-batches and per-stage
+times ``T_i`` (forward + backward of one micro-batch, including its TP and pipeline
+communication), the pipeline flushes after ``(m - 1) * max_i T_i + sum_i T_i``; for equal stages
+this is the paper's ``(m + p - 1) * T`` with bubble ``(p - 1) * T``. At ``pp = 1`` it reduces to
+gradient accumulation, ``m * T``. With ``vpp`` model chunks per device (the interleaved schedule,
+Sec. 2.2.2) the bubble shrinks to ``(p - 1) * T / vpp`` while every chunk boundary adds a
+pipeline send, and device 0 holds more micro-batch chunks in flight. The data-parallel gradient all-reduce and the Adam step follow
+the flush (no overlap, as in Megatron-LM's local DDP); with ``overlap_grad_reduce`` (machine
+vector field ``dp_overlap``) the all-reduce hides behind the backward of the last micro-batch
+and only the longer part is exposed (Megatron-LM's distributed DDP, ``--overlap-grad-reduce``). The first stage carries the embeddings,
+the last the final layer norm, LM head and cross-entropy. From the second micro-batch of a step
+on, each stage also adds its new weight gradients into the accumulated ones (PyTorch autograd's
+``AccumulateGrad`` into fp16 ``.grad``: 6 bytes per parameter at the achievable HBM rate).
+"""
+from __future__ import annotations
+
+import math
+
+from ._jit import jit
+from . import comm, memory, ops
+from .layout import Layout, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401 (Layout: for callers)
+from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import hw_index
+
+H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
+H_PARAM_GATHER = hw_index("overlap_param_gather")  # 1: parameter all-gather behind the next forward
+# The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
+# that spec, schema and query load without it); re-exported here for the kernels.
+from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
+                     NUM_STATUS, O_ACT, O_BUBBLE, O_COMPUTE, O_COST, O_DAYS, O_DP, O_ENERGY, O_GPU_HOURS,
+                     O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU, O_MICRO, O_OPT, O_OVERHEAD, O_PARAMS, O_PP,
+                     O_STATES, O_STEPS, O_TFLOPS, O_TOKENS_PER_S, O_TP, OK, OUT_OF_MEMORY, OUTPUT_NAMES,
+                     REPEAT)
+
+
+GiB = 1024.0 ** 3
+SECONDS_PER_DAY = 86400.0
+# Chinchilla parametric loss L(N, D) = E + A / N^alpha + B / D^beta
+# (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", Eq. 10, Approach 3).
+CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B = 1.69, 406.4, 410.7
+CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.34, 0.28
+
+
+# Gradient accumulation: read the accumulated and the new fp16 gradient, write the sum.
+GRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
+# Activation recomputation codes (the index of the name in spec.RECOMPUTE_VALUES).
+RECOMPUTE_NONE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = 0, 1, 2
+# Forward FLOPs of the attention scores and context per token per layer, over the full s x s
+# as Megatron-LM counts them: 4 s h (see forward_flops_per_token).
+ATTENTION_FLOPS_PER_TOKEN_PER_S_H = 4.0
+
+# Per-micro-batch costs (:func:`micro_batch_costs`), fixed by (model, machine,
+# micro_batch_size, tp): indices into the tuple.
+MICRO_NAMES = (
+    "layer_forward_s", "layer_backward_s", "tp_allreduce_activation_s", "tp_allreduce_ce_s",
+    "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
+    "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
+    "tp_backward_hidden_s",
+)
+NUM_MICRO = len(MICRO_NAMES)
+(M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
+ M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN) = range(NUM_MICRO)
+# Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
+SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
+               "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s")
+NUM_SPLIT = len(SPLIT_NAMES)
+(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD) = range(NUM_SPLIT)
+# Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
+TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
+NUM_TOTALS = len(TOTAL_NAMES)
+(T_PARAMS, T_FWD_FLOPS, T_LOSS) = range(NUM_TOTALS)
+
+
+@jit
+def chinchilla_loss(num_parameters, num_tokens):
+    """Chinchilla's fitted loss ``E + A/N^alpha + B/D^beta`` (nats per token) for ``N``
+    parameters trained on ``D`` tokens (Hoffmann et al. 2022, Eq. 10)."""
+    return (CHINCHILLA_E + CHINCHILLA_A / num_parameters ** CHINCHILLA_ALPHA
+            + CHINCHILLA_B / num_tokens ** CHINCHILLA_BETA)
+
+
+@jit
+def forward_flops_per_token(num_layers, h, a, g, f, v, s):
+    """Model forward FLOPs per token: GEMMs of every layer (QKV, attention scores and context
+    over the full ``s x s`` as Megatron-LM counts them, output projection, MLP) and the LM head.
+    Training model FLOPs are 3x this (PaLM, Chowdhery et al. 2022, Appendix B)."""
+    per_layer = (2.0 * h * (h + 2.0 * h * g / a) + 2.0 * h * h + 4.0 * h * f
+                 + ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
+    return num_layers * per_layer + 2.0 * h * v
+
+
+@jit
+def validate_split(L, h, a, g, f, v, s, lay):
+    """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
+    (:data:`~vtrain_fast.model.layout.Layout`): every size positive (``BAD_INPUT``), heads and
+    query groups divisible by ``tp`` and hidden by heads (``BAD_HEADS``), layers divisible by
+    ``pp`` (``BAD_LAYERS``); ``OK`` when all hold."""
+    t, p, d = lay.tp, lay.pp, lay.dp
+    if L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or t <= 0 or p <= 0 or d <= 0:
+        return BAD_INPUT
+    if a % t != 0 or g % t != 0 or h % a != 0 or a % g != 0:
+        return BAD_HEADS
+    if L % p != 0:
+        return BAD_LAYERS
+    return OK
+
+
+@jit
+def validate_batch(split_status, B, b, d):
+    """Status code of a configuration whose :func:`validate_split` gave ``split_status``:
+    ``BAD_INPUT`` when a batch size is not positive, else ``split_status`` when it is not
+    ``OK``, else ``BAD_BATCH`` when ``global_batch_size`` is not divisible by
+    ``dp * micro_batch_size``."""
+    if B <= 0 or b <= 0:
+        return BAD_INPUT
+    if split_status != OK:
+        return split_status
+    if B % (d * b) != 0:
+        return BAD_BATCH
+    return OK
+
+
+@jit
+def virtual_stages(p, hw):
+    """Model chunks per device of the interleaved 1F1B schedule: the machine vector's ``vpp``
+    with pipeline parallelism, 1 without (``p == 1`` has nothing to interleave)."""
+    return hw[H_VPP] if p > 1.0 else 1.0
+
+
+@jit
+def validate_interleaving(L, B, b, p, d, hw):
+    """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
+    ``p > 1``): layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per
+    pipeline, ``B / (d * b)``, divisible by ``p`` (``BAD_BATCH``); ``OK`` otherwise.
+    Call only on shapes :func:`validate_shape` accepted."""
+    vpp = virtual_stages(p, hw)
+    if vpp <= 1.0:
+        return OK
+    if L % (p * vpp) != 0:
+        return BAD_LAYERS
+    if (B // (d * b)) % p != 0:
+        return BAD_BATCH
+    return OK
+
+
+@jit
+def repeats(lay, hw):
+    """Whether this machine (a value of a sweep's gpu axis) repeats an earlier one of the sweep at
+    parallel layout ``lay``: bit ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` (the plan kinds of
+    :data:`vtrain_fast.model.settings.LAYOUT_SIZES`)
+    of the machine-vector field ``repeat_cases`` (set by :func:`vtrain_fast.plan.grid.repeat_cases`
+    where the settings that tell the two machines apart have no effect: ``vpp`` at ``p = 1``,
+    sequence parallelism at ``t = 1``, the asynchronous TP all-reduce at ``t = 1`` or with
+    sequence parallelism, the distributed optimizer and overlapped gradient reduction at
+    ``d = 1``)."""
+    case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
+    return (int(hw[H_REPEAT_CASES]) >> case) & 1 == 1
+
+
+@jit
+def validate_shape(L, h, a, g, f, v, s, B, b, lay):
+    """Status code for the divisibility rules of Megatron-LM (``OK`` when all hold): the
+    checks of :func:`validate_split`, then of :func:`validate_batch`."""
+    return validate_batch(validate_split(L, h, a, g, f, v, s, lay), B, b, lay.dp)
+
+
+@jit
+def fill_nan(out, i):
+    """Set every output of row ``i`` to NaN (infeasible shape)."""
+    for k in range(NUM_OUTPUTS):
+        out[k, i] = math.nan
+
+
+@jit
+def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
+    """Costs of one micro-batch that depend only on the model, the machine, ``b`` and ``t``.
+
+    Parameters
+    ----------
+    b, s, h, a, g, f, v, t : float
+        micro_batch_size, seq_length, hidden_size, num_attention_heads, num_query_groups,
+        ffn_hidden_size, vocab_size, tp.
+    hw : numpy.ndarray
+        Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
+
+    Returns
+    -------
+    tuple of float
+        ``NUM_MICRO`` values laid out as :data:`MICRO_NAMES`: forward and backward seconds of
+        one layer, the TP all-reduce of one activation (``2bsh`` bytes; with sequence
+        parallelism a reduce-scatter plus an all-gather, which move the same bytes, Korthikanti
+        et al. 2022, Sec. 4.2.2, at the latency of two collectives) and of the
+        cross-entropy statistics (``4bs`` bytes), embedding and head seconds (forward plus
+        backward), the pipeline NVLink all-gather of one activation, one pipeline send of
+        ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
+        last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``), and the attention
+        core's forward seconds and stored bytes of one layer (what selective recomputation
+        reruns and drops), and the TP exchange seconds that asynchronous communication hides
+        (:func:`tp_backward_hidden_s`, 0 unless ``async_tensor_model_parallel_allreduce`` or
+        sequence parallelism is set; plus :func:`tp_comm_overlap_hidden_s` with
+        ``tp_comm_overlap`` and sequence parallelism).
+    """
+    sbh2 = 2.0 * b * s * h
+    if hw[H_SEQ_PAR] != 0.0:
+        # the activation between stages is already split over the TP ranks: each sends its
+        # 1/t and no all-gather follows
+        gather = 0.0
+        tp_exchange = comm.group_reduce_scatter_allgather_s(sbh2, t, 1.0, hw)
+    else:
+        gather = comm.intra_allgather_s(sbh2, t, hw)
+        tp_exchange = comm.group_allreduce_s(sbh2, t, 1.0, hw)
+    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw),
+            ops.layer_backward_s(b, s, h, a, g, f, t, hw),
+            tp_exchange,
+            comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
+            ops.embedding_s(b, s, h, v, t, hw),
+            ops.head_s(b, s, h, v, t, hw),
+            gather,
+            comm.p2p_s(sbh2 / t, False, hw),
+            comm.p2p_s(sbh2 / t, True, hw),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR]),
+            s * b * v / t * 6.0,
+            ops.attention_core_forward_s(b, s, h, a, g, t, hw),
+            memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
+            (tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw)
+             if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
+            + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw)
+               if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0))
+
+
+@jit
+def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
+    """Seconds of one layer's backward tensor-parallel exchanges that asynchronous communication
+    hides, one micro-batch.
+
+    Megatron-LM's column-parallel linears (QKV and FC1) start the all-reduce of their input
+    gradient (with sequence parallelism, its reduce-scatter) and compute the weight gradient
+    while it runs (``LinearWithGradAccumulationAndAsyncCommunication``,
+    ``async_tensor_model_parallel_allreduce``), so each of the two exchanges (``exchange_s``
+    seconds: the all-reduce, or with sequence parallelism the reduce-scatter, half of the
+    exchange) is hidden up to the length of its weight-gradient GEMM:
+    ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``; 0 at ``t = 1`` (no exchange).
+    :func:`micro_batch_costs` charges it when the machine-vector field ``tp_overlap`` is set, and
+    always with sequence parallelism (Megatron-LM overlaps its reduce-scatter whatever the flag)."""
+    if t <= 1.0:
+        return 0.0
+    tokens = b * s
+    qkv_out = (h + 2.0 * h * g / a) / t
+    return (min(exchange_s, ops.gemm_time_s(h, qkv_out, tokens, 1.0, hw))
+            + min(exchange_s, ops.gemm_time_s(h, f / t, tokens, 1.0, hw)))
+
+
+@jit
+def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw):
+    """Seconds of one layer's sequence-parallel exchanges that Transformer Engine's userbuffers
+    overlap hides beyond :func:`tp_backward_hidden_s`, one micro-batch (Megatron-LM
+    ``--tp-comm-overlap``, which needs sequence parallelism).
+
+    The GEMM of each tensor-parallel linear is split into chunks pipelined with the exchange it
+    consumes or produces (Wang et al. 2022, "Overlap Communication with Dependent Computation via
+    Decomposition in Large Deep Learning Models", ASPLOS '23; TE ``UserbufferOverlap``): in
+    forward the all-gather before QKV and FC1 and the reduce-scatter after the output projection
+    and FC2, in backward the all-gather of the output gradient before the data-gradient GEMMs of
+    the output projection and FC2. Each exchange (``half_s``: half of the reduce-scatter +
+    all-gather pair of one activation) is hidden up to the length of its GEMM:
+    ``sum min(half_s, gemm)`` over those six. An optimistic bound: the first or last chunk that
+    cannot overlap and the SMs the communication kernels take from the GEMMs are not charged (no
+    measurements here to fit them to); a recomputed forward's exchanges stay exposed. 0 at
+    ``t = 1``."""
+    if t <= 1.0:
+        return 0.0
+    tokens = b * s
+    qkv_out = (h + 2.0 * h * g / a) / t
+    return (min(half_s, ops.gemm_time_s(tokens, qkv_out, h, 1.0, hw))        # AG -> QKV
+            + min(half_s, ops.gemm_time_s(tokens, h, h / t, 1.0, hw))      # projection -> RS
+            + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw))      # AG -> FC1
+            + min(half_s, ops.gemm_time_s(tokens, h, f / t, 1.0, hw))      # FC2 -> RS
+            + min(half_s, ops.gemm_time_s(tokens, h / t, h, 1.0, hw))      # AG -> projection dgrad
+            + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw)))     # AG -> FC2 dgrad
+
+
+@jit
+def split_costs(L, h, a, g, f, v, s, lay, hw):
+    """Costs that depend on the model, the machine and the parallel layout but not on the
+    batch sizes or recomputation.
+
+    Parameters
+    ----------
+    L, h, a, g, f, v, s : float
+        Model shape (as :func:`step`).
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.model.layout`).
+    hw : numpy.ndarray
+        Machine vector.
+
+    Returns
+    -------
+    tuple of float
+        ``NUM_SPLIT`` values laid out as :data:`SPLIT_NAMES`: parameters per GPU on the first
+        and the last stage (the first carries the word and position embeddings, the last the
+        LM head and final layer norm; one stage carries all), the data-parallel gradient
+        all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
+        of the two stages), the Adam seconds of the larger
+        stage, 1.0 when the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride`
+        apart) leaves its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one gradient accumulation
+        (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``) of a stage's layers, of the
+        embeddings and of the head.
+    """
+    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
+    dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
+    p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t)
+    p_first = p_body + v * h / t + s * h
+    p_last = p_body + v * h / t + 2.0 * h
+    if p == 1.0:
+        p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
+        p_last = p_first
+    if hw[H_OPT_SHARD] != 0.0:
+        # a sharded (distributed) optimizer: gradient reduce-scatter + parameter all-gather
+        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, dp_apart, hw),
+                        comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, dp_apart, hw))
+    else:
+        dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, dp_apart, hw),
+                        comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
+    # a sharded optimizer updates only its 1/d of the parameters
+    optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, hw[H_OPT_SHARD]), hw)
+    crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
+    # one gradient accumulation (into .grad) of a stage's layers, embeddings and head
+    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_body,
+            per_param * (v * h / t + s * h), per_param * (v * h / t + 2.0 * h))
+
+
+@jit
+def model_totals(L, h, a, g, f, v, s, num_tokens):
+    """``(num_parameters, forward_flops_per_token, loss)`` of a model trained on
+    ``num_tokens`` tokens (:func:`~vtrain_fast.model.memory.model_params`,
+    :func:`forward_flops_per_token`, :func:`chinchilla_loss`); layout :data:`TOTAL_NAMES`."""
+    n_params = memory.model_params(L, h, a, g, f, v, s)
+    return n_params, forward_flops_per_token(L, h, a, g, f, v, s), chinchilla_loss(n_params, num_tokens)
+
+
+@jit
+def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals, out, i):
+    """Compose the 1F1B schedule, memory and totals of one shape-valid configuration from its
+    per-micro-batch, per-split and per-model parts, write its outputs into column ``i`` of
+    ``out`` and return ``OK`` or ``OUT_OF_MEMORY``.
+
+    Parameters
+    ----------
+    L, h, s, v, B, b : float
+        num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size.
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.model.layout`).
+    recompute : int
+        ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1, every layer's forward again before its
+        backward, only layer inputs kept) or ``RECOMPUTE_SELECTIVE`` (2, only the attention core
+        again, its softmax and dropout tensors not kept; Korthikanti et al. 2022, Sec. 5).
+    num_tokens : float
+        Tokens to train on.
+    hw : numpy.ndarray
+        Machine vector.
+    mb, split, totals : tuple of float
+        :func:`micro_batch_costs`, :func:`split_costs` and :func:`model_totals` of this
+        configuration.
+    out : numpy.ndarray
+        ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`OUTPUT_NAMES`).
+    i : int
+        Column to write.
+    """
+    status = OK
+    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
+    m = B / (d * b)
+    Lp = L / p
+    vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
+    rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
+    sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
+    core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
+    num_gpus = float(world_size(lay))
+    fwd = mb[M_FWD]
+    ar_act = mb[M_AR_ACT]
+
+    # ---- per micro-batch compute and TP communication, per stage type
+    body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd + core)
+    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - mb[M_TP_HIDDEN])   # minus what async TP hides
+    emb_compute = mb[M_EMB]
+    emb_tp = ar_act
+    head_compute = mb[M_HEAD]
+    head_tp = ar_act + 3.0 * mb[M_AR_CE]
+    # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter),
+    # spread over the m micro-batches
+    acc = (m - 1.0) / m
+    body_compute += acc * split[S_ACC_BODY]
+    emb_compute += acc * split[S_ACC_EMB]
+    head_compute += acc * split[S_ACC_HEAD]
+
+    # ---- pipeline point-to-point per micro-batch (activation forward, gradient backward);
+    # scatter-gather: each TP rank sends 1/t, then an intra-node all-gather (Megatron-LM).
+    pp_mb = 0.0
+    if p > 1.0:
+        send = mb[M_SEND_INTER] if split[S_CROSSES] != 0.0 else mb[M_SEND_INTRA]
+        pp_mb = 2.0 * vs * (send + mb[M_GATHER])   # each of the vs chunks sends and receives
+
+    # ---- schedule
+    if p == 1.0:
+        c_slow = body_compute + emb_compute + head_compute
+        tp_slow = body_tp + emb_tp + head_tp
+        pp_slow = 0.0
+        bubble = 0.0
+    else:
+        t_first = body_compute + emb_compute + body_tp + emb_tp + pp_mb
+        t_last = body_compute + head_compute + body_tp + head_tp + pp_mb
+        t_mid = body_compute + body_tp + pp_mb
+        total = t_first + t_last + (p - 2.0) * t_mid
+        if t_last >= t_first:
+            c_slow = body_compute + head_compute
+            tp_slow = body_tp + head_tp
+            t_slow = t_last
+        else:
+            c_slow = body_compute + emb_compute
+            tp_slow = body_tp + emb_tp
+            t_slow = t_first
+        pp_slow = pp_mb
+        # interleaving splits each device's work into vs chunks: warm-up and cool-down take
+        # (p - 1) chunk times instead of (p - 1) stage times (Narayanan et al. 2021, Sec. 2.2.2)
+        bubble = (total - t_slow) / vs
+    compute_s = m * c_slow
+    tp_comm_s = m * tp_slow
+    pp_comm_s = m * pp_slow
+    # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
+    # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
+    # recomputation) runs on each stage, so only the part longer than that backward is exposed.
+    window = Lp * (mb[M_BWD] + rc * fwd + core)
+    if hw[H_OPT_SHARD] != 0.0:
+        # distributed optimizer: only the gradient reduce-scatter (half the exchange) can run
+        # under the backward; the parameter all-gather waits for the step and runs after it, or
+        # with --overlap-param-gather (which needs --overlap-grad-reduce) bucket by bucket under
+        # the first forward of the next iteration (Megatron-LM DistributedOptimizer)
+        half = 0.5 * split[S_DP]
+        gather_window = Lp * fwd if hw[H_DP_OVERLAP] != 0.0 else 0.0
+        dp_comm_s = (half - hw[H_DP_OVERLAP] * min(half, window)
+                     + half - hw[H_PARAM_GATHER] * min(half, gather_window))
+    else:
+        dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
+    optimizer_time_s = split[S_OPT]
+    overhead_s = hw[H_ITER_OVERHEAD_S]
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
+
+    # ---- memory per GPU (the fuller of first and last stage)
+    full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
+    rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
+    hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
+    if p == 1.0:
+        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
+                     + s * b * hs * 3.0 + mb[M_LOGITS] + rebuilt)
+        act_last = act_first
+    elif vs <= 1.0:
+        in_flight = min(p, m)
+        act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, hs, full, rc)
+                     + in_flight * s * b * hs + rebuilt)
+        act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, hs, full, rc)
+                    + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
+    else:
+        # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
+        # backward, the last device (vs-1)p (Megatron-LM's interleaved schedule); each chunk
+        # holds Lp / vs layers of one micro-batch
+        chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
+        chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
+        act_first = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_first, b, s, hs, full, rc)
+                     + chunks_first / vs * s * b * hs + rebuilt)
+        act_last = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_last, b, s, hs, full, rc)
+                    + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
+    p_first = split[S_P_FIRST]
+    p_last = split[S_P_LAST]
+    state_first = memory.model_state_bytes(p_first, d, hw[H_OPT_SHARD])
+    state_last = memory.model_state_bytes(p_last, d, hw[H_OPT_SHARD])
+    mem_first = state_first + act_first
+    mem_last = state_last + act_last
+    if mem_first >= mem_last:
+        states, act = state_first, act_first
+    else:
+        states, act = state_last, act_last
+    mem_total = states + act + hw[H_RESERVED_BYTES]
+    if mem_total > hw[H_HBM_BYTES]:
+        status = OUT_OF_MEMORY
+
+    # ---- throughput, utilisation, totals
+    tokens_iter = B * s
+    fwd_flops = totals[T_FWD_FLOPS]
+    model_flops = 3.0 * tokens_iter * fwd_flops
+    hw_flops = (model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
+                + sel * tokens_iter * L * ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
+    steps = math.ceil(num_tokens / tokens_iter)
+    train_s = steps * iteration
+    gpu_hours = num_gpus * train_s * (1.0 / 3600.0)
+    # rates multiply by reciprocals instead of dividing (a few ulp from tests/reference.py)
+    per_iteration = 1.0 / iteration
+    per_peak = 1.0 / (num_gpus * hw[H_PEAK_FLOPS])
+
+    out[O_ITER, i] = iteration
+    out[O_TOKENS_PER_S, i] = tokens_iter * per_iteration
+    out[O_TFLOPS, i] = model_flops * per_iteration * (1.0 / (num_gpus * 1e12))
+    out[O_MFU, i] = model_flops * per_iteration * per_peak
+    out[O_HFU, i] = hw_flops * per_iteration * per_peak
+    out[O_MEM, i] = mem_total / GiB
+    out[O_STATES, i] = states / GiB
+    out[O_ACT, i] = act / GiB
+    out[O_COMPUTE, i] = compute_s
+    out[O_TP, i] = tp_comm_s
+    out[O_PP, i] = pp_comm_s
+    out[O_DP, i] = dp_comm_s
+    out[O_BUBBLE, i] = bubble
+    out[O_OPT, i] = optimizer_time_s
+    out[O_OVERHEAD, i] = overhead_s
+    out[O_PARAMS, i] = totals[T_PARAMS]
+    out[O_MICRO, i] = m
+    out[O_STEPS, i] = steps
+    out[O_DAYS, i] = train_s * (1.0 / SECONDS_PER_DAY)
+    out[O_GPU_HOURS, i] = gpu_hours
+    out[O_COST, i] = gpu_hours * hw[H_USD_PER_GPU_HOUR]
+    out[O_ENERGY, i] = gpu_hours * hw[H_TDP_W] * 1e-3 * hw[H_PUE]
+    out[O_LOSS, i] = totals[T_LOSS]
+    return status
+
+
+@jit
+def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i):
+    """Evaluate one configuration and write its outputs into column ``i`` of ``out``.
+
+    Composition: :func:`validate_shape`, then :func:`micro_batch_costs`, :func:`split_costs`
+    and :func:`model_totals`, then :func:`schedule`. The sweep drivers call the same parts but
+    reuse the first three across the points that share them.
+
+    Parameters
+    ----------
+    L, h, a, g, f, v, s : int
+        num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
+        vocab_size, seq_length.
+    B, b : int
+        global_batch_size, micro_batch_size (sequences).
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.model.layout`); ``num_gpus`` is its world size.
+    recompute : int
+        ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1) or ``RECOMPUTE_SELECTIVE`` (2); see
+        :func:`schedule`.
+    num_tokens : float
+        Tokens to train on.
+    hw : numpy.ndarray
+        Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
+    out : numpy.ndarray
+        ``float64``, shape ``(NUM_OUTPUTS, n)``; column ``i`` is written, laid out as
+        :data:`OUTPUT_NAMES`.
+    i : int
+        Column to write.
+
+    Returns
+    -------
+    int
+        Status code (``OK``, ``OUT_OF_MEMORY`` or a shape error). Never raises; rows with a
+        shape error are NaN.
+    """
+    status = validate_shape(L, h, a, g, f, v, s, B, b, lay)
+    if status == OK:
+        status = validate_interleaving(L, B, b, lay.pp, lay.dp, hw)
+    if status != OK:
+        fill_nan(out, i)
+        return status
+    L = float(L); h = float(h); a = float(a); g = float(g); f = float(f); v = float(v)
+    s = float(s); B = float(B); b = float(b)
+    return schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw,
+                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw),
+                    split_costs(L, h, a, g, f, v, s, lay, hw),
+                    model_totals(L, h, a, g, f, v, s, num_tokens), out, i)

@@ -1,0 +1,662 @@
+"""Parallel drivers: one ``prange`` loop over many configurations.
+
+:func:`sweep_chunk` decodes flat indices ``start .. start+n-1`` into axis values (mixed radix,
+last axis fastest; no Cartesian product is ever built) and writes one full row per point;
+:func:`sweep_points` does the same for an explicit list of flat indices; :func:`scan_chunk`
+evaluates a range but keeps only the indices (and objective values) of feasible points that may
+survive a reduction (all feasible points, a Pareto frontier, or a top-K); :func:`evaluate_rows`
+walks explicit configurations with :func:`vtrain_fast.model.step.step`. Every thread writes
+only its own columns.
+
+The range drivers split their range into blocks of ``BLOCK`` consecutive points (one ``prange``
+iteration each). A block decodes its first index once and then steps an odometer over the axis
+digits. The grid drivers evaluate the same parts as ``step`` (``micro_batch_costs``,
+``split_costs``, ``model_totals``, ``schedule``) but keep the first three in block caches
+(:func:`refresh_prefix`, :func:`grid_point`): consecutive points differ mostly in the batch axes
+and recompute, which only the schedule reads, so a point costs the schedule plus a handful of
+loads, and its outputs are bit-for-bit those of ``step``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ._jit import jit, pjit
+from .layout import Layout, split_world
+from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
+                     NUM_MODEL_FIELDS, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
+                     R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
+from .step import (REPEAT, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
+                   micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
+                   validate_interleaving, validate_split, virtual_stages)
+
+# Axis order of a sweep (first = slowest varying, last = fastest).
+AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
+        "global_batch_size", "recompute")
+NUM_AXES = len(AXES)
+(A_MODEL, A_TOKENS, A_GPU, A_SIZE, A_TP, A_PP, A_MBS, A_GBS, A_RECOMPUTE) = range(NUM_AXES)
+# Axes of the pruning table (everything the num_gpus, heads and layers rules depend on); the
+# axes after A_PP only enter the batch rule, so an infeasible prefix rules out a whole
+# contiguous run of ``radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]`` points.
+PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_PP)
+
+# Integer input columns written by the sweep kernel: rows of the int64 input matrix.
+INPUT_NAMES = (
+    "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
+    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "num_gpus", "num_nodes",
+    "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
+)
+NUM_INPUTS = len(INPUT_NAMES)
+(I_MODEL, I_GPU, I_LAYERS, I_HIDDEN, I_HEADS, I_GROUPS, I_FFN, I_VOCAB, I_SEQ, I_NUM_GPUS,
+ I_NUM_NODES, I_TP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(NUM_INPUTS)
+
+# Points per prange iteration of the range drivers (one decode of the flat index each).
+BLOCK = 1024
+# The row driver evaluates SCRATCH points at a time into thread-local columns that stay in L1
+# (64 x (17 + 1 + NUM_OUTPUTS) x 8 B ~ 21 KB) and then copies them out, 64 contiguous values
+# per column: writing each point straight into ~40 output columns costs more than the model.
+SCRATCH = 64
+
+# Where a reduction objective comes from (scan_chunk's ``obj_src``).
+SRC_OUTPUT, SRC_INPUT, SRC_TOKENS = 0, 1, 2
+# scan_chunk modes.
+KEEP_FEASIBLE, KEEP_FRONTIER, KEEP_TOP = 0, 1, 2
+
+
+@jit
+def decode_index(index, radices, digits):
+    """Decode a flat index into mixed-radix digits (last axis fastest).
+
+    Parameters
+    ----------
+    index : int
+        Flat index in ``[0, prod(radices))``.
+    radices : numpy.ndarray
+        ``int64``, shape ``(NUM_AXES,)``: the length of each axis.
+    digits : numpy.ndarray
+        ``int64``, shape ``(NUM_AXES,)``: output, the index into each axis.
+    """
+    rem = index
+    for k in range(radices.shape[0] - 1, -1, -1):
+        digits[k] = rem % radices[k]
+        rem //= radices[k]
+
+
+@jit
+def advance_digits(digits, radices):
+    """Step mixed-radix ``digits`` to the next flat index in place (odometer, last axis
+    fastest) and return the first (slowest) axis that changed; after the last index the
+    digits wrap to zero and -1 is returned."""
+    k = radices.shape[0] - 1
+    while k >= 0:
+        digits[k] += 1
+        if digits[k] < radices[k]:
+            return k
+        digits[k] = 0
+        k -= 1
+    return -1
+
+
+@jit
+def prefix_index(digits, radices):
+    """Row of the pruning table for ``digits``: mixed radix over :data:`PREFIX_AXES`."""
+    return ((((digits[A_MODEL] * radices[A_GPU] + digits[A_GPU]) * radices[A_SIZE]
+              + digits[A_SIZE]) * radices[A_TP] + digits[A_TP]) * radices[A_PP] + digits[A_PP])
+
+
+@jit
+def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
+    """Quantities fixed by the axes up to ``pp``: ``(gpu_index, num_gpus, num_nodes, layout,
+    ok)``; the layout (:func:`~vtrain_fast.model.layout.split_world`) gives dp the rest, and
+    ``ok`` is False when tp x cp x pp does not divide num_gpus."""
+    gi = gpus[digits[A_GPU]]
+    gpn = int(hw_table[gi, H_GPUS_PER_NODE])
+    size = sizes[digits[A_SIZE]]
+    num_gpus = size * gpn if sizes_in_nodes else size
+    lay, ok = split_world(num_gpus, tps[digits[A_TP]], 1, pps[digits[A_PP]])
+    return gi, num_gpus, (num_gpus + gpn - 1) // gpn, lay, ok
+
+
+# Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
+# budget, :func:`~vtrain_fast.model.step.split_costs` and
+# :func:`~vtrain_fast.model.step.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
+# ``CTX_FILLED``), and for the current (model, gpu, tp) a table of
+# :func:`~vtrain_fast.model.step.micro_batch_costs` over the micro_batch_size axis. Both are
+# filled by the first point that passes the shape rules. The points that share them differ only
+# in the batch axes and recompute, so the full model costs them only the schedule.
+NUM_CTX = NUM_SPLIT + NUM_TOTALS
+CTX_FILLED = NUM_CTX
+if NUM_MICRO != 14 or NUM_SPLIT != 8 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
+    raise ImportError("model.sweep.grid_point is out of date with model.step's tuple layouts")
+
+
+@jit
+def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                   micro_key, micro_ok):
+    """Recompute what a block caches for the prefix of ``digits`` (see ``NUM_CTX``).
+
+    Marks ``ctx`` (``float64``, shape ``(NUM_CTX + 1,)``) empty, and clears ``micro_ok``
+    (``uint8``, one per micro_batch_size value) when (model, gpu, tp) differs from
+    ``micro_key`` (``int64``, shape ``(3,)``, updated). Returns
+    ``(gpu_index, num_gpus, num_nodes, layout, ok, split_status)``, the first five as
+    :func:`prefix_values`; ``split_status`` is
+    :func:`~vtrain_fast.model.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
+    or ``REPEAT`` where it is ``OK`` but the machine repeats an earlier one
+    (:func:`~vtrain_fast.model.step.repeats`).
+    """
+    gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps)
+    mi = digits[A_MODEL]
+    split_status = BAD_NUM_GPUS
+    if ok:
+        split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
+                                      models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
+                                      models[mi, MD_SEQ], lay)
+        if split_status == OK and repeats(lay, hw_table[gi]):
+            split_status = REPEAT       # an earlier machine of the sweep has these rows
+    ctx[CTX_FILLED] = 0.0
+    if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != lay.tp:
+        micro_key[0] = mi
+        micro_key[1] = gi
+        micro_key[2] = lay.tp
+        micro_ok[:] = 0
+    return gi, num_gpus, nodes, lay, ok, split_status
+
+
+@jit
+def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc, tok, models,
+               hw, ctx, micro, micro_ok, inputs, token_col, out, status, j):
+    """Write the inputs of one point into column ``j``, evaluate it and return its status.
+
+    ``ok``/``split_status`` come from :func:`refresh_prefix` for this point's prefix and
+    ``ctx`` is its cache (filled here if empty); ``micro`` (``float64``, shape
+    ``(radices[A_MBS], NUM_MICRO)``) and ``micro_ok`` are the block's micro-batch table, whose
+    row ``db`` (this point's micro_batch_size digit) is filled here if empty. Not ``ok``: ``BAD_NUM_GPUS``; a shape error: NaN outputs; otherwise the same
+    numbers as :func:`~vtrain_fast.model.step.step`.
+    """
+    inputs[I_MODEL, j] = mi
+    inputs[I_GPU, j] = gi
+    for k in range(NUM_MODEL_FIELDS):
+        inputs[I_LAYERS + k, j] = models[mi, k]
+    inputs[I_NUM_GPUS, j] = num_gpus
+    inputs[I_NUM_NODES, j] = num_nodes
+    inputs[I_TP, j] = lay.tp
+    inputs[I_PP, j] = lay.pp
+    inputs[I_DP, j] = lay.dp
+    inputs[I_MBS, j] = b
+    inputs[I_GBS, j] = B
+    inputs[I_RECOMPUTE, j] = rc
+    token_col[j] = tok
+    if not ok:
+        fill_nan(out, j)
+        status[j] = BAD_NUM_GPUS
+        return BAD_NUM_GPUS
+    st = validate_batch(split_status, B, b, lay.dp)
+    if st == OK:
+        st = validate_interleaving(models[mi, MD_LAYERS], B, b, lay.pp, lay.dp, hw)
+    if st != OK:
+        fill_nan(out, j)
+        status[j] = st
+        return st
+    L, h, a = float(models[mi, MD_LAYERS]), float(models[mi, MD_HIDDEN]), float(models[mi, MD_HEADS])
+    g, f = float(models[mi, MD_GROUPS]), float(models[mi, MD_FFN])
+    v, s = float(models[mi, MD_VOCAB]), float(models[mi, MD_SEQ])
+    if ctx[CTX_FILLED] == 0.0:
+        sc = split_costs(L, h, a, g, f, v, s, lay, hw)
+        for k in range(NUM_SPLIT):
+            ctx[k] = sc[k]
+        mt = model_totals(L, h, a, g, f, v, s, tok)
+        for k in range(NUM_TOTALS):
+            ctx[NUM_SPLIT + k] = mt[k]
+        ctx[CTX_FILLED] = 1.0
+    if micro_ok[db] == 0:
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw)
+        for k in range(NUM_MICRO):
+            micro[db, k] = mc[k]
+        micro_ok[db] = 1
+    mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
+          micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
+          micro[db, 12], micro[db, 13])
+    st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
+                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7]), (ctx[8], ctx[9], ctx[10]),
+                  out, j)
+    status[j] = st
+    return st
+
+
+@pjit
+def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
+                tps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
+    """Evaluate the ``n`` grid points ``start .. start+n-1``.
+
+    Parameters
+    ----------
+    start, n : int
+        First flat index and number of points.
+    radices : numpy.ndarray
+        ``int64``, shape ``(NUM_AXES,)``, lengths of the axes in :data:`AXES` order.
+    models : numpy.ndarray
+        ``int64``, shape ``(n_models, 7)``: num_layers, hidden_size, num_attention_heads,
+        num_query_groups, ffn_hidden_size, vocab_size, seq_length.
+    tokens : numpy.ndarray
+        ``float64``, tokens to train on.
+    gpus : numpy.ndarray
+        ``int64``, row of ``hw_table`` for each value of the gpu axis.
+    hw_table : numpy.ndarray
+        ``float64``, shape ``(n_gpu_types, NUM_HW_FIELDS)``, machine vectors.
+    sizes : numpy.ndarray
+        ``int64``, cluster sizes, in GPUs or (when ``sizes_in_nodes``) in nodes.
+    tps, pps, mbss, gbss, recomputes : numpy.ndarray
+        ``int64`` axis values.
+    inputs : numpy.ndarray
+        ``int64``, shape ``(NUM_INPUTS, >= n)``, output: decoded inputs (:data:`INPUT_NAMES`).
+    token_col : numpy.ndarray
+        ``float64``, shape ``(>= n,)``, output: tokens to train on.
+    out : numpy.ndarray
+        ``float64``, shape ``(NUM_OUTPUTS, >= n)``, output: see ``step.OUTPUT_NAMES``.
+    status : numpy.ndarray
+        ``int8``, shape ``(>= n,)``, output: status codes.
+    """
+    nblocks = (n + BLOCK - 1) // BLOCK
+    for bi in prange(nblocks):
+        lo = bi * BLOCK
+        hi = min(n, lo + BLOCK)
+        digits = np.empty(NUM_AXES, dtype=np.int64)
+        ins = np.empty((NUM_INPUTS, SCRATCH), dtype=np.int64)
+        tk = np.empty(SCRATCH, dtype=np.float64)
+        res = np.empty((NUM_OUTPUTS, SCRATCH), dtype=np.float64)
+        st = np.empty(SCRATCH, dtype=np.int8)
+        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
+        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
+        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        micro_key = np.full(3, -1, dtype=np.int64)
+        decode_index(start + lo, radices, digits)
+        gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+            micro_key, micro_ok)
+        mi = digits[A_MODEL]
+        tok = tokens[digits[A_TOKENS]]
+        hw = hw_table[gi]
+        for s0 in range(lo, hi, SCRATCH):
+            m = min(SCRATCH, hi - s0)
+            for j in range(m):
+                db = digits[A_MBS]
+                grid_point(mi, gi, num_gpus, nodes, lay, ok, split_status, db, mbss[db],
+                           gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]], tok, models,
+                           hw, ctx, micro, micro_ok, ins, tk, res, st, j)
+                if advance_digits(digits, radices) <= A_PP:
+                    gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
+                        digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps,
+                        ctx, micro_key, micro_ok)
+                    mi = digits[A_MODEL]
+                    tok = tokens[digits[A_TOKENS]]
+                    hw = hw_table[gi]
+            for k in range(NUM_INPUTS):
+                inputs[k, s0:s0 + m] = ins[k, :m]
+            for k in range(NUM_OUTPUTS):
+                out[k, s0:s0 + m] = res[k, :m]
+            token_col[s0:s0 + m] = tk[:m]
+            status[s0:s0 + m] = st[:m]
+
+
+@pjit
+def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
+                 tps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
+    """Evaluate the grid points at the flat ``indices`` (``int64``, shape ``(n,)``) into
+    columns ``0 .. n-1`` of the output arrays; arguments as :func:`sweep_chunk`. Any order
+    works; ascending indices are fastest (a step of up to 8 advances the odometer instead of
+    decoding the index again)."""
+    n = indices.shape[0]
+    nblocks = (n + SCRATCH - 1) // SCRATCH
+    for bi in prange(nblocks):
+        digits = np.empty(NUM_AXES, dtype=np.int64)
+        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
+        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
+        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        micro_key = np.full(3, -1, dtype=np.int64)
+        prev = -1
+        prev_prefix = -1
+        prev_tok = -1
+        gi, num_gpus, nodes, lay, ok, split_status = 0, 0, 0, split_world(0, 1, 1, 1)[0], False, BAD_NUM_GPUS
+        for j in range(bi * SCRATCH, min(n, bi * SCRATCH + SCRATCH)):
+            gap = indices[j] - prev
+            if prev >= 0 and 0 <= gap <= 8:
+                for _ in range(gap):
+                    advance_digits(digits, radices)
+            else:
+                decode_index(indices[j], radices, digits)
+            prev = indices[j]
+            pre = prefix_index(digits, radices)
+            if pre != prev_prefix or digits[A_TOKENS] != prev_tok:
+                gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                    micro_key, micro_ok)
+                prev_prefix = pre
+                prev_tok = digits[A_TOKENS]
+            db = digits[A_MBS]
+            grid_point(digits[A_MODEL], gi, num_gpus, nodes, lay, ok, split_status, db,
+                       mbss[db], gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]],
+                       tokens[digits[A_TOKENS]], models, hw_table[gi], ctx, micro, micro_ok,
+                       inputs, token_col, out, status, j)
+
+
+@jit
+def objective_value(src, col, inputs, token_col, out, j):
+    """Value of one reduction objective for column ``j`` (see ``SRC_*``)."""
+    if src == SRC_OUTPUT:
+        return out[col, j]
+    if src == SRC_INPUT:
+        return float(inputs[col, j])
+    return token_col[j]
+
+
+@jit
+def _dominated(vals, idx, front_vals, front_idx):
+    """True if a row of ``front_vals`` (``(F, k)``) dominates point ``vals`` with flat index
+    ``idx``: ``f <= vals`` everywhere and ``f != vals`` or ``f`` has the lower index.
+    For ``k = 2`` the front must be sorted by the first objective (then its second objective
+    strictly decreases) and one binary search decides; otherwise every row is checked."""
+    nf = front_vals.shape[0]
+    k = vals.shape[0]
+    if nf == 0:
+        return False
+    if k == 2:
+        lo, hi = 0, nf            # last row with f0 <= vals[0]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if front_vals[mid, 0] <= vals[0]:
+                lo = mid + 1
+            else:
+                hi = mid
+        r = lo - 1
+        if r < 0 or front_vals[r, 1] > vals[1]:
+            return False
+        return not (front_vals[r, 0] == vals[0] and front_vals[r, 1] == vals[1]
+                    and front_idx[r] > idx)
+    for r in range(nf):
+        le, eq = True, True
+        for q in range(k):
+            if front_vals[r, q] > vals[q]:
+                le = False
+                break
+            if front_vals[r, q] != vals[q]:
+                eq = False
+        if le and (not eq or front_idx[r] < idx):
+            return True
+    return False
+
+
+@pjit
+def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
+               tps, pps, mbss, gbss, recomputes, prefix_ok, mode, obj_src, obj_col, obj_sign,
+               front_vals, front_idx, cand_idx, cand_vals, block_fill, block_status,
+               block_pruned):
+    """Evaluate grid points ``start .. start+n-1`` and keep only candidates of a reduction.
+
+    A point is a candidate when its status is ``OK``, its objectives are not NaN and
+    (``mode``) ``KEEP_FEASIBLE``: always; ``KEEP_FRONTIER``: no row of ``front_vals``
+    dominates it; ``KEEP_TOP``: ``(value, index)`` is lexicographically at most
+    ``(front_vals[0, 0], front_idx[0])`` (no threshold when ``front_vals`` is empty).
+    Prefixes (:data:`PREFIX_AXES`) with ``prefix_ok == 0`` are skipped without evaluation.
+
+    Parameters
+    ----------
+    start, n, radices ... recomputes
+        As :func:`sweep_chunk`.
+    prefix_ok : numpy.ndarray
+        ``uint8``, shape ``(prod(radices[PREFIX_AXES]),)`` or ``(0,)`` (no pruning): 0 where
+        every point of that prefix is infeasible whatever the batch axes.
+    mode : int
+        ``KEEP_FEASIBLE``, ``KEEP_FRONTIER`` or ``KEEP_TOP``.
+    obj_src, obj_col : numpy.ndarray
+        ``int64``, shape ``(k,)``: objective sources (``SRC_*``) and rows.
+    obj_sign : numpy.ndarray
+        ``float64``, shape ``(k,)``: +1 minimise, -1 maximise (values are stored times sign).
+    front_vals, front_idx : numpy.ndarray
+        ``float64 (F, k)`` / ``int64 (F,)``: the frontier (or top-K threshold) found so far,
+        signed; used only to discard points early.
+    cand_idx : numpy.ndarray
+        ``int64``, shape ``(>= n,)``, output: candidate flat indices, block ``b`` filling
+        ``b*BLOCK .. b*BLOCK + block_fill[b] - 1``.
+    cand_vals : numpy.ndarray
+        ``float64``, shape ``(k, >= n)``, output: signed objective values, same layout.
+    block_fill : numpy.ndarray
+        ``int64``, shape ``(ceil(n / BLOCK),)``, output: candidates per block.
+    block_status : numpy.ndarray
+        ``int64``, shape ``(ceil(n / BLOCK), NUM_STATUS)``, output: evaluated points per
+        status code.
+    block_pruned : numpy.ndarray
+        ``int64``, shape ``(ceil(n / BLOCK),)``, output: points skipped by ``prefix_ok``.
+    """
+    k = obj_src.shape[0]
+    nblocks = (n + BLOCK - 1) // BLOCK
+    inner = radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]
+    use_prefix = prefix_ok.shape[0] > 0
+    for bi in prange(nblocks):
+        lo = bi * BLOCK
+        hi = min(n, lo + BLOCK)
+        digits = np.empty(NUM_AXES, dtype=np.int64)
+        ins = np.empty((NUM_INPUTS, 1), dtype=np.int64)
+        tok = np.empty(1, dtype=np.float64)
+        res = np.empty((NUM_OUTPUTS, 1), dtype=np.float64)
+        st = np.empty(1, dtype=np.int8)
+        vals = np.empty(k, dtype=np.float64)
+        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
+        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
+        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        micro_key = np.full(3, -1, dtype=np.int64)
+        for q in range(NUM_STATUS):
+            block_status[bi, q] = 0
+        fill = 0
+        pruned = 0
+        decode_index(start + lo, radices, digits)
+        gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+            micro_key, micro_ok)
+        live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
+        j = lo
+        while j < hi:
+            if not live:
+                skip = min(inner - (start + j) % inner, hi - j)
+                pruned += skip
+                j += skip
+                if j >= hi:
+                    break
+                decode_index(start + j, radices, digits)
+                changed = 0
+            else:
+                db = digits[A_MBS]
+                # shape errors are only counted here: no candidate, so no row to write
+                if not ok:
+                    s = BAD_NUM_GPUS
+                else:
+                    s = validate_batch(split_status, gbss[digits[A_GBS]], mbss[db], lay.dp)
+                    if s == OK:
+                        s = validate_interleaving(models[digits[A_MODEL], MD_LAYERS], gbss[digits[A_GBS]], mbss[db],
+                                                  lay.pp, lay.dp, hw_table[gi])
+                if s == OK:
+                    s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, lay, ok, split_status,
+                                   db, mbss[db], gbss[digits[A_GBS]],
+                                   recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
+                                   models, hw_table[gi], ctx, micro, micro_ok, ins, tok, res, st, 0)
+                block_status[bi, s] += 1
+                if s == OK:
+                    keep = True
+                    for q in range(k):
+                        v = objective_value(obj_src[q], obj_col[q], ins, tok, res, 0) * obj_sign[q]
+                        if math.isnan(v):
+                            keep = False
+                        vals[q] = v
+                    index = start + j
+                    if keep and mode == KEEP_FRONTIER:
+                        keep = not _dominated(vals, index, front_vals, front_idx)
+                    elif keep and mode == KEEP_TOP and front_vals.shape[0] > 0:
+                        keep = (vals[0] < front_vals[0, 0]
+                                or (vals[0] == front_vals[0, 0] and index < front_idx[0]))
+                    if keep:
+                        cand_idx[lo + fill] = index
+                        for q in range(k):
+                            cand_vals[q, lo + fill] = vals[q]
+                        fill += 1
+                j += 1
+                changed = advance_digits(digits, radices)
+            if changed <= A_PP:
+                gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                    micro_key, micro_ok)
+                live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
+        block_fill[bi] = fill
+        block_pruned[bi] = pruned
+
+
+@jit
+def compact_candidates(cand_idx, cand_vals, block_fill, out_idx, out_vals, offset):
+    """Append the per-block candidates of :func:`scan_chunk` to ``out_idx[offset:]`` /
+    ``out_vals[offset:, :]`` (``(m, k)``) and return the new fill level."""
+    m = offset
+    for bi in range(block_fill.shape[0]):
+        base = bi * BLOCK
+        for r in range(block_fill[bi]):
+            out_idx[m] = cand_idx[base + r]
+            for q in range(cand_vals.shape[0]):
+                out_vals[m, q] = cand_vals[q, base + r]
+            m += 1
+    return m
+
+
+@jit
+def pareto_sorted(vals, idx, order):
+    """Frontier of rows ``order`` of ``vals`` (``(m, k)``, all objectives minimised), given
+    that ``order`` sorts the rows lexicographically by objectives, then by ``idx``.
+
+    Returns the positions (into ``vals``) of the frontier rows, in ``order`` order. A row is
+    dropped if an earlier row in ``order`` is ``<=`` it in every objective (this includes exact
+    duplicates, of which the lowest ``idx`` survives). For ``k = 2`` the check is against the
+    running minimum of the second objective (Kung, Luccio, Preparata 1975); otherwise against
+    the frontier so far.
+    """
+    m, k = vals.shape
+    keep = np.empty(m, dtype=np.int64)
+    nk = 0
+    if m == 0:
+        return keep[:0]
+    if k == 1:
+        keep[0] = order[0]
+        return keep[:1]
+    if k == 2:
+        best = math.inf
+        for r in range(m):
+            i = order[r]
+            if r == 0 or vals[i, 1] < best:     # the first row is never dominated (even at inf)
+                best = vals[i, 1]
+                keep[nk] = i
+                nk += 1
+        return keep[:nk]
+    for r in range(m):
+        i = order[r]
+        dominated = False
+        for fr in range(nk):
+            f = keep[fr]
+            le = True
+            for q in range(k):
+                if vals[f, q] > vals[i, q]:
+                    le = False
+                    break
+            if le:
+                dominated = True
+                break
+        if not dominated:
+            keep[nk] = i
+            nk += 1
+    return keep[:nk]
+
+
+@jit
+def integer_column(col, values, valid):
+    """``float64`` column -> ``int64`` ``values`` and ``uint8`` ``valid`` (0 where NaN)."""
+    for j in range(col.shape[0]):
+        x = col[j]
+        if math.isnan(x):
+            values[j] = 0
+            valid[j] = 0
+        else:
+            values[j] = np.int64(x)
+            valid[j] = 1
+
+
+@jit
+def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, table):
+    """Fill the pruning table of :func:`scan_chunk` (``uint8``, shape
+    ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
+    a layout (:func:`~vtrain_fast.model.layout.split_world`) and the model passes
+    :func:`~vtrain_fast.model.step.validate_split` with that split (the shape rules that do
+    not involve the batch sizes, so some batch is valid) and, with an interleaved schedule,
+    splits its layers into ``pp * vpp`` chunks, else 0."""
+    r = 0
+    for mi in range(radices[A_MODEL]):
+        L, h, a, g = models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS], models[mi, MD_GROUPS]
+        f, v, s = models[mi, MD_FFN], models[mi, MD_VOCAB], models[mi, MD_SEQ]
+        for gd in range(radices[A_GPU]):
+            gpn = int(hw_table[gpus[gd], H_GPUS_PER_NODE])
+            for sd in range(radices[A_SIZE]):
+                num_gpus = sizes[sd] * gpn if sizes_in_nodes else sizes[sd]
+                for td in range(radices[A_TP]):
+                    for pd in range(radices[A_PP]):
+                        lay, ok = split_world(num_gpus, tps[td], 1, pps[pd])
+                        if ok:
+                            ok = validate_split(L, h, a, g, f, v, s, lay) == OK
+                        if ok:
+                            vs = virtual_stages(float(lay.pp), hw_table[gpus[gd]])
+                            ok = vs <= 1.0 or L % (lay.pp * vs) == 0
+                        table[r] = 1 if ok else 0
+                        r += 1
+
+
+@pjit
+def evaluate_rows(cols, tokens, hw_rows, out, status):
+    """Evaluate explicit configurations, one per column of ``cols``.
+
+    Parameters
+    ----------
+    cols : numpy.ndarray
+        ``int64``, shape ``(len(ROW_FIELDS), n)``, rows laid out as
+        :data:`~vtrain_fast.model.params.ROW_FIELDS`: the model, global_batch_size,
+        micro_batch_size, tp, cp, pp, dp, recompute (0/1/2: none/full/selective).
+    tokens : numpy.ndarray
+        ``float64``, shape ``(n,)``, tokens to train on.
+    hw_rows : numpy.ndarray
+        ``float64``, shape ``(n, NUM_HW_FIELDS)``, the machine vector of each row.
+    out : numpy.ndarray
+        ``float64``, shape ``(NUM_OUTPUTS, n)``, output.
+    status : numpy.ndarray
+        ``int8``, shape ``(n,)``, output.
+    """
+    for j in prange(cols.shape[1]):
+        lay = Layout(cols[R_TP, j], cols[R_CP, j], cols[R_DP, j], cols[R_PP, j])
+        status[j] = step(cols[R_LAYERS, j], cols[R_HIDDEN, j], cols[R_HEADS, j], cols[R_GROUPS, j], cols[R_FFN, j],
+                         cols[R_VOCAB, j], cols[R_SEQ, j], cols[R_GBS, j], cols[R_MBS, j], lay,
+                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j)
+
+
+def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:
+    """The configurations of sweep rows (``inputs``: ``int64``, shape ``(NUM_INPUTS, n)``, laid
+    out as :data:`INPUT_NAMES`) as :func:`evaluate_rows` takes them: ``int64``, shape
+    ``(len(ROW_FIELDS), n)``, C-contiguous (``cp`` = 1: a sweep has no context parallelism yet)."""
+    from .params import ROW_FIELDS
+    rows = np.ones((len(ROW_FIELDS), inputs.shape[1]), dtype=np.int64)
+    for k, name in enumerate(ROW_FIELDS):
+        if name in INPUT_NAMES:
+            rows[k] = inputs[INPUT_NAMES.index(name)]
+    return rows
+
+
+def pareto_positions(vals: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Positions of the Pareto frontier of ``vals`` (``float64 (m, k)``, minimised, no NaN), ties
+    broken by the lower ``idx`` (``int64 (m,)``), in lexicographic order of (objectives, idx):
+    the one wrapper of :func:`pareto_sorted` that the sweep's reductions and the queries share."""
+    if vals.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = [idx] + [vals[:, q] for q in range(vals.shape[1] - 1, -1, -1)]
+    order = np.lexsort(keys).astype(np.int64)
+    return pareto_sorted(np.ascontiguousarray(vals), idx, order)

@@ -1,0 +1,728 @@
+"""Sweep specifications: TOML (``tomllib``) in, a validated, frozen :class:`SweepSpec` out.
+
+Unknown keys, wrong types and out-of-range values raise :class:`~vtrain_fast.io.errors.InputError`
+naming the file, the key, the value and what is allowed. Every axis accepts a value or a list.
+
+Example (``sweeps/gpt3-175b-a100.toml``)::
+
+    name = "gpt3-175b-a100"
+    [model]
+    presets = ["gpt3-175b"]
+    [training]
+    num_tokens = [300e9]
+    global_batch_size = [1536]
+    micro_batch_size = [1, 2, 4]
+    recompute = ["none", "full"]
+    overlap_grad_reduce = false     # true: DP all-reduce hidden behind the last backward
+    distributed_optimizer = false   # true: Adam states sharded over data-parallel ranks (ZeRO-1)
+    use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
+    sequence_parallel = false       # true: layer norms, dropouts split over tp (Megatron --sequence-parallel)
+    async_tensor_model_parallel_allreduce = false  # true: backward TP exchange behind weight-gradient GEMMs
+    [cluster]
+    gpu = ["a100-sxm4-80gb"]
+    num_gpus = [1024, 1536]
+    [parallel]
+    tp = [1, 2, 4, 8]
+    pp = [1, 2, 4, 8, 16]
+    vpp = 1                         # model chunks per device, interleaved 1F1B when > 1
+
+A ``[gpus.<name>]`` table defines a GPU the spec can name in ``cluster.gpu`` (``base = "<preset>"``
+and the fields that differ, or every field of ``hardware.GPU_FIELD_RANGES``), or changes the
+fields of a preset of that name (:func:`spec_gpus`)::
+
+    [gpus.h100-nvl-94gb]
+    base = "h100-sxm-80gb"
+    peak_bf16_tflops = 835.0
+    hbm_GiB = 87.5
+    hbm_GBps = 3900.0
+    calibration = { gemm_efficiency = 0.78 }
+
+A ``[models.<name>]`` table defines a model shape that ``model.presets`` can name (Megatron-LM's
+argument names; quote a name with a dot: ``[models."my-1.5b"]``)::
+
+    [models.my-7b]
+    num_layers = 32
+    hidden_size = 4096
+    num_attention_heads = 32
+    seq_length = 4096
+
+The training settings (``vpp`` and the switches of :data:`TRAINING_FLAGS`) ride on the GPU axis:
+a list of values makes a setting an axis, and each GPU preset becomes one machine per combination
+of their values (:func:`machine_variants`).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from ..io.errors import InputError, check_plain_name, did_you_mean
+from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
+from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
+                       with_overrides)
+from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
+from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES
+
+RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
+VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
+# Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
+# The training switches a spec takes under [training] (key -> what true does): the registry's
+# bool settings (vtrain_fast.model.settings), in the order of the machine axis.
+TRAINING_FLAGS = {s.name: s.doc for s in SWITCHES}
+# Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
+# evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
+RECOMPUTE_DEFAULT = "none"
+MAX_INT = 2 ** 31 - 1
+
+# key -> (low, high) for integer axes
+INT_RANGES = {
+    **MODEL_INT_RANGES, "global_batch_size": (1, 100_000_000),
+    "micro_batch_size": (1, 1_000_000), "num_gpus": (1, 100_000_000),
+    "num_nodes": (1, 10_000_000), "tp": (1, 1_000_000), "pp": (1, 1_000_000),
+}
+_TABLES = {
+    "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+              "ffn_hidden_size", "seq_length", "vocab_size"},
+    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", *TRAINING_FLAGS},
+    "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
+    "parallel": {"tp", "pp", "vpp"},
+    "output": {"chunk_size"},
+}
+_TOP = {"name", "description", "gpus", "models", *_TABLES}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep: every axis as a tuple of values (SI units).
+
+    Attributes
+    ----------
+    name : str
+        Sweep name (results go to ``results/<name>/`` by default).
+    models : tuple of ModelShape
+    num_tokens : tuple of float
+    gpus : tuple of GPUPreset
+        One per GPU name and combination of training settings (:func:`machine_variants`), with
+        cluster overrides and calibration applied: the values of the sweep's gpu axis.
+    cluster_sizes : tuple of int
+        GPUs per job, or nodes per job when ``sizes_in_nodes``.
+    sizes_in_nodes : bool
+    tp, pp, micro_batch_size, global_batch_size : tuple of int
+    recompute : tuple of str
+    chunk_size : int
+        Points per kernel call and Parquet row group.
+    source : str
+        The spec file's text (kept in the manifest).
+    path : str
+    notes : tuple of str
+        Things the sweep skipped, for the user (e.g. FlashAttention on a GPU without it).
+    settings : tuple of (str, tuple)
+        Each training setting (``vpp`` and :data:`TRAINING_FLAGS`) with the values the sweep
+        takes; more than one value makes it an axis (carried by the gpu axis).
+    """
+
+    name: str
+    description: str
+    models: tuple
+    num_tokens: tuple
+    gpus: tuple
+    cluster_sizes: tuple
+    sizes_in_nodes: bool
+    tp: tuple
+    pp: tuple
+    micro_batch_size: tuple
+    global_batch_size: tuple
+    recompute: tuple
+    chunk_size: int
+    source: str
+    path: str
+    notes: tuple = ()
+    settings: tuple = ()
+
+    @property
+    def setting_axes(self) -> tuple:
+        """Names of the training settings (in :attr:`settings` order) that take more than one
+        value among the machines of the gpu axis (after :func:`machine_variants` left some out)."""
+        return varying_settings(self.gpus, [k for k, _ in self.settings])
+
+    @property
+    def num_points(self) -> int:
+        """Points in the grid (the product of the axis lengths), an exact Python int."""
+        return math.prod(len(getattr(self, k)) for k in (
+            "models", "num_tokens", "gpus", "cluster_sizes", "tp", "pp", "micro_batch_size",
+            "global_batch_size", "recompute"))
+
+
+def _as_list(where, key, value, allowed="values"):
+    if isinstance(value, list):
+        if not value:
+            raise InputError(where, key, value, f"a non-empty list of {allowed}", f"give at least one value for {key}")
+        return value
+    return [value]
+
+
+def _ints(where, key, value, table=""):
+    lo, hi = INT_RANGES[key]
+    name = f"{table}.{key}" if table else key
+    out = []
+    for v in _as_list(where, name, value):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(where, name, v, f"integers from {lo} to {hi}",
+                             f"write whole numbers from {lo} to {hi} without quotes or decimals, "
+                             f"e.g. {key} = {lo} or {key} = [{lo}, {min(2 * lo, hi)}]")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _floats(where, key, value, lo, hi):
+    out = []
+    for v in _as_list(where, key, value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi):
+            raise InputError(where, key, v, f"numbers from {lo:g} to {hi:g}",
+                             "write plain numbers without quotes or units, e.g. 1.5e13 for 15T")
+        out.append(float(v))
+    return tuple(dict.fromkeys(out))
+
+
+def _strings(where, key, value, allowed):
+    out = []
+    for v in _as_list(where, key, value):
+        if not isinstance(v, str) or v not in allowed:
+            raise InputError(where, key, v, "one of " + ", ".join(allowed),
+                             did_you_mean(str(v), allowed, "write one of the allowed names in quotes"))
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _overrides(where, table_name, table) -> dict:
+    """Cluster overrides (keys of ``OVERRIDE_RANGES``) given in ``table``, checked and converted."""
+    out = {}
+    for k, (lo, hi) in OVERRIDE_RANGES.items():
+        if k in table:
+            v = table[k]
+            if k == "gpus_per_node":
+                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                    raise InputError(where, f"{table_name}.{k}", v, f"one integer from {lo} to {hi}")
+                out[k] = v
+            else:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                    raise InputError(where, f"{table_name}.{k}", v, f"one number from {lo:g} to {hi:g}")
+                out[k] = float(v)
+    return out
+
+
+def _flags(where, key, value, meaning):
+    """A training switch: ``true``, ``false`` or a list of them (then an axis)."""
+    out = []
+    for v in _as_list(where, f"training.{key}", value, "true / false"):
+        if not isinstance(v, bool):
+            raise InputError(where, f"training.{key}", v, f"true or false, or a list of them ({meaning})",
+                             f"write {key} = true, {key} = false or {key} = [false, true], without quotes")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def _vpps(where, value):
+    """``parallel.vpp``: model chunks per device, one integer or a list (then an axis)."""
+    lo, hi = VPP_RANGE
+    out = []
+    for v in _as_list(where, "parallel.vpp", value, f"integers from {lo} to {hi}"):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(where, "parallel.vpp", v, f"integers from {lo} to {hi}",
+                             "model chunks per device of Megatron's interleaved 1F1B schedule "
+                             "(--num-layers-per-virtual-pipeline-stage = num_layers / (pp * vpp)); "
+                             "1 = not interleaved; e.g. vpp = 2 or vpp = [1, 2, 4]")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str,
+                     per_gpu: dict | None = None, known: dict | None = None):
+    """The gpu axis of a sweep: one preset per GPU name and combination of training settings.
+
+    Parameters
+    ----------
+    names : sequence of str
+        GPU preset names, in spec order (outermost).
+    settings : dict
+        Setting name (``vpp`` or a key of :data:`TRAINING_FLAGS`) -> tuple of its values; their
+        product, in this order with the last setting fastest, follows each name.
+    overrides : dict
+        Cluster overrides for every preset (``OVERRIDE_RANGES`` keys).
+    calibration : dict
+        GPU name -> :class:`~vtrain_fast.hardware.gpus.Calibration` from a calibration file.
+    where : str
+        File name for errors.
+    per_gpu : dict, optional
+        GPU name -> overrides for that GPU (``[cluster.<name>]``), used instead of ``overrides``.
+    known : dict, optional
+        GPU name -> :class:`~vtrain_fast.hardware.gpus.GPUPreset`: the presets and the spec's own
+        ``[gpus.<name>]`` (default: the presets).
+
+    Returns
+    -------
+    tuple
+        ``(presets, notes)``: the presets (``GPUPreset``, a tuple) and what was skipped (a
+        tuple of str): with ``use_flash_attn = [false, true]``, the ``true`` machines of a GPU
+        without FlashAttention kernels are left out, and machines that price every plan like an
+        earlier one (:func:`repeat_cases` 255, e.g. the asynchronous TP all-reduce with sequence
+        parallelism), each named in a note.
+
+    Raises
+    ------
+    InputError
+        ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
+        (:func:`check_flash_attention`).
+    """
+    presets, skipped = [], []
+    for name in names:
+        for combo in itertools.product(*settings.values()):
+            g = with_overrides((known or PRESETS)[name], calibration.get(name), **(per_gpu or {}).get(name, overrides),
+                               **dict(zip(settings, combo)))
+            if g.use_flash_attn and False in settings["use_flash_attn"] and not has_flash_attention(g):
+                if name not in skipped:
+                    skipped.append(name)
+                continue
+            check_flash_attention(g, where, "training.use_flash_attn")
+            presets.append(g)
+    notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
+                  "true machines are left out" for name in skipped)
+    # a machine whose settings change no plan beyond an earlier machine's (e.g. the asynchronous
+    # TP all-reduce with sequence parallelism, which always overlaps) would only repeat its rows
+    masks = repeat_cases(presets)
+    repeated = [g for g, m in zip(presets, masks) if m == 255]
+    if repeated:
+        axes = varying_settings(presets, settings)
+        notes += (f"{len(repeated)} setting combination(s) left out because they price every plan like an "
+                  "earlier one (settings without effect there, see README): "
+                  + "; ".join(variant_label(g, axes) for g in repeated[:4]) + ("; ..." if len(repeated) > 4 else ""),)
+    return tuple(g for g, m in zip(presets, masks) if m != 255), notes
+
+
+def check_requirements(path, settings: dict) -> None:
+    """Refuse a sweep whose setting values (name -> tuple of values) ask only for combinations
+    Megatron-LM refuses: a setting switched on in every value whose requirement
+    (:attr:`~vtrain_fast.model.settings.Setting.requires`) no value of the needed setting meets. (With
+    a choice, :func:`machine_variants` leaves the impossible machines out.)
+
+    Raises
+    ------
+    InputError
+        Naming the setting, what it needs and how to fix the spec.
+    """
+    for st in SETTINGS:
+        if st.default in settings[st.name]:
+            continue
+        for other, value in st.requires:
+            if value not in settings[other]:
+                where = "parallel" if other == "vpp" else "training"
+                raise InputError(path, f"training.{st.name}", _toml_value(settings[st.name]),
+                                 f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
+                                 f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
+                                 f"set [{where}] {other} = {_toml_value((value,))} or drop {st.name}")
+
+
+def _toml_value(values: tuple) -> str:
+    """``values`` (one or a list) as TOML writes them."""
+    text = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
+
+
+def effective_settings(preset, tp_is_1: bool, pp_is_1: bool, dp_is_1: bool):
+    """``preset`` with each training setting that has no effect on plans of this kind (its
+    registry rule, :meth:`~vtrain_fast.model.settings.Setting.has_no_effect`, on the settings as they
+    act there) set to its default: two presets whose effective settings are equal price every
+    such plan alike."""
+    sizes_are_1 = dict(zip(LAYOUT_SIZES, (tp_is_1, pp_is_1, dp_is_1)))
+    # first what the plan's sizes switch off, then the rules between settings on what is left
+    acting = {st.name: st.default if any(sizes_are_1[k] for k in st.inert_at) else getattr(preset, st.name)
+              for st in SETTINGS}
+    return replace(preset, **{st.name: st.default for st in SETTINGS if st.has_no_effect(sizes_are_1, acting)})
+
+
+def repeat_cases(presets) -> list[int]:
+    """Per machine of a sweep's gpu axis, the bit mask ``model.step.repeats`` reads: bit
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where an earlier machine prices every plan of that
+    kind alike (:func:`effective_settings` equal), so its rows would repeat that machine's.
+
+    Parameters
+    ----------
+    presets : sequence of GPUPreset
+        The gpu axis (``SweepSpec.gpus``).
+
+    Returns
+    -------
+    list of int
+        One mask (0-255) per preset; 0 for the first of each set of equal machines, 255 for a
+        machine that repeats an earlier one everywhere.
+    """
+    masks = [0] * len(presets)
+    for case in range(8):
+        kind = (not case & 1, not case & 2, not case & 4)
+        seen = set()                  # effective presets (frozen, hashable) met so far
+        for i, g in enumerate(presets):
+            mine = effective_settings(g, *kind)
+            if mine in seen:
+                masks[i] |= 1 << case
+            seen.add(mine)
+    return masks
+
+
+def varying_settings(presets, names) -> tuple:
+    """Of the settings ``names`` (in that order), those with more than one value among ``presets``."""
+    return tuple(k for k in names if len({getattr(g, k) for g in presets}) > 1)
+
+
+def variant_label(preset, axes) -> str:
+    """``name`` of a gpu-axis machine, followed by its values of the settings ``axes`` (those
+    that vary in the sweep, :attr:`SweepSpec.setting_axes`), e.g.
+    ``a100-sxm4-80gb sequence_parallel=true vpp=2``."""
+    return " ".join([preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k in axes])
+
+
+def has_flash_attention(preset) -> bool:
+    """Whether ``preset`` has FlashAttention kernels (``flash_attention_efficiency > 0``)."""
+    return preset.calibration.flash_attention_efficiency > 0.0
+
+
+def check_flash_attention(preset, where: str, key: str) -> None:
+    """Refuse ``use_flash_attn`` for a GPU preset without FlashAttention kernels
+    (``flash_attention_efficiency`` 0, e.g. the V100: FlashAttention-2 needs Ampere or newer).
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, ``key``, the GPU and the fix.
+    """
+    if preset.use_flash_attn and not has_flash_attention(preset):
+        raise InputError(where, key, True, f"false for {preset.name}, whose flash_attention_efficiency is 0 "
+                         "(no FlashAttention kernel: FlashAttention-2 needs an Ampere or newer GPU; or a "
+                         "calibration file set it to 0)",
+                         f"drop {preset.name} or set use_flash_attn = false, or give {preset.name} a "
+                         "positive flash_attention_efficiency (a [gpus." + preset.name + "] table: calibration = "
+                         "{ flash_attention_efficiency = 0.5 }, or a calibration file for a preset)")
+
+
+def _check_keys(where, table_name, table, allowed):
+    if not isinstance(table, dict):
+        raise InputError(where, table_name, table, "a TOML table", f"write [{table_name}] as a table")
+    for k in table:
+        if k not in allowed:
+            home = [t for t, keys in _TABLES.items() if k in keys and t != table_name]
+            fix = (f"move it to the [{home[0]}] table" if home
+                   else did_you_mean(k, sorted(allowed), "remove or rename the key"))
+            raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
+                             "keys " + ", ".join(sorted(allowed)), fix)
+
+
+_NAME_PARTS = (("num_layers", "L"), ("hidden_size", "h"), ("num_attention_heads", "a"),
+               ("seq_length", "s"), ("num_query_groups", "kv"), ("ffn_hidden_size", "ffn"),
+               ("vocab_size", "vocab"))
+
+
+def shape_name(shape: dict, given=None) -> str:
+    """Name of a shape from ``[model]`` lists, e.g. ``custom-40L-5120h-40a-2048s``: numbers
+    first, so that no part reads like a GPU (``L40``, ``H100``, ``A100``).
+
+    Parameters
+    ----------
+    shape : dict
+        ``num_layers``, ``hidden_size``, ``num_attention_heads``, ``seq_length`` and optionally
+        ``num_query_groups`` (``kv``), ``ffn_hidden_size`` (``ffn``), ``vocab_size`` (``vocab``).
+    given : iterable of str, optional
+        Keys the spec gives; the optional ones are named only when given (so shapes that
+        differ only in them get different names). Default: every key of ``shape``.
+    """
+    given = set(shape if given is None else given)
+    return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given])
+
+
+def _models(where, t: dict, known: dict | None = None) -> tuple:
+    """The model axis: ``model.presets`` (names of ``known``: the presets and the spec's own
+    ``[models.<name>]``) and the shapes given as lists in ``[model]``."""
+    known = known or MODEL_PRESETS
+    models: list[ModelShape] = []
+    if "presets" in t:
+        for name in _strings(where, "model.presets", t["presets"], tuple(known)):
+            models.append(known[name])
+    shape_keys = [k for k in t if k != "presets"]
+    if shape_keys:
+        required = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+        for k in required:
+            if k not in t:
+                raise InputError(where, f"model.{k}", None, "required when giving model shapes",
+                                 f"add model.{k} (or use model.presets only)")
+        axes = {k: _ints(where, k, t[k], "model") for k in shape_keys}
+        axes.setdefault("num_query_groups", (0,))
+        axes.setdefault("ffn_hidden_size", (0,))
+        axes.setdefault("vocab_size", (DEFAULT_VOCAB_SIZE,))
+        keys = list(axes)
+        for combo in itertools.product(*(axes[k] for k in keys)):
+            kw = dict(zip(keys, combo))
+            models.append(ModelShape(name=shape_name(kw, given=shape_keys), **kw).resolved())
+    if not models:
+        raise InputError(where, "model", t, "model.presets and/or model shape lists",
+                         "add e.g. presets = [\"gpt3-175b\"]; presets: " + ", ".join(known))
+    return tuple(models)
+
+
+def _description(where, value) -> str:
+    if not isinstance(value, str):
+        raise InputError(where, "description", value, "a string")
+    return value
+
+
+
+
+def check_reserved(preset, reserved_GiB, where: str, key: str) -> None:
+    """Refuse ``reserved_GiB`` (memory kept free per GPU; None: the preset's) at or above the
+    memory of ``preset``'s GPU, which would leave the model nothing and mark every plan
+    ``out_of_memory``.
+
+    Raises
+    ------
+    InputError
+        Naming ``key``, the value and the GPU's memory.
+    """
+    if reserved_GiB is not None and reserved_GiB >= preset.hbm_GiB:
+        raise InputError(where, key, reserved_GiB, f"less than the {preset.hbm_GiB:g} GiB of memory of "
+                         f"{preset.name} (hbm_GiB)", "reserved_GiB is the memory kept free per GPU (CUDA "
+                         f"context, NCCL, allocator; default {preset.reserved_GiB:g}): give a few GiB, e.g. 6.0")
+
+
+def check_name(where: str, name) -> None:
+    """Refuse a sweep ``name`` that cannot be the results folder ``results/<name>``
+    (:func:`vtrain_fast.io.errors.check_plain_name`).
+
+    Raises
+    ------
+    InputError
+        Naming the key ``name``.
+    """
+    check_plain_name(where, "name", name, 'name = "gpt3-175b-plans" (it names the folder results/<name>)')
+
+
+def load_gpus(path: str | Path | None) -> dict:
+    """The GPUs a run may name: the presets, and the GPUs of the TOML file ``path`` (``--gpus``:
+    ``[gpus.<name>]`` tables, as in a spec, or one GPU file as in ``vtrain_fast/data/gpus``).
+
+    Raises
+    ------
+    InputError
+        As :func:`vtrain_fast.hardware.gpus.load_gpu_files`.
+    """
+    from ..hardware.gpus import load_gpu_files
+    known = dict(PRESETS)
+    if path is not None:
+        known.update(load_gpu_files([path], PRESETS, need_source=False))
+    return known
+
+
+def spec_models(where: str, table) -> dict:
+    """The model shapes a spec can name in ``model.presets``: the presets and its own
+    ``[models.<name>]`` tables (:func:`vtrain_fast.plan.models.models_from_tables`; a preset's name
+    is refused, so a name always means one shape).
+
+    Raises
+    ------
+    InputError
+        A bad table (see ``models_from_tables``), a name that is a preset or not a plain name.
+    """
+    if table is None:
+        return MODEL_PRESETS
+    own = models_from_tables(table, where)
+    for name in own:
+        check_name(where, name)
+        if name in MODEL_PRESETS:
+            raise InputError(f"{where}: [models.{name}]", "name", name, "a name that is not a model preset",
+                             f"name your shape differently, e.g. my-{name}")
+    return {**MODEL_PRESETS, **own}
+
+
+def spec_gpus(where: str, table, known: dict | None = None) -> dict:
+    """The GPUs a spec can name: the presets, changed or joined by its ``[gpus.<name>]`` tables
+    (:func:`vtrain_fast.hardware.gpus.gpu_from_table`: a preset's name changes its fields; a new name
+    defines a GPU, from ``base = "<preset>"`` or with every field). Plain numbers are accepted
+    there (their source is the spec).
+
+    Raises
+    ------
+    InputError
+        A ``[gpus]`` entry that is not a table, an unknown field, a value out of range, a
+        missing field of a new GPU, or a ``base`` that is no preset.
+    """
+    from ..hardware.gpus import resolve_gpu_tables
+    base = dict(known or PRESETS)
+    if table is None:
+        return base
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise InputError(where, "gpus", table, "[gpus.<name>] tables, one per GPU",
+                         'e.g. [gpus.my-gpu] with base = "h100-sxm-80gb" and the fields that differ')
+    base.update(resolve_gpu_tables({n: (t, f"{where}: [gpus.{n}]") for n, t in table.items()}, dict(base),
+                                   need_source=False))
+    return base
+
+
+def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
+               gpus: dict | None = None) -> SweepSpec:
+    """Parse and validate a sweep spec.
+
+    Parameters
+    ----------
+    text : str
+        TOML text.
+    path : str
+        File name used in error messages.
+    calibration : dict, optional
+        GPU preset name -> :class:`~vtrain_fast.hardware.gpus.Calibration` (from
+        :func:`load_calibration`).
+    gpus : dict, optional
+        GPU name -> :class:`~vtrain_fast.hardware.gpus.GPUPreset`: the GPUs the spec may name
+        (default: the presets; ``--gpus FILE``: :func:`load_gpus`), before its own ``[gpus]``.
+
+    Raises
+    ------
+    InputError
+        Malformed TOML, unknown key, wrong type, value out of range, unknown preset.
+    """
+    text = text.lstrip("\ufeff")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(path, "TOML", str(e), "valid TOML (https://toml.io)") from None
+    _check_keys(path, "", doc, _TOP)
+    for req in ("model", "training", "cluster", "parallel"):
+        if req not in doc:
+            raise InputError(path, f"[{req}]", None, "a required table", f"add a [{req}] table")
+    for tname, allowed in _TABLES.items():
+        if tname in doc:
+            table = doc[tname]
+            if tname == "cluster" and isinstance(table, dict):   # [cluster.<gpu>] tables: checked below
+                table = {k: v for k, v in table.items() if not isinstance(v, dict)}
+            _check_keys(path, tname, table, allowed)
+    tr, cl, pa_ = doc["training"], doc["cluster"], doc["parallel"]
+    for tname, table, keys in (("training", tr, ("num_tokens", "global_batch_size", "micro_batch_size")),
+                               ("cluster", cl, ("gpu",)), ("parallel", pa_, ("tp", "pp"))):
+        for k in keys:
+            if k not in table:
+                raise InputError(path, f"{tname}.{k}", None, "a required key", f"add {tname}.{k}")
+    if ("num_gpus" in cl) == ("num_nodes" in cl):
+        raise InputError(path, "cluster.num_gpus / cluster.num_nodes",
+                         "both given" if "num_gpus" in cl else "neither given",
+                         "exactly one of the two", "give the job size as num_gpus or as num_nodes")
+    known = spec_gpus(path, doc.get("gpus"), gpus)
+    for g, table in (doc.get("gpus") or {}).items():
+        if isinstance(table, dict) and "calibration" in table and g in (calibration or {}):
+            raise InputError(path, f"gpus.{g}.calibration", table["calibration"],
+                             "one source of calibration values per GPU",
+                             f"the --calibration file also calibrates {g}; put the values in one of the two")
+    overrides = _overrides(path, "cluster", cl)
+    names = _strings(path, "cluster.gpu", cl["gpu"], tuple(known))
+    per_gpu = {}
+    for k, v in cl.items():
+        if isinstance(v, dict):     # [cluster.<gpu>]: overrides for that GPU only
+            if k not in names:
+                fix = (f"add {k!r} to cluster.gpu or remove the table" if k in known
+                       else did_you_mean(k, names, "remove the table, or name it after a GPU of cluster.gpu"))
+                raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
+                                 + ", ".join(names), fix)
+            settings_here = [key for key in v if key in TRAINING_FLAGS or key == "vpp"]
+            if settings_here:
+                raise InputError(path, f"cluster.{k}.{settings_here[0]}", v[settings_here[0]],
+                                 "cluster keys: " + ", ".join(sorted(OVERRIDE_RANGES)),
+                                 "training settings apply to every GPU of the sweep: give them in [training] "
+                                 "(vpp in [parallel]), as a list to compare values")
+            _check_keys(path, f"cluster.{k}", v, set(OVERRIDE_RANGES))
+            per_gpu[k] = {**overrides, **_overrides(path, f"cluster.{k}", v)}
+    for g in names:     # memory kept free must leave some for the model, on every GPU
+        own = isinstance(cl.get(g), dict) and "reserved_GiB" in cl[g]
+        given = per_gpu.get(g, overrides).get("reserved_GiB")
+        check_reserved(known[g], known[g].reserved_GiB if given is None else given, path,
+                       (f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB") if given is not None
+                       else f"gpus.{g}.reserved_GiB (or hbm_GiB)")
+    # in registry order: the machine axis's order (the last setting fastest)
+    settings = {st.name: _vpps(path, pa_.get("vpp", 1)) if st.name == "vpp"
+                else _flags(path, st.name, tr.get(st.name, False), st.doc) for st in SETTINGS}
+    check_requirements(path, settings)
+    gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu, known)
+    size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
+    chunk = doc.get("output", {}).get("chunk_size", 1 << 18)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1 << 24:
+        raise InputError(path, "output.chunk_size", chunk, f"an integer from 1 to {1 << 24}")
+    name = doc.get("name", Path(path).stem)
+    check_name(path, name)
+    return SweepSpec(
+        name=name,
+        description=_description(path, doc.get("description", "")),
+        models=_models(path, doc["model"], spec_models(path, doc.get("models"))),
+        num_tokens=_floats(path, "training.num_tokens", tr["num_tokens"], 1.0, 1e16),
+        gpus=gpus,
+        cluster_sizes=_ints(path, size_key, cl[size_key], "cluster"),
+        sizes_in_nodes=size_key == "num_nodes",
+        tp=_ints(path, "tp", pa_["tp"], "parallel"),
+        pp=_ints(path, "pp", pa_["pp"], "parallel"),
+        micro_batch_size=_ints(path, "micro_batch_size", tr["micro_batch_size"], "training"),
+        global_batch_size=_ints(path, "global_batch_size", tr["global_batch_size"], "training"),
+        recompute=_strings(path, "training.recompute", tr.get("recompute", RECOMPUTE_DEFAULT), RECOMPUTE_VALUES),
+        chunk_size=chunk,
+        source=text,
+        path=path,
+        notes=notes,
+        settings=tuple(settings.items()),
+    )
+
+
+def load_spec(path: str | Path, calibration: dict | None = None, gpus: dict | None = None) -> SweepSpec:
+    """Read and validate the spec file at ``path`` (see :func:`parse_spec`).
+
+    Raises
+    ------
+    InputError
+        The file is missing, unreadable, not a regular file or larger than 16 MiB
+        (:data:`~vtrain_fast.io.inputs.MAX_TEXT_BYTES`), or the spec is invalid.
+    """
+    p = Path(path)
+    data = read_input_bytes(p, "TOML file", MAX_TEXT_BYTES)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), "encoding", f"byte {e.start}", "a UTF-8 text file",
+                         "save the spec as UTF-8 text") from None
+    return parse_spec(text, str(p), calibration, gpus)
+
+
+def load_calibration(path: str | Path) -> dict:
+    """Read a calibration file: one TOML table per GPU preset with fields of
+    :class:`~vtrain_fast.hardware.gpus.Calibration`; missing fields keep the preset's defaults.
+
+    Returns
+    -------
+    dict
+        GPU preset name -> Calibration.
+
+    Raises
+    ------
+    InputError
+        Unreadable file (or not a regular file, or over 16 MiB), unknown preset or field,
+        value out of range.
+    """
+    p = Path(path)
+    doc = read_toml(p, "TOML file")
+    out = {}
+    for gpu, table in doc.items():
+        if gpu == "meta":
+            continue
+        if gpu not in PRESETS:
+            raise InputError(str(p), f"[{gpu}]", gpu, "GPU presets " + ", ".join(PRESETS))
+        _check_keys(str(p), gpu, table, set(CALIBRATION_RANGES))
+        base = PRESETS[gpu].calibration
+        kw = {f.name: getattr(base, f.name) for f in fields(Calibration)}
+        for k, v in table.items():
+            lo, hi = CALIBRATION_RANGES[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise InputError(str(p), f"{gpu}.{k}", v, f"a number from {lo:g} to {hi:g}")
+            kw[k] = float(v)
+        out[gpu] = Calibration(**kw)
+    return out
