@@ -98,6 +98,10 @@ def test_a_new_gpu_with_every_field_sweeps(tmp_path, write_spec, cli):
     ('[gpus.labgpu]\nbase = ["h100-sxm-80gb"]\n', "base"),
     ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ncalibration = { base = ["a"] }\n', "calibration.base"),
     ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nvendor = 7\n', "vendor"),
+    # circles of bases name the key that closes them
+    ('[gpus.labgpu]\nbase = "other"\n[gpus.other]\nbase = "labgpu"\n', "[gpus.labgpu]: base = 'other'"),
+    ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\ncalibration = { base = "other" }\n'
+     '[gpus.other]\nbase = "h100-sxm-80gb"\ncalibration = { base = "labgpu" }\n', "calibration.base = 'other'"),
     ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nname = "zzz"\n', "name"),
     ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nreserved_GiB = 500\n', "reserved_GiB"),
     ('[gpus.labgpu]\nbase = "h100-sxm-80gb"\nhbm_GiB = 1.0\n', "hbm_GiB"),
@@ -109,6 +113,17 @@ def test_a_bad_gpu_table_names_the_key(table, needle):
     with pytest.raises(InputError) as e:
         parse_spec(text, "s.toml")
     assert needle in str(e.value), str(e.value)
+
+
+def test_presets_lists_the_gpus_of_a_gpus_file_too(cli, wide_console, tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[gpus.lab-h100]\nbase = "h100-sxm-80gb"\nusd_per_gpu_hour = 1.9\n')
+    res = cli("presets", "--gpus", str(f))
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "lab-h100" in ln)
+    assert "1.900" in line and "h100-sxm-80gb" in res.output
+    bad = cli("presets", "--gpus", str(tmp_path / "none.toml"))
+    assert bad.exit_code == 2 and "none.toml" in bad.output
 
 
 def test_presets_lists_every_gpu_file(cli, wide_console):

@@ -224,8 +224,9 @@ HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 @app.command()
 @_user_errors
-def presets():
-    """List the model and GPU presets a spec or CSV can name, with their numbers."""
+def presets(gpus_file: Optional[Path] = GpusOpt):
+    """List the model and GPU presets a spec or CSV can name, with their numbers (and the GPUs
+    of a --gpus file, marked by where they come from)."""
     import polars as pl
 
     from .hardware.gpus import PRESETS
@@ -241,14 +242,15 @@ def presets():
                                                                   m.ffn_hidden_size, m.vocab_size,
                                                                   m.seq_length) / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
-    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/plan/models.py)",
+    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml)",
                 console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
                               hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
                               intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
                               gpus_per_node=g.gpus_per_node, tdp_W=g.tdp_W, usd_per_gpu_hour=g.usd_per_gpu_hour,
-                              pue=g.pue, reserved_GiB=g.reserved_GiB, calibrated=g.calibrated)
-                         for g in PRESETS.values()])
+                              pue=g.pue, reserved_GiB=g.reserved_GiB, calibrated=g.calibrated,
+                              **({"from": "preset" if PRESETS.get(g.name) is g else str(gpus_file)} if gpus_file else {}))
+                         for g in (_gpus(gpus_file) or PRESETS).values()])
     print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; one file each, with the source and date of every "
                 "number, in vtrain_fast/data/gpus/; \\[cluster] keys or a \\[gpus.<name>] table change them)",
                 console=console, keep=("gpu",))

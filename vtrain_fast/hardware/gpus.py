@@ -327,9 +327,13 @@ def resolve_gpu_tables(tables: dict, known: dict, need_source: bool = True) -> d
                  if all(not isinstance(b, str) or b in known or b not in pending or b == n
                         for b in (t.get("base"), (t.get("calibration") or {}).get("base")
                                   if isinstance(t.get("calibration"), dict) else None))]
-        if not ready:
-            name, (_, where) = next(iter(pending.items()))
-            raise InputError(where, "base", pending[name][0].get("base"), "a preset that does not lead back to this one")
+        if not ready:           # a circle of bases: name the key of the first GPU that closes it
+            name, (table, where) = next(iter(pending.items()))
+            cal = table.get("calibration") if isinstance(table.get("calibration"), dict) else {}
+            key, value = (("base", table["base"]) if table.get("base") in pending and table.get("base") != name
+                          else ("calibration.base", cal.get("base")))
+            raise InputError(where, key, value, "a preset, or a GPU whose bases do not lead back to " + repr(name),
+                             f"start {name!r} from a shipped preset (vtrain-fast presets lists them)")
         for n in ready:
             table, where = pending.pop(n)
             known[n] = out[n] = gpu_from_table(n, table, where, known, need_source)
