@@ -17,7 +17,8 @@ from ..model.layout import Layout, world_size
 from ..model.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
 from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
-from ..plan.models import DEFAULT_VOCAB_SIZE
+from ..model.params import MODEL_FIELDS
+from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
 from ..model.settings import BY_NAME, SETTINGS, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
@@ -215,6 +216,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
                          "each column once", "remove the repeated column from the header")
     check_column_names(df.columns, where)
+    df = with_model_shapes(df)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(where, "missing column(s)", ", ".join(missing),
@@ -312,6 +314,29 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                                    for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])
     return pl.concat([labels, used_df, result], how="horizontal")
+
+
+def with_model_shapes(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with the shape of each row whose ``model`` cell names a model preset
+    (:data:`~vtrain_fast.plan.models.MODEL_PRESETS`, ``vtrain-fast presets``) filled into its
+    empty or missing shape cells (num_layers, hidden_size, num_attention_heads, num_query_groups,
+    ffn_hidden_size, vocab_size, seq_length); a cell the row gives overrides the preset's. Other
+    ``model`` values stay labels."""
+    if "model" not in df.columns:
+        return df
+    names = df["model"].cast(pl.String).to_list()
+    shapes = {n: MODEL_PRESETS[n].resolved() for n in set(names) if n in MODEL_PRESETS}
+    if not shapes:
+        return df
+    for col in MODEL_FIELDS:
+        preset = pl.Series(col, [getattr(shapes[n], col) if n in shapes else None for n in names], dtype=pl.Int64)
+        if col not in df.columns:
+            df = df.with_columns(preset)
+        else:
+            kind = df.schema[col]
+            fill = preset.cast(kind) if kind.is_numeric() or kind == pl.String else preset
+            df = df.with_columns(pl.when(pl.col(col).is_null()).then(fill).otherwise(pl.col(col)).alias(col))
+    return df
 
 
 def read_csv(path: str | Path) -> pl.DataFrame:

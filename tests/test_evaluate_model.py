@@ -1,0 +1,34 @@
+"""evaluate: a ``model`` column naming a model preset fills the row's shape; cells the row gives
+override the preset's; other model values stay labels."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from vtrain_fast.analysis.evaluate import evaluate_frame
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.plan.models import MODEL_PRESETS
+
+PLAN = dict(global_batch_size=512, micro_batch_size=1, tp=2, pp=2, dp=2, gpu="h100-sxm-80gb")
+SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+         "vocab_size", "seq_length")
+
+
+def test_a_preset_name_gives_the_preset_shape():
+    m = MODEL_PRESETS["llama3-8b"].resolved()
+    by_name = evaluate_frame(pl.DataFrame([dict(PLAN, model="llama3-8b")]))
+    spelled = evaluate_frame(pl.DataFrame([dict(PLAN, model="mine", **{k: getattr(m, k) for k in SHAPE})]))
+    assert by_name.drop("model").row(0) == spelled.drop("model").row(0)
+    assert by_name["num_query_groups"][0] == 8 and by_name["model"][0] == "llama3-8b"
+
+
+def test_a_cell_the_row_gives_overrides_the_preset():
+    df = pl.DataFrame([dict(PLAN, model="llama3-8b", num_layers=None), dict(PLAN, model="llama3-8b", num_layers=16)])
+    out = evaluate_frame(df)
+    assert out["num_layers"].to_list() == [32, 16]
+    assert out["num_parameters"][1] < out["num_parameters"][0]
+
+
+def test_a_model_label_is_no_shape():
+    with pytest.raises(InputError, match="num_layers"):
+        evaluate_frame(pl.DataFrame([dict(PLAN, model="my-own-7b")]), "plans.csv")
