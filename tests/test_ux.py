@@ -155,7 +155,7 @@ def test_presets_keep_their_names_in_a_narrow_terminal(monkeypatch):
     from vtrain_fast.plan.models import MODEL_PRESETS
     narrow = Console(width=90, record=True)
     monkeypatch.setattr(cli_module, "console", narrow)
-    cli_module.presets()
+    cli_module.presets(None)
     text = narrow.export_text()
     assert all(name in text for name in list(MODEL_PRESETS) + list(PRESETS))
 
