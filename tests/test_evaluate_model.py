@@ -32,3 +32,12 @@ def test_a_cell_the_row_gives_overrides_the_preset():
 def test_a_model_label_is_no_shape():
     with pytest.raises(InputError, match="num_layers"):
         evaluate_frame(pl.DataFrame([dict(PLAN, model="my-own-7b")]), "plans.csv")
+
+
+def test_a_cluster_column_shows_the_value_used_in_an_empty_cell():
+    df = pl.DataFrame([dict(PLAN, model="llama3-8b", usd_per_gpu_hour=None),
+                       dict(PLAN, model="llama3-8b", usd_per_gpu_hour=1.5)])
+    out = evaluate_frame(df)
+    from vtrain_fast.hardware.gpus import PRESETS
+    assert out["usd_per_gpu_hour"].to_list() == [PRESETS["h100-sxm-80gb"].usd_per_gpu_hour, 1.5]
+    assert out["cost_usd"][1] / out["cost_usd"][0] == pytest.approx(1.5 / PRESETS["h100-sxm-80gb"].usd_per_gpu_hour)

@@ -115,7 +115,7 @@ def test_where_and_objectives_on_columns_an_older_folder_lacks_are_input_errors(
 
 
 @pytest.mark.parametrize("cond, needle", [
-    ("memory_per_gpu_GiB=<72", "finite number"), ("memory_per_gpu_GiB 72", "COLUMN OP VALUE"), ("memory<=72", "did you mean 'memory_per_gpu_GiB'"),
+    ("memory_per_gpu_GiB=<72", "--where 'memory_per_gpu_GiB<=72'"), ("gpu=~h100", "--where 'gpu==h100'"), ("memory_per_gpu_GiB 72", "COLUMN OP VALUE"), ("memory<=72", "did you mean 'memory_per_gpu_GiB'"),
     ("mfu>=high", "finite number"), ("tp==2.5", "whole number"), ("iter_s<=nan", "finite"), ("status==ok", "other than status"), ("gpu==h100", "did you mean"), ("gpu<3", "== or !="), ("sequence_parallel==yes", "true or false"),
     ("tp>=", "COLUMN OP VALUE"),
 ])

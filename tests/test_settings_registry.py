@@ -31,3 +31,10 @@ def test_the_registry_order_is_the_sweep_axis_order():
     """The machine axis follows the registry (the last setting varies fastest): row order."""
     assert list(TRAINING_FLAGS) == [s.name for s in SETTINGS if s.kind is bool]
     assert list(SETTING_COLUMNS) == [s.name for s in SETTINGS] and len(BY_NAME) == len(SETTINGS)
+
+
+def test_the_readme_lists_every_settings_rule():
+    from pathlib import Path
+    from vtrain_fast.model.settings import rules_markdown
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert rules_markdown() in readme, "regenerate README's settings rules with model.settings.rules_markdown()"

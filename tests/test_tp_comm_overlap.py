@@ -84,4 +84,45 @@ def test_a_sweep_axis_leaves_out_the_machines_megatron_would_refuse():
     spec = parse_spec(ONE_POINT_SPEC.format(training="sequence_parallel = [false, true]\n"
                                                      "tp_comm_overlap = [false, true]"), "s.toml")
     assert [(g.sequence_parallel, g.tp_comm_overlap) for g in spec.gpus] == [(False, False), (True, False), (True, True)]
-    assert any("1 setting combination(s) left out" in n and "tp_comm_overlap" in n for n in spec.notes), spec.notes
+    assert any("tp_comm_overlap = true needs sequence_parallel = true" in n for n in spec.notes), spec.notes
+
+
+def test_a_switch_without_its_requirement_runs_off_and_is_labelled_off():
+    """sequence_parallel = [false, true] with tp_comm_overlap = true: the sequence_parallel =
+    false machines carry tp_comm_overlap = false (a row labelled true there would be a plan
+    Megatron-LM refuses, and evaluate would refuse it on the way back)."""
+    from conftest import ONE_POINT_SPEC
+    from vtrain_fast.plan.spec import parse_spec
+    spec = parse_spec(ONE_POINT_SPEC.format(training="sequence_parallel = [false, true]\ntp_comm_overlap = true"),
+                      "s.toml")
+    assert [(g.sequence_parallel, g.tp_comm_overlap) for g in spec.gpus] == [(False, False), (True, True)]
+    assert any("the sequence_parallel = false machines run with tp_comm_overlap = false" in n for n in spec.notes)
+
+
+@pytest.mark.parametrize("training", ["sequence_parallel = [false, true]\ntp_comm_overlap = true",
+                                      "distributed_optimizer = [false, true]\noverlap_grad_reduce = true\n"
+                                      "overlap_param_gather = true"])
+def test_a_frontier_of_such_a_sweep_evaluates_back_to_the_same_numbers(training, tmp_path, write_spec, cli):
+    spec = write_spec(f"""
+        [model]
+        presets = ["gpt3-1.3b"]
+        [training]
+        num_tokens = 1e10
+        global_batch_size = 64
+        micro_batch_size = [1, 2]
+        {training.replace(chr(10), chr(10) + '        ')}
+        [cluster]
+        gpu = "h100-sxm-80gb"
+        num_gpus = 16
+        [parallel]
+        tp = [1, 2, 4]
+        pp = [1, 2]
+        """)
+    out, front, back = tmp_path / "r", tmp_path / "front.csv", tmp_path / "back.csv"
+    assert cli("sweep", spec, "-o", out).exit_code == 0
+    res = cli("pareto", out, "--by", "sequence_parallel", "--by", "distributed_optimizer", "-o", front)
+    assert res.exit_code == 0, res.output
+    res = cli("evaluate", front, "-o", back)
+    assert res.exit_code == 0, res.output
+    a, b = pl.read_csv(front), pl.read_csv(back)
+    assert a["iteration_time_s"].to_list() == b["iteration_time_s"].to_list()

@@ -131,8 +131,12 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "one spec per job", style="yellow", markup=False)
     for g in {g.name: g for g in s.gpus}.values():
         if not g.calibrated:
-            console.print(f"note: {g.name} has no calibration fitted to its own measurements (published GEMM "
-                          "efficiency, A100 software-stack timings such as 60 us host time per kernel): small "
+            from .hardware.gpus import PRESETS
+            shipped = g.name in PRESETS and g.calibration == PRESETS[g.name].calibration
+            console.print(f"note: {g.name} has no calibration fitted to its own measurements ("
+                          + ("published GEMM efficiency, " if shipped else "efficiencies from its [gpus] table or "
+                             "its base preset, ")
+                          + "A100 software-stack timings such as 60 us host time per kernel): small "
                           "micro-batches and large tp may come out host-bound and slow, large GEMM-bound plans "
                           "optimistic; see README 'What the model does not cover'", style="yellow", markup=False)
     unvalidated = unvalidated_settings(s)
@@ -465,6 +469,10 @@ def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate colum
         "mape_before_pct": round(report["mape_before_pct"], 3), "mape_after_pct": round(report["mape_after_pct"], 3)})
     console.print(f"{gpu}: {report['rows']} rows, MAPE {report['mape_before_pct']:.2f}% -> "
                   f"{report['mape_after_pct']:.2f}%; wrote {output}")
+    if report["mape_after_pct"] > report["mape_before_pct"]:
+        console.print("note: the fit minimises the squared log error (large misses weigh more), not the MAPE, "
+                      "so the MAPE can rise a little while the worst rows improve; with few rows, fit fewer "
+                      "parameters (--param)", style="yellow", markup=False)
     for k in (param or DEFAULT_FIT):
         console.print(f"  {k} = {getattr(cal, k):.6g}")
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..engine.chunks import output_arrays
-from ..io.errors import InputError, check_output_file, write_atomically
+from ..io.errors import InputError, check_output_file, did_you_mean, write_atomically
 from ..io.inputs import MAX_TABLE_BYTES, check_input_file
 from ..hardware.gpus import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from ..model.layout import Layout, world_size
@@ -128,7 +128,8 @@ def _str_column(df, name, where, allowed, default) -> list[str]:
         v = default if v is None or v == "" else v.strip().lower()
         if v not in allowed:
             raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed),
-                             "a GPU of your own: pass --gpus FILE with its [gpus.<name>] table" if name == "gpu" else "")
+                             did_you_mean(v, allowed, "a GPU of your own: pass --gpus FILE with its [gpus.<name>] "
+                                                      "table" if name == "gpu" else ""))
         out.append(v)
     return out
 
@@ -250,6 +251,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
+    row_presets = []            # the machine of each row (its cluster values fill empty cells)
     for i in range(n):
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
         values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
@@ -264,8 +266,9 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                                  f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
                                  f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {i + 2}")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
-            cache[key] = machine_vector(preset)
-        hw_rows[i] = cache[key]
+            cache[key] = (machine_vector(preset), preset)
+        hw_rows[i] = cache[key][0]
+        row_presets.append(cache[key][1])
     # the world size as floats first: each size may be up to 10^8, their int64 product would wrap
     hi = CSV_INT_RANGES["num_gpus"][1]
     cp = np.ones(n, dtype=np.int64)         # context parallelism: not modelled yet
@@ -306,6 +309,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 recompute=recompute)
     for col in SETTING_COLUMNS:
         used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(col)])
+    # a cluster column the file gives shows the value used in every row (an empty cell: the preset's)
+    given = {c: pl.Series(c, [getattr(p, c) for p in row_presets], dtype=pl.Float64 if c != "gpus_per_node" else pl.Int64)
+             for c in CLUSTER_COLUMNS if c in df.columns}
+    df = df.with_columns(*given.values()) if given else df
     names = [c.name for c in INPUT_COLUMNS if c.name in used]
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute")

@@ -113,6 +113,10 @@ def where_filter(where: str, conditions) -> tuple:
                              "e.g. --where 'memory_per_gpu_GiB<=72' --where 'gpu==h100-sxm-80gb' (quote it "
                              "in the shell)")
         col, op, raw = resolve_column(m.group(1)), m.group(2), m.group(3).strip("'\"")
+        if raw[:1] in "<>=!~":          # 'mem_GiB=<72', 'gpu=~h200': an operator that is not one
+            raise InputError(where, "--where", cond, "COLUMN OP VALUE with OP one of <=, <, >=, >, ==, != "
+                             "(= alone means ==)", f"write the operator as one of those, e.g. --where "
+                             f"'{m.group(1)}{'<=' if col in NUMERIC_COLUMNS else '=='}{raw.lstrip('<>=!~') or 72}'")
         if col not in names:
             raise InputError(where, "--where", cond, "a column of the results: " + ", ".join(names),
                              did_you_mean(col, names, "name a column of the results"))

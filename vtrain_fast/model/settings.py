@@ -116,3 +116,17 @@ def unmet_requirements(values: dict) -> list[tuple[Setting, str, bool]]:
     (name -> value, every setting) whose requirement (:attr:`Setting.requires`) is not met."""
     return [(st, k, v) for st in SETTINGS if values[st.name] != st.default
             for k, v in st.requires if values[k] != v]
+
+
+def rules_markdown() -> str:
+    """The no-effect and requirement rules of every setting as a Markdown list (README's copy is
+    this text; a test checks it)."""
+    def val(v):
+        return str(v).lower()
+    lines = []
+    for st in SETTINGS:
+        parts = [f"no effect at {' or '.join(f'{k} = 1' for k in st.inert_at)}"] if st.inert_at else []
+        parts += [f"no effect with {k} = {val(v)}" for k, v in st.inert_with]
+        parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
+        lines.append(f"- `{st.name}` ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
+    return "\n".join(lines) + "\n"

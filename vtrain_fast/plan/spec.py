@@ -63,7 +63,7 @@ from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
-from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES
+from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
@@ -276,19 +276,29 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
         (:func:`check_flash_attention`).
     """
-    presets, skipped = [], []
+    presets, skipped, unmet = [], [], {}
     for name in names:
         for combo in itertools.product(*settings.values()):
+            values = dict(zip(settings, combo))
+            # a setting without what Megatron-LM requires for it runs switched off (and says so):
+            # no row may carry a combination Megatron-LM refuses
+            for st, other, value in unmet_requirements(values):
+                unmet.setdefault((st.name, other, value), None)
+                values[st.name] = st.default
             g = with_overrides((known or PRESETS)[name], calibration.get(name), **(per_gpu or {}).get(name, overrides),
-                               **dict(zip(settings, combo)))
+                               **values)
             if g.use_flash_attn and False in settings["use_flash_attn"] and not has_flash_attention(g):
                 if name not in skipped:
                     skipped.append(name)
                 continue
             check_flash_attention(g, where, "training.use_flash_attn")
-            presets.append(g)
+            if g not in presets:            # a switched-off setting may repeat a machine exactly
+                presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
+    notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
+                   f"refuses it otherwise): the {other} = {str(not value).lower()} machines run with {st} = false"
+                   for st, other, value in unmet)
     # a machine whose settings change no plan beyond an earlier machine's (e.g. the asynchronous
     # TP all-reduce with sequence parallelism, which always overlaps) would only repeat its rows
     masks = repeat_cases(presets)
