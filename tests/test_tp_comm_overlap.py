@@ -51,10 +51,43 @@ def test_never_slower_and_never_below_the_embedding_and_head_exchanges(tp):
     assert 0.0 < on["tp_comm_s"] < off["tp_comm_s"]
 
 
-def test_no_effect_at_tp_1():
-    off, on = rows(1, each=[dict(sequence_parallel=True), dict(sequence_parallel=True, tp_comm_overlap=True)])
-    assert {k: v for k, v in on.items() if k != "tp_comm_overlap"} == \
-        {k: v for k, v in off.items() if k != "tp_comm_overlap"}
+def test_refused_at_tp_1_where_megatron_switches_sequence_parallelism_off():
+    """Megatron-LM turns --sequence-parallel off at tp = 1 and then refuses --tp-comm-overlap."""
+    with pytest.raises(InputError, match="switches sequence_parallel off at tp = 1") as e:
+        rows(1, each=[dict(sequence_parallel=True, tp_comm_overlap=True)])
+    assert "set tp_comm_overlap to false" in str(e.value)
+
+
+def test_a_sweep_marks_its_tp_1_plans_refused_and_a_frontier_of_it_leaves_them_out(tmp_path, write_spec, cli):
+    spec = write_spec("""
+        [model]
+        presets = ["gpt3-1.3b"]
+        [training]
+        num_tokens = 1e10
+        global_batch_size = 64
+        micro_batch_size = [1, 2]
+        sequence_parallel = true
+        tp_comm_overlap = [false, true]
+        [cluster]
+        gpu = "h100-sxm-80gb"
+        num_gpus = 16
+        [parallel]
+        tp = [1, 2, 4]
+        pp = [1, 2]
+        """)
+    out = tmp_path / "r"
+    assert cli("sweep", spec, "-o", out).exit_code == 0
+    from vtrain_fast.analysis.query import scan_results
+    df = scan_results(out).collect()
+    refused = df.filter(pl.col("status") == "refused")
+    assert refused.height > 0 and (refused["tp"] == 1).all() and refused["tp_comm_overlap"].all()
+    assert refused["iteration_time_s"].is_nan().all()
+    assert not df.filter((pl.col("tp") == 1) & pl.col("tp_comm_overlap") & (pl.col("status") == "ok")).height
+    from vtrain_fast.analysis.query import pareto
+    front = pareto(out, ["cost_usd", "train_days"], where=["tp_comm_overlap==true"])
+    assert front.height > 0 and (front["tp"] > 1).all()
+    both = pareto(out, ["cost_usd", "train_days"], by=["tp_comm_overlap"])
+    assert not both.filter(pl.col("tp_comm_overlap") & (pl.col("tp") == 1)).height
 
 
 def test_the_kernel_gives_it_no_effect_without_sequence_parallelism():

@@ -62,7 +62,7 @@ def _calibration(path: Optional[Path]):
 
 
 CalibrationOpt = typer.Option(None, "--calibration", help="calibration TOML written by `calibrate`")
-GpusOpt = typer.Option(None, "--gpus", help="TOML of your own GPUs ([gpus.<name>] tables, as in a spec)")
+GpusOpt = typer.Option(None, "--gpus", help="TOML of your own GPUs (\\[gpus.<name>] tables, as in a spec)")
 
 
 def _gpus(path: Optional[Path]):

@@ -19,7 +19,7 @@ from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
-from ..model.settings import BY_NAME, SETTINGS, unmet_requirements
+from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention,
@@ -129,7 +129,7 @@ def _str_column(df, name, where, allowed, default) -> list[str]:
         if v not in allowed:
             raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed),
                              did_you_mean(v, allowed, "a GPU of your own: pass --gpus FILE with its [gpus.<name>] "
-                                                      "table" if name == "gpu" else ""))
+                                                      "table" if name == "gpu" else f"write one of {', '.join(allowed)}"))
         out.append(v)
     return out
 
@@ -260,13 +260,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
-            for st, other, value in unmet_requirements({s.name: getattr(preset, s.name) for s in SETTINGS}):
-                raise InputError(where, f"row {i + 2}, column {st.name}", str(getattr(preset, st.name)).lower(),
-                                 f"{other} = {str(value).lower()} in the same row ({st.megatron} needs "
-                                 f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
-                                 f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {i + 2}")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
+        preset = cache[key][1]
+        check_row_requirements(preset, {k: int(ints[k][i]) == 1 for k in LAYOUT_SIZES}, where, i + 2)
         hw_rows[i] = cache[key][0]
         row_presets.append(cache[key][1])
     # the world size as floats first: each size may be up to 10^8, their int64 product would wrap
@@ -321,6 +318,28 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                                    for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])
     return pl.concat([labels, used_df, result], how="horizontal")
+
+
+def check_row_requirements(preset, sizes_are_1: dict, where: str, row: int) -> None:
+    """Refuse a row whose settings Megatron-LM refuses: a switch on without the setting it needs
+    (:attr:`~vtrain_fast.model.settings.Setting.requires`), also where Megatron-LM switches that
+    setting off on the row's plan (sequence parallelism at tp = 1).
+
+    Raises
+    ------
+    InputError
+        Naming the row, the column, what it needs and the fix.
+    """
+    values = {s.name: getattr(preset, s.name) for s in SETTINGS}
+    for st, other, value in unmet_requirements(values, sizes_are_1):
+        switched_off = values[other] == value       # given, but Megatron-LM turns it off on this plan
+        sizes = " or ".join(f"{k} = 1" for k in BY_NAME[other].off_at)
+        raise InputError(where, f"row {row}, column {st.name}", str(values[st.name]).lower(),
+                         f"{other} = {str(value).lower()} in the same row ({st.megatron} needs "
+                         f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise"
+                         + (f", and switches {other} off at {sizes})" if switched_off else ")"),
+                         f"set {st.name} to {str(st.default).lower()} in row {row}" if switched_off else
+                         f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {row}")
 
 
 def with_model_shapes(df: pl.DataFrame) -> pl.DataFrame:

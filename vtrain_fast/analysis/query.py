@@ -15,7 +15,7 @@ import pyarrow as pa
 from ..io.errors import InputError
 from ..model.sweep import pareto_positions
 from ..io.errors import did_you_mean
-from ..model.settings import SETTINGS, Setting
+from ..model.settings import BY_NAME, SETTINGS, Setting
 from ..io.schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUMNS, resolve_column,
                      resolve_objectives)
 from ..io.writer import read_manifest, result_paths
@@ -168,8 +168,11 @@ def _no_effect(st: Setting) -> pl.Expr:
         expr = expr | (pl.col(size) == 1)
     for other, value in st.inert_with:
         expr = expr | (pl.col(other) == value)
-    for other, value in st.requires:
-        expr = expr & (pl.col(other) == value)
+    for other, value in st.requires:       # met only where Megatron-LM leaves the needed setting on
+        met = pl.col(other) == value
+        for size in BY_NAME[other].off_at:
+            met = met & (pl.col(size) != 1)
+        expr = expr & met
     return expr
 
 

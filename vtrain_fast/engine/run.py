@@ -160,10 +160,14 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                              f"it holds a different, finished sweep ({old.get('name')}); pass --overwrite "
                              "to replace it, or choose another -o")
         if old.get("sweep_key") != header["sweep_key"]:
+            differs = [what for what, key in (("spec text", "spec"), ("--keep", "keep"), ("chunking", "plan"),
+                                              ("package version", "version")) if old.get(key) != header.get(key)]
             raise InputError(str(path), "sweep", old.get("name"),
                              "the same spec, calibration, --keep and chunking as the interrupted run",
-                             "the folder holds a different sweep; pass --overwrite to replace it, "
-                             "or choose another -o")
+                             "the folder holds a different sweep (" + (", ".join(differs) + " differ" if differs else
+                             "its spec, --keep and chunking agree, so the calibration or the cost model's code "
+                             "changed since it ran: its rows would not match new ones")
+                             + "); pass --overwrite to replace it, or choose another -o")
         check_manifest(old, path, whole=shard is None)
         damaged = _damaged_chunks(folder, old, chunks)
         chunk_files = {n for _, n, _ in damaged}
@@ -214,7 +218,8 @@ def _totals(chunks: dict) -> tuple[np.ndarray, int, int]:
     counts = np.zeros(NUM_STATUS, dtype=np.int64)
     rows = pruned = 0
     for info in chunks.values():
-        counts += np.asarray(info["status_counts"], dtype=np.int64)
+        c = np.asarray(info["status_counts"], dtype=np.int64)[:NUM_STATUS]
+        counts[:c.size] += c            # an older version's chunks count fewer statuses
         rows += info["rows"]
         pruned += info["pruned"]
     return counts, rows, pruned

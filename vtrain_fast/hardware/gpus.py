@@ -408,6 +408,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "pue": preset.pue,
         "reserved_bytes": preset.reserved_GiB * GiB,
         "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
+        "refused_cases": 0.0,   # likewise
     }
     for st in SETTINGS:         # the training settings, each in its field (vtrain_fast.model.settings)
         values[st.name] = float(getattr(preset, st.name))

@@ -64,10 +64,11 @@ def setting_values(column: str, field_values):
     return field_values.astype("int64") if column == "vpp" else field_values != 0.0
 
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
-                 "out_of_memory", "repeat")
+                 "out_of_memory", "repeat", "refused")
 STATUS_COLUMN = Column("status", _dict, "",
                        "ok | out_of_memory | bad_num_gpus | bad_heads | bad_layers | bad_batch | bad_input | "
-                       "repeat (the plan of an earlier row: a setting that differs has no effect here)")
+                       "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
+                       "refused (Megatron-LM refuses these settings on this plan, e.g. tp_comm_overlap at tp = 1)")
 
 _OUT_DOCS = {
     "iteration_time_s": ("s", "one optimizer step over the global batch"),

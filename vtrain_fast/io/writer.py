@@ -167,7 +167,7 @@ class FolderLock:
     def opening(self):
         """While a run opens (checks the folder and writes its manifest): exclusive among
         shards too (``.lock-open``, waited for), so that two shards never both find a folder
-        free of the other's split (see ``engine._check_one_split``)."""
+        free of the other's split (see ``engine.run._check_one_split``)."""
         if self.shard is None:
             yield
             return

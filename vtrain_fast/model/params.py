@@ -44,6 +44,8 @@ HW_FIELDS = (
     *(st.name for st in SETTINGS),
     "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp>1) set where this machine
                               # repeats an earlier one of the sweep (model.step.repeats); 0 outside sweeps
+    "refused_cases",          # sweep bookkeeping: the same bits, set where Megatron-LM refuses this machine's
+                              # settings on such plans (model.step.refused); 0 outside sweeps
 )
 NUM_HW_FIELDS = len(HW_FIELDS)
 
@@ -71,6 +73,7 @@ H_SEQ_PAR = hw_index("sequence_parallel")             # 1: Megatron sequence par
 H_TP_OVERLAP = hw_index("async_tensor_model_parallel_allreduce")  # 1: backward TP exchange overlapped
 H_VPP = hw_index("vpp")                               # virtual pipeline stages per device
 H_REPEAT_CASES = hw_index("repeat_cases")
+H_REFUSED_CASES = hw_index("refused_cases")
 
 # Fields a calibration may change (a handful of global numbers per GPU type).
 CALIBRATION_FIELDS = (
@@ -116,4 +119,6 @@ BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size 
 OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
 REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
                      # setting that differs has no effect at this tp, pp, dp (see repeats)
-NUM_STATUS = 8
+REFUSED = 8          # Megatron-LM refuses this machine's settings on this plan: a setting needs one
+                     # it switches off here (tp_comm_overlap at tp = 1; see refused)
+NUM_STATUS = 9

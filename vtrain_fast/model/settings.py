@@ -1,13 +1,14 @@
 """The registry of training settings: one record per setting (Megatron-LM's name, kind, default,
 where it has no effect, what it needs, its label and documentation). Everything else reads it:
-spec parsing (``spec.TRAINING_FLAGS``), the sweep's setting axes, ``GPUPreset``'s setting fields
-(``hardware``), the machine vector's setting fields (``model.params.HW_FIELDS``, one per
-setting, of the same name), the columns and their documentation (``schema``), the ``repeat``
-status and the query-time expansion (:meth:`Setting.has_no_effect`), evaluate's columns and the "not
-validated" notes.
+spec parsing (``plan.spec.TRAINING_FLAGS``), the sweep's setting axes, ``GPUPreset``'s setting
+fields (``hardware.gpus``), the machine vector's setting fields (``model.params.HW_FIELDS``, one
+per setting, of the same name), the columns and their documentation (``io.schema``), the
+``repeat`` and ``refused`` statuses and the query-time expansion (:meth:`Setting.has_no_effect`,
+:func:`unmet_requirements`), evaluate's columns, README's rules (:func:`rules_markdown`) and the
+"not validated" notes.
 
 Adding a setting: a record here (at the end of :data:`SETTINGS`), the formula that reads it
-(``kernels``: its machine-vector index is ``params.hw_index(name)``), and its tests.
+(in ``model``: its machine-vector index is ``params.hw_index(name)``), and its tests.
 """
 from __future__ import annotations
 
@@ -43,9 +44,14 @@ class Setting:
         Other settings' values with which it changes no cost (the asynchronous TP all-reduce with
         sequence parallelism, which overlaps regardless).
     requires : tuple of (str, bool)
-        Other settings' values it needs: Megatron-LM refuses the flag without them, a spec that
-        asks only for such a combination is refused, and a sweep axis leaves those machines out
-        (the cost model gives the flag no effect there).
+        Other settings' values it needs: Megatron-LM refuses the flag without them. A spec that
+        asks only for such a combination is refused; a sweep axis runs those machines with the
+        flag off (labelled so, with a note); a plan where a needed setting is switched off
+        (``off_at``) gets status ``refused``; evaluate refuses such a row. The cost model gives
+        the flag no effect there.
+    off_at : tuple of str
+        Parallel sizes at which, when 1, Megatron-LM switches the setting off itself (sequence
+        parallelism at tp = 1): a setting that requires it is then refused.
     validated : bool
         True when measurements the project validates against use it (none today: vTrain's runs
         use none of these settings).
@@ -60,6 +66,7 @@ class Setting:
     inert_at: tuple[str, ...] = ()
     inert_with: tuple[tuple[str, bool], ...] = ()
     requires: tuple[tuple[str, bool], ...] = ()
+    off_at: tuple[str, ...] = ()
     validated: bool = False
 
     def has_no_effect(self, sizes_are_1: dict, values: dict) -> bool:
@@ -85,7 +92,7 @@ SETTINGS: tuple[Setting, ...] = (
             "--use-flash-attn"),
     Setting("sequence_parallel", bool, False, "sequence parallelism",
             "true splits layer norms and dropouts over the tensor-parallel ranks (Megatron --sequence-parallel)",
-            "--sequence-parallel", inert_at=("tp",)),
+            "--sequence-parallel", inert_at=("tp",), off_at=("tp",)),
     Setting("async_tensor_model_parallel_allreduce", bool, False, "asynchronous TP all-reduce",
             "true overlaps the backward tensor-parallel all-reduce (or, with sequence parallelism, "
             "reduce-scatter) of the column-parallel layers with their weight-gradient GEMMs (Megatron-LM's "
@@ -111,11 +118,16 @@ BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 SWITCHES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is bool)
 
 
-def unmet_requirements(values: dict) -> list[tuple[Setting, str, bool]]:
+def unmet_requirements(values: dict, sizes_are_1: dict | None = None) -> list[tuple[Setting, str, bool]]:
     """``(setting, needed setting, needed value)`` for each switched-on setting of ``values``
-    (name -> value, every setting) whose requirement (:attr:`Setting.requires`) is not met."""
+    (name -> value, every setting) whose requirement (:attr:`Setting.requires`) is not met; with
+    ``sizes_are_1`` (:data:`LAYOUT_SIZES` -> bool, a plan's kind) a needed setting that
+    Megatron-LM switches off on such plans (:attr:`Setting.off_at`) does not count as on."""
+    def acting(k):
+        off = sizes_are_1 is not None and any(sizes_are_1[s] for s in BY_NAME[k].off_at)
+        return BY_NAME[k].default if off else values[k]
     return [(st, k, v) for st in SETTINGS if values[st.name] != st.default
-            for k, v in st.requires if values[k] != v]
+            for k, v in st.requires if acting(k) != v]
 
 
 def rules_markdown() -> str:
@@ -126,6 +138,7 @@ def rules_markdown() -> str:
     lines = []
     for st in SETTINGS:
         parts = [f"no effect at {' or '.join(f'{k} = 1' for k in st.inert_at)}"] if st.inert_at else []
+        parts += [f"Megatron-LM switches it off at {' or '.join(f'{k} = 1' for k in st.off_at)}"] if st.off_at else []
         parts += [f"no effect with {k} = {val(v)}" for k, v in st.inert_with]
         parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
         lines.append(f"- `{st.name}` ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))

@@ -22,7 +22,7 @@ import math
 from ._jit import jit
 from . import comm, memory, ops
 from .layout import Layout, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401 (Layout: for callers)
-from .params import H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import hw_index
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
@@ -33,7 +33,7 @@ from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, 
                      NUM_STATUS, O_ACT, O_BUBBLE, O_COMPUTE, O_COST, O_DAYS, O_DP, O_ENERGY, O_GPU_HOURS,
                      O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU, O_MICRO, O_OPT, O_OVERHEAD, O_PARAMS, O_PP,
                      O_STATES, O_STEPS, O_TFLOPS, O_TOKENS_PER_S, O_TP, OK, OUT_OF_MEMORY, OUTPUT_NAMES,
-                     REPEAT)
+                     REFUSED, REPEAT)
 
 
 GiB = 1024.0 ** 3
@@ -158,6 +158,16 @@ def repeats(lay, hw):
     ``d = 1``)."""
     case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
     return (int(hw[H_REPEAT_CASES]) >> case) & 1 == 1
+
+
+@jit
+def refused(lay, hw):
+    """Whether Megatron-LM refuses this machine's settings on plans of layout ``lay``'s kind: bit
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` of the machine-vector field ``refused_cases`` (set by
+    :func:`vtrain_fast.plan.spec.refused_cases` where a setting needs one that Megatron-LM
+    switches off there, e.g. tp_comm_overlap at tp = 1, where sequence parallelism is off)."""
+    case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
+    return (int(hw[H_REFUSED_CASES]) >> case) & 1 == 1
 
 
 @jit

@@ -28,7 +28,7 @@ from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
                      NUM_MODEL_FIELDS, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
-from .step import (REPEAT, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
+from .step import (REFUSED, REPEAT, refused, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
 
@@ -143,7 +143,8 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
     ``(gpu_index, num_gpus, num_nodes, layout, ok, split_status)``, the first five as
     :func:`prefix_values`; ``split_status`` is
     :func:`~vtrain_fast.model.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
-    or ``REPEAT`` where it is ``OK`` but the machine repeats an earlier one
+    or ``REFUSED`` / ``REPEAT`` where it is ``OK`` but Megatron-LM refuses the machine's settings on
+    this plan (:func:`~vtrain_fast.model.step.refused`) / the machine repeats an earlier one
     (:func:`~vtrain_fast.model.step.repeats`).
     """
     gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps)
@@ -153,7 +154,9 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
         split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
                                       models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
                                       models[mi, MD_SEQ], lay)
-        if split_status == OK and repeats(lay, hw_table[gi]):
+        if split_status == OK and refused(lay, hw_table[gi]):
+            split_status = REFUSED      # Megatron-LM refuses these settings on this plan
+        elif split_status == OK and repeats(lay, hw_table[gi]):
             split_status = REPEAT       # an earlier machine of the sweep has these rows
     ctx[CTX_FILLED] = 0.0
     if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != lay.tp:

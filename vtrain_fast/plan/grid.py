@@ -16,7 +16,7 @@ from ..io.errors import InputError
 from ..hardware.gpus import machine_vector
 from ..model.params import HW_FIELDS, NUM_MODEL_FIELDS
 from ..model.sweep import AXES, PREFIX_AXES, prefix_table
-from .spec import RECOMPUTE_VALUES, SweepSpec, repeat_cases
+from .spec import RECOMPUTE_VALUES, SweepSpec, refused_cases, repeat_cases
 
 INT64_MAX = 2 ** 63 - 1
 # Largest pruning table built (entries of uint8); beyond it sweeps run unpruned.
@@ -112,9 +112,10 @@ def build_grid(spec: SweepSpec) -> Grid:
 
 def _hw_table(presets) -> np.ndarray:
     """Machine vectors of the gpu axis, ``float64`` ``(len(presets), NUM_HW_FIELDS)``, with
-    their ``repeat_cases`` (:func:`repeat_cases`)."""
+    their ``repeat_cases`` and ``refused_cases`` (:func:`repeat_cases`, :func:`refused_cases`)."""
     table = np.stack([machine_vector(g) for g in presets])
     table[:, HW_FIELDS.index("repeat_cases")] = repeat_cases(presets)
+    table[:, HW_FIELDS.index("refused_cases")] = refused_cases(presets)
     return table
 
 

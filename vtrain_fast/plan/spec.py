@@ -27,7 +27,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     vpp = 1                         # model chunks per device, interleaved 1F1B when > 1
 
 A ``[gpus.<name>]`` table defines a GPU the spec can name in ``cluster.gpu`` (``base = "<preset>"``
-and the fields that differ, or every field of ``hardware.GPU_FIELD_RANGES``), or changes the
+and the fields that differ, or every field of ``hardware.gpus.GPU_FIELD_RANGES``), or changes the
 fields of a preset of that name (:func:`spec_gpus`)::
 
     [gpus.h100-nvl-94gb]
@@ -377,6 +377,27 @@ def repeat_cases(presets) -> list[int]:
             if mine in seen:
                 masks[i] |= 1 << case
             seen.add(mine)
+    return masks
+
+
+def refused_cases(presets) -> list[int]:
+    """Per machine of a sweep's gpu axis, the bit mask ``model.step.refused`` reads: bit
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where Megatron-LM refuses the machine's settings on
+    plans of that kind (:func:`~vtrain_fast.model.settings.unmet_requirements` with the settings
+    Megatron-LM switches off there: tp_comm_overlap at tp = 1, where it turns sequence parallelism
+    off).
+
+    Returns
+    -------
+    list of int
+        One mask (0-255) per preset.
+    """
+    masks = []
+    for g in presets:
+        values = {st.name: getattr(g, st.name) for st in SETTINGS}
+        masks.append(sum(1 << case for case in range(8)
+                         if unmet_requirements(values, dict(zip(LAYOUT_SIZES, (not case & 1, not case & 2,
+                                                                              not case & 4))))))
     return masks
 
 
