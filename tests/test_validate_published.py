@@ -190,3 +190,21 @@ def test_command_refuses_an_unknown_set(cli, tmp_path):
     res = cli("validate", "--set", "nope", "-o", tmp_path / "x.parquet")
     assert res.exit_code == 2
     assert "--set" in res.output
+
+
+def test_a_plan_the_model_finds_infeasible_is_not_priced(monkeypatch):
+    """An expressible row whose plan the model refuses (out_of_memory, bad_batch, ...) keeps its
+    status and gets no prediction or error, and the command lists it."""
+    real = P.evaluate_frame
+
+    def refuse_one(df, *a, **k):
+        out = real(df, *a, **k)
+        return out.with_columns(pl.when(pl.col("id") == "narayanan21_t1_1T").then(pl.lit("out_of_memory"))
+                                .otherwise(pl.col("status")).alias("status"))
+    monkeypatch.setattr(P, "evaluate_frame", refuse_one)
+    rows = P.validate_published()
+    r = rows.filter(pl.col("id") == "narayanan21_t1_1T").row(0, named=True)
+    assert r["expressible"] and r["status"] == "out_of_memory"
+    assert r["iteration_time_s"] is None and r["ape_pct"] is None
+    s = P.summary(rows, "source").filter(pl.col("source") == "Narayanan et al. 2021").row(0, named=True)
+    assert (s["expressible"], s["priced"]) == (10, 9)
