@@ -23,7 +23,7 @@ LAYERS = [
     ("engine.distributed",),                                                      # chunks on a Dask cluster
     ("engine.run",),                                                              # folders, resume, merge
     ("analysis.query", "analysis.report", "analysis.evaluate", "analysis.nccl"),  # reading results, single plans
-    ("analysis.validate", "analysis.calibrate"),                                  # measurements
+    ("analysis.validate", "analysis.calibrate", "analysis.published"),            # measurements
     ("cli", "bench", "__main__"),                                                 # commands
 ]
 LAYER = {m: k for k, mods in enumerate(LAYERS) for m in mods}

@@ -413,19 +413,33 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 
 
+VALIDATION_SETS = ("vtrain", "published")
+
+
 @app.command()
 @_user_errors
-def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o", "--output",
-                                         help="per-row errors, .parquet or .csv"),
+def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                   help="per-row errors, .parquet or .csv [results/validation.parquet; "
+                                                        "--set published: results/validation_published.parquet]"),
              plot: Optional[Path] = typer.Option(None, "--plot", help="predicted-vs-measured PNG"),
              calibration: Optional[Path] = CalibrationOpt,
              write_measurements: Optional[Path] = typer.Option(
-                 None, "--write-measurements", help="also write the measured sets as evaluate/calibrate CSVs into this folder")):
-    """Compare predictions with vTrain's 1,549 measured A100 iteration times."""
+                 None, "--write-measurements", help="also write the measured sets as evaluate/calibrate CSVs into this folder"),
+             which: str = typer.Option("vtrain", "--set", help="vtrain: vTrain's 1,549 A100 iteration times; published: "
+                                       "the 79 published runs of vtrain_fast/data/published (held out)")):
+    """Compare predictions with vTrain's 1,549 measured A100 iteration times (--set published:
+    with 79 published training runs of 7 sources)."""
     import polars as pl
 
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.report import print_frame
+    if which not in VALIDATION_SETS:
+        raise InputError("command line", "--set", which, "one of " + ", ".join(VALIDATION_SETS))
+    if which == "published":
+        _validate_published(output or Path("results/validation_published.parquet"), plot, calibration,
+                            write_measurements)
+        return
+    output = output or Path("results/validation.parquet")
     from .analysis.validate import group_spearman, load_measurements
     from .analysis.validate import plot as plot_rows
     from .analysis.validate import validate as run
@@ -444,6 +458,54 @@ def validate(output: Path = typer.Option(Path("results/validation.parquet"), "-o
     write_table_atomic(groups, groups_path)
     console.print(f"per-row errors: {output}; per-group: {groups_path}")
     if plot:
+        plot_rows(rows, plot)
+        console.print(f"plot: {plot}")
+
+
+def _validate_published(output: Path, plot: Optional[Path], calibration: Optional[Path],
+                        write_measurements: Optional[Path]) -> None:
+    """validate --set published: per-source and per-GPU error tables, the largest errors, why
+    the other rows are not priced; per-row results to ``output``."""
+    import polars as pl
+
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.published import plan_frame, reason_counts, summary, validate_published
+    from .analysis.report import print_frame
+    check_table_path(output)
+    rows = validate_published(_calibration(calibration))
+    n, k = rows.height, int(rows["expressible"].sum())
+    console.print(f"Published runs: {n} rows of {rows['source'].n_unique()} sources, {k} expressible by the model today. "
+                  "Held-out baseline: nothing is fitted to these rows; calibration: "
+                  f"{calibration or 'the shipped presets (today)'}. Error = predicted vs measured seconds per iteration "
+                  "(each source's metric converted with its own formula).", markup=False)
+    print_frame(summary(rows, "source"), "Iteration-time error by source (percent; priced = expressible and "
+                "feasible in the model)", console=console, keep=("source",))
+    print_frame(summary(rows, "gpu_preset"), "Iteration-time error by GPU preset (percent)", console=console,
+                keep=("gpu_preset",))
+    priced = rows.filter(pl.col("ape_pct").is_not_null()).sort("ape_pct", descending=True)
+    cols = [c for c in ("id", "gpu_preset", "tp", "pp", "dp", "vpp", "micro_batch_size", "global_batch_size",
+                        "recompute", "sequence_parallel", "measured_iteration_time_s", "iteration_time_s",
+                        "error_pct") if c in priced.columns]
+    if priced.height:
+        print_frame(priced.select(cols), "Largest errors (error = predicted / measured - 1, percent)", 10,
+                    console=console, keep=("id", "error_pct"), more_hint=f"every row is in {output}")
+    refused = rows.filter(pl.col("expressible") & pl.col("status").ne("ok"))
+    if refused.height:
+        print_frame(refused.select("id", "status"), "Expressible rows the model finds infeasible (not priced)",
+                    console=console, keep=("id",))
+    print_frame(reason_counts(rows), f"Why {n - k} rows are not priced (a row may have several reasons; only = "
+                "the rows it alone keeps out)", console=console, keep=("reason",))
+    if write_measurements:
+        ok = rows.filter(pl.col("expressible")).select("id", "measured_iteration_time_s")
+        from .analysis.published import load_runs
+        runs = [r for r in load_runs() if r["id"] in set(ok["id"].to_list())]
+        meas = plan_frame(runs).join(ok, on="id")
+        write_table_atomic(meas, write_measurements / "published.csv")
+        console.print(f"measurements: {write_measurements}/published.csv (expressible rows only)")
+    write_table_atomic(rows, output)
+    console.print(f"per-row results: {output}")
+    if plot:
+        from .analysis.published import plot as plot_rows
         plot_rows(rows, plot)
         console.print(f"plot: {plot}")
 

@@ -1,0 +1,210 @@
+"""validate --set published: every published row is priced or has a reason, the metric
+conversions follow their sources' formulas, and a row the model cannot express is never priced."""
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+
+from vtrain_fast.analysis import published as P
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return P.load_runs()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return P.validate_published()
+
+
+def _run(runs, id_):
+    return next(r for r in runs if r["id"] == id_)
+
+
+def test_the_package_copy_has_79_rows_of_7_sources(runs):
+    assert len(runs) == 79
+    assert len({r["id"] for r in runs}) == 79
+    assert {r["source_key"] for r in runs} == set(P.STACKS)
+
+
+def test_every_row_is_mapped_or_has_a_one_line_reason(runs, rows):
+    assert rows.height == len(runs)
+    for r in rows.iter_rows(named=True):
+        if r["expressible"]:
+            assert r["reason"] is None
+            assert r["measured_iteration_time_s"] is not None and r["measured_iteration_time_s"] > 0
+            assert r["status"] is not None
+        else:
+            assert r["reason"] and "\n" not in r["reason"], r["id"]
+    # each reason is one rule's: a rule never fires on an expressible row
+    for run in runs:
+        expressible = bool(rows.filter(pl.col("id") == run["id"])["expressible"][0])
+        assert expressible == (not P.unexpressible_reasons(run))
+
+
+def test_reasons_name_what_the_model_lacks(runs):
+    reasons = {r["id"]: P.unexpressible_reasons(r) for r in runs}
+    assert "ZeRO-3/FSDP not modelled" in reasons["narayanan21_t2_zero3_175B_384gpu"]
+    assert reasons["mosaic_mpt7b_a100_40gb_128gpu"] == ["ZeRO-3/FSDP not modelled"]
+    assert "precision fp8 not modelled" in reasons["nemo2407_GPT3-175B_128gpu"]
+    assert any(x.startswith("context parallelism (cp = 2)") for x in reasons["nemo2407_LLAMA3-8B_8gpu"])
+    assert reasons["bloom176b_gbs2048_iter85376"] == ["uneven pipeline stages: num_layers % pp != 0 (70 % 12)"]
+    assert "tp/pp not stated" in reasons["narayanan21_t2_ptd_175B_384gpu"]
+    assert reasons["korthikanti22_1T_fullrecompute"] == ["virtual_pp not stated (pp > 1)"]
+    assert any("weak_scaling_efficiency" in x for x in reasons["shoeybi19_2.5B_mp2"])
+
+
+def test_deleting_a_rule_is_how_a_feature_lands(runs, monkeypatch):
+    """The rules are data: without the FSDP rule the MosaicML A100-40GB rows would be mapped
+    (to the a100-sxm4-40gb preset)."""
+    row = _run(runs, "mosaic_mpt7b_a100_40gb_128gpu")
+    monkeypatch.setattr(P, "RULES", tuple(r for r in P.RULES if r is not P._r_zero3))
+    assert P.unexpressible_reasons(row) == []
+    plan, _ = P.plan_row(row)
+    assert plan["gpu"] == "a100-sxm4-40gb" and plan["recompute"] == "full" and plan["precision"] == "bf16"
+
+
+def test_gpu_names_map_to_presets():
+    assert P.gpu_preset("A100-SXM4-80GB (Selene DGX A100)").preset == "a100-sxm4-80gb"
+    assert P.gpu_preset("A100-80GB (Jean Zay, 48 nodes x 8)").preset == "a100-sxm4-80gb"
+    assert P.gpu_preset("A100-40GB").preset == "a100-sxm4-40gb"
+    assert P.gpu_preset("H100-SXM5-80GB (DGX H100)").preset == "h100-sxm-80gb"
+    v100 = P.gpu_preset("V100-SXM3-32GB (DGX-2H)")
+    assert v100.preset == "v100-sxm2-32gb" and v100.overrides == {"gpus_per_node": 16, "inter_node_Gbps": 50.0}
+    assert P.gpu_preset("TPU v4") is None
+
+
+# ------------------------------------------------------------------------------ conversions
+def test_narayanan_eq3_by_hand(runs):
+    """Table 1, 1.7B: B 512, s 2048, l 24, h 2304, V 51200, 32 GPUs at 137 TFLOP/s.
+    F = 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    F = 96 * 512 * 2048 * 24 * 2304 ** 2 * (1 + 2048 / (6 * 2304) + 51200 / (16 * 24 * 2304))
+    assert P.hardware_flops_eq3(512, 2048, 24, 2304, 51200) == pytest.approx(F, rel=1e-12)
+    assert F == pytest.approx(1.54668e16, rel=1e-5)        # 1.28248e16 x 1.20602
+    t, _ = P.measured_iteration_time(_run(runs, "narayanan21_t1_1.7B"))
+    assert t == pytest.approx(F / (137e12 * 32), rel=1e-12)
+    assert t == pytest.approx(3.528, abs=1e-3)
+
+
+def test_bloom_logged_tflops_match_its_iteration_time(runs):
+    """BLOOM's log line: 104.70 s per iteration and 149.77 TFLOPs (24 x 4 coefficient): the
+    formula turns one into the other."""
+    F = P.hardware_flops_eq3(2048, 2048, 70, 14336, 250680)
+    assert F / (104.70 * 384) / 1e12 == pytest.approx(149.77, abs=0.02)
+    t, _ = P.measured_iteration_time(_run(runs, "bloom176b_gbs192_mbs1"))
+    assert t == pytest.approx(P.hardware_flops_eq3(192, 2048, 70, 14336, 250680) / (73e12 * 384), rel=1e-12)
+
+
+def test_korthikanti_mfu_reproduces_table5():
+    """Model FLOPs 72 B s l h^2 (1 + s/6h + V/12lh) at 312 TFLOP/s: Table 5's MFU of 22B
+    (1.10 s, 8 GPUs, 41.5 %) and 175B (13.75 s, 64 GPUs, 51.4 %)."""
+    f22 = P.model_flops_korthikanti(4, 2048, 48, 6144, 51200)
+    assert f22 / (1.10 * 8 * 312e12) * 100 == pytest.approx(41.5, abs=0.3)
+    f175 = P.model_flops_korthikanti(64, 2048, 96, 12288, 51200)
+    assert f175 / (13.75 * 64 * 312e12) * 100 == pytest.approx(51.4, abs=0.1)
+    assert P.seconds_from_mfu(f175, 51.4, 312.0, 64) == pytest.approx(13.75, rel=2e-3)
+
+
+def test_megatron_core_flops_by_hand():
+    """12 B s l h^2 (1 + g/a + s/h + f/h + V/(2lh)); with g = a and f = 4h it equals
+    Korthikanti's 72 B s l h^2 (1 + s/6h + V/12lh)."""
+    assert P.model_flops_megatron_core(2, 4096, 24, 2048, 16, 16, 8192, 131072) == pytest.approx(
+        P.model_flops_korthikanti(2, 4096, 24, 2048, 131072), rel=1e-12)
+    assert P.model_flops_megatron_core(1, 8, 2, 4, 2, 1, 16, 32) == 12 * 8 * 2 * 16 * (1 + 0.5 + 2 + 4 + 2)
+
+
+def test_tokens_and_epoch_conversions(runs):
+    # MosaicML MPT-7B on 8 A100-80GB: 96 x 2048 tokens at 4,641 tokens/s/GPU
+    t, _ = P.measured_iteration_time(_run(runs, "mosaic_mpt7b_a100_80gb_8gpu"))
+    assert t == pytest.approx(96 * 2048 / (4641 * 8), rel=1e-12)
+    # Shoeybi Table 2: 0.86 days per epoch of 68,507 iterations = 1.085 s (the row's notes)
+    t, _ = P.measured_iteration_time(_run(runs, "shoeybi19_gpt2train_355M"))
+    assert t == pytest.approx(1.085, abs=1e-3)
+    t, how = P.measured_iteration_time(_run(runs, "korthikanti22_22B_fullrecompute"))
+    assert t == 1.42 and how == "measured directly"
+
+
+def test_metrics_that_are_not_throughput_are_not_converted(runs):
+    for id_ in ("shoeybi19_2.5B_mp2", "shoeybi19_1.2B_1gpu_baseline", "korthikanti22_530B_dp8_fullrecompute"):
+        with pytest.raises(P.NotConvertible):
+            P.measured_iteration_time(_run(runs, id_))
+
+
+# ------------------------------------------------------------------------------ pricing
+def test_unexpressible_rows_are_never_priced(runs, rows, monkeypatch):
+    bad = rows.filter(~pl.col("expressible"))
+    assert bad.height > 0
+    assert bad["iteration_time_s"].null_count() == bad.height
+    assert bad["ape_pct"].null_count() == bad.height
+    assert bad["status"].null_count() == bad.height
+    seen = []
+    real = P.evaluate_frame
+
+    def spy(df, *a, **k):
+        seen.extend(df["id"].to_list())
+        return real(df, *a, **k)
+    monkeypatch.setattr(P, "evaluate_frame", spy)
+    P.validate_published()
+    assert set(seen) == set(rows.filter(pl.col("expressible"))["id"].to_list())
+
+
+def test_expressible_plans_use_the_stack_defaults(rows):
+    n21 = rows.filter(pl.col("id") == "narayanan21_t1_76B").row(0, named=True)
+    assert (n21["tp"], n21["pp"], n21["dp"], n21["vpp"], n21["micro_batch_size"]) == (8, 4, 32, 3, 2)
+    assert n21["recompute"] == "full" and not n21["async_tensor_model_parallel_allreduce"]
+    k22 = rows.filter(pl.col("id") == "korthikanti22_175B_selective_sp").row(0, named=True)
+    assert k22["recompute"] == "selective" and k22["sequence_parallel"] and k22["async_tensor_model_parallel_allreduce"]
+    assert not k22["overlap_grad_reduce"] and not k22["use_flash_attn"]
+
+
+def test_errors_are_consistent(rows):
+    priced = rows.filter(pl.col("ape_pct").is_not_null())
+    assert priced.height >= 10
+    for r in priced.iter_rows(named=True):
+        assert r["status"] == "ok"
+        expect = (r["iteration_time_s"] / r["measured_iteration_time_s"] - 1) * 100
+        assert math.isclose(r["error_pct"], expect, rel_tol=1e-9) and r["ape_pct"] == abs(r["error_pct"])
+    s = P.summary(rows, "source")
+    assert s["rows"].sum() == 2 * rows.height            # the sources, then 'all'
+    assert s.filter(pl.col("source") == "all")["priced"][0] == priced.height
+
+
+# ------------------------------------------------------------------------------ command
+def test_command_prints_per_source_mape_and_writes_parquet(tmp_path, cli):
+    out = tmp_path / "validation_published.parquet"
+    res = cli("validate", "--set", "published", "-o", out)
+    assert res.exit_code == 0, res.output
+    assert "by source" in res.output and "mape" in res.output.lower()
+    assert "Narayanan et al. 2021" in res.output and "Korthikanti et al. 2022" in res.output
+    assert "Held-out" in res.output and "Largest errors" in res.output
+    df = pl.read_parquet(out)
+    assert df.height == 79
+    for col in ("id", "source", "measured_iteration_time_s", "iteration_time_s", "ape_pct", "expressible", "reason"):
+        assert col in df.columns
+
+
+def test_command_refuses_an_unknown_set(cli, tmp_path):
+    res = cli("validate", "--set", "nope", "-o", tmp_path / "x.parquet")
+    assert res.exit_code == 2
+    assert "--set" in res.output
+
+
+def test_a_plan_the_model_finds_infeasible_is_not_priced(monkeypatch):
+    """An expressible row whose plan the model refuses (out_of_memory, bad_batch, ...) keeps its
+    status and gets no prediction or error, and the command lists it."""
+    real = P.evaluate_frame
+
+    def refuse_one(df, *a, **k):
+        out = real(df, *a, **k)
+        return out.with_columns(pl.when(pl.col("id") == "narayanan21_t1_1T").then(pl.lit("out_of_memory"))
+                                .otherwise(pl.col("status")).alias("status"))
+    monkeypatch.setattr(P, "evaluate_frame", refuse_one)
+    rows = P.validate_published()
+    r = rows.filter(pl.col("id") == "narayanan21_t1_1T").row(0, named=True)
+    assert r["expressible"] and r["status"] == "out_of_memory"
+    assert r["iteration_time_s"] is None and r["ape_pct"] is None
+    s = P.summary(rows, "source").filter(pl.col("source") == "Narayanan et al. 2021").row(0, named=True)
+    assert (s["expressible"], s["priced"]) == (10, 9)

@@ -1,0 +1,601 @@
+"""Validation against published training runs (``vtrain_fast/data/published/published_runs.csv``:
+79 measured configurations from 7 public sources; see the README there).
+
+A held-out check of today's calibration: nothing here is fitted, and no constant of the cost
+model may be tuned to these rows.
+
+Three steps per row, each in one place:
+
+* :func:`unexpressible_reasons`: the rules (:data:`RULES`, one function per reason) that say why
+  the cost model cannot price a row today. A row is priced only when no rule fires; when the
+  model learns a feature (FP8, ZeRO-3, context parallelism, ...), delete its rule.
+* :data:`CONVERSIONS`: the measured headline metric converted to seconds per iteration with the
+  formula of the row's source (one function per metric and FLOP convention).
+* :func:`plan_frame`: the ``evaluate`` plan of an expressible row: the GPU preset
+  (:data:`GPU_PRESETS`) and, for the settings the CSV has no column for, the defaults of the
+  row's software stack (:data:`STACKS`).
+"""
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from importlib import resources
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from .evaluate import evaluate_frame
+
+DATA = resources.files("vtrain_fast") / "data" / "published"
+CSV_NAME = "published_runs.csv"
+
+INT_COLUMNS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+               "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "virtual_pp",
+               "num_gpus")
+FLOAT_COLUMNS = ("params_b", "measured_value")
+
+
+def load_runs() -> list[dict]:
+    """The rows of ``published_runs.csv`` as dicts: integer and float columns parsed, empty
+    cells ``None`` (unknown: the source does not state the value), ``sequence_parallel`` a bool
+    or ``None``, other cells stripped text or ``None``."""
+    text = (DATA / CSV_NAME).read_text(encoding="utf-8")
+    rows = []
+    for raw in csv.DictReader(io.StringIO(text)):
+        r = {}
+        for k, v in raw.items():
+            v = v.strip()
+            if v == "":
+                r[k] = None
+            elif k in INT_COLUMNS:
+                f = float(v)
+                if f != int(f):
+                    raise ValueError(f"{CSV_NAME}: {raw['id']}: {k} = {v} is not a whole number")
+                r[k] = int(f)
+            elif k in FLOAT_COLUMNS:
+                r[k] = float(v)
+            elif k == "sequence_parallel":
+                r[k] = {"true": True, "false": False}[v.lower()]
+            else:
+                r[k] = v
+        r["source_key"] = r["id"].split("_")[0]
+        rows.append(r)
+    return rows
+
+
+# ------------------------------------------------------------------------------ sources and stacks
+@dataclass(frozen=True)
+class Stack:
+    """A source's software stack and what it runs by default for the settings the CSV has no
+    column for (the values the plan assumes; ``basis`` says where each comes from)."""
+
+    name: str
+    label: str
+    settings: dict
+    basis: str
+
+
+_OFF = dict(overlap_grad_reduce=False, distributed_optimizer=False, use_flash_attn=False,
+            async_tensor_model_parallel_allreduce=False, tp_comm_overlap=False, overlap_param_gather=False)
+_MCORE_2024 = dict(overlap_grad_reduce=True, distributed_optimizer=True, use_flash_attn=True,
+                   async_tensor_model_parallel_allreduce=True, tp_comm_overlap=True, overlap_param_gather=True)
+
+STACKS: dict[str, Stack] = {
+    "narayanan21": Stack(
+        "Narayanan et al. 2021", "Megatron-LM, Aug 2021 (examples/sc21, commit 6985e58)", dict(_OFF),
+        "the asynchronous TP all-reduce entered Megatron-LM on 2021-09-02 (commit 3f65246), after the "
+        "paper and its script; gradient all-reduce by the local DDP after backward (--overlap-grad-reduce: "
+        "2023-08, commit 2d5220a); no distributed optimizer (2022), no FlashAttention"),
+    "korthikanti22": Stack(
+        "Korthikanti et al. 2022", "Megatron-LM, 2022",
+        dict(_OFF, async_tensor_model_parallel_allreduce=True),
+        "the asynchronous TP all-reduce is Megatron-LM's default from 2021-09-02 (commit 3f65246, "
+        "--no-async-tensor-model-parallel-allreduce turns it off); the paper states no overlap of the "
+        "gradient all-reduce with backprop (row notes, Sec. 6.3); no distributed optimizer (not in "
+        "megatron/arguments.py at 2022-05-26, commit 55ba1f7; it changes nothing at dp = 1 anyway); no FlashAttention"),
+    "megatronlm": Stack(
+        "Megatron-LM README 2024", "Megatron-Core r0.8.0", dict(_MCORE_2024),
+        "the README names --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap (which need "
+        "the distributed optimizer and sequence parallelism); asynchronous TP all-reduce on by default; "
+        "Transformer Engine's fused attention assumed for use_flash_attn"),
+    "nemo2407": Stack(
+        "NeMo 24.07", "NeMo 24.07 (Megatron-Core)", dict(_MCORE_2024),
+        "NeMo's pre-training recipes run the distributed optimizer with overlapped gradient reduce and "
+        "parameter gather, sequence parallelism and Transformer Engine userbuffers (tp_comm_overlap); "
+        "not restated on the performance page (recipe defaults, assumed)"),
+    "shoeybi19": Stack(
+        "Shoeybi et al. 2019", "Megatron-LM v1, 2019", dict(_OFF),
+        "none of these settings existed in 2019 Megatron-LM"),
+    "bloom176b": Stack(
+        "BLOOM-176B", "Megatron-DeepSpeed (BigScience tr11)", dict(_OFF, distributed_optimizer=True),
+        "BF16Optimizer with ZeRO-1-equivalent sharding (row notes) = distributed optimizer; "
+        "Megatron-DeepSpeed's ColumnParallelLinear has no asynchronous TP all-reduce; no overlap, "
+        "no FlashAttention, DeepSpeed PP non-interleaved"),
+    "mosaic": Stack(
+        "MosaicML llm-foundry", "PyTorch FSDP (llm-foundry)", dict(_OFF),
+        "FSDP FULL_SHARD: not a Megatron plan; no setting applies"),
+}
+
+
+def source_label(row: dict) -> str:
+    return STACKS[row["source_key"]].name
+
+
+# ------------------------------------------------------------------------------ GPUs
+@dataclass(frozen=True)
+class GPUMap:
+    """How a GPU name of the CSV maps to a preset: ``match`` (all substrings, case-insensitive),
+    the preset, cluster overrides (``evaluate`` cluster columns) and a note."""
+
+    match: tuple[str, ...]
+    preset: str
+    overrides: dict
+    note: str
+
+
+GPU_PRESETS: tuple[GPUMap, ...] = (
+    GPUMap(("a100", "40gb"), "a100-sxm4-40gb", {},
+           "A100 40 GB preset (hbm_GiB 40; the 80 GB part's calibration)"),
+    GPUMap(("a100",), "a100-sxm4-80gb", {},
+           "the calibrated A100 80 GB preset (8 GPUs per node, 200 Gb/s per GPU: Selene's 8 x 200 Gb/s "
+           "HDR per node; Jean Zay's network not stated, preset kept)"),
+    GPUMap(("h100",), "h100-sxm-80gb", {},
+           "H100 SXM preset: not calibrated (A100 software-stack terms, published GEMM efficiency)"),
+    GPUMap(("v100", "dgx-2h"), "v100-sxm2-32gb", {"gpus_per_node": 16, "inter_node_Gbps": 50.0},
+           "V100 SXM2 32 GB preset with the DGX-2H's 16 GPUs per NVSwitch node and 8 x 100 Gb/s IB per node "
+           "(50 Gb/s per GPU, Shoeybi et al. Sec. 5); the preset's 125 TFLOP/s fp16 peak (the DGX-2H's SXM3 "
+           "parts run ~130); not calibrated (assumed GEMM efficiency 0.70)"),
+)
+
+
+def gpu_preset(name: str | None) -> GPUMap | None:
+    """The :data:`GPU_PRESETS` entry of a CSV GPU name, or ``None``."""
+    low = (name or "").lower().replace(" ", "")
+    for m in GPU_PRESETS:
+        if all(s in low for s in m.match):
+            return m
+    return None
+
+
+# ------------------------------------------------------------------------------ metric conversions
+class NotConvertible(Exception):
+    """The measured metric of a row cannot be turned into seconds per iteration (the message
+    says why)."""
+
+
+def hardware_flops_eq3(B, s, l, h, V) -> float:
+    """FLOPs of one iteration with full recomputation, Narayanan et al. 2021, eq. (3):
+    ``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` (3 x forward for the passes plus the
+    recompute forward; attention counted unmasked). Also BLOOM's logged TFLOPs: Megatron-DeepSpeed's
+    ``24 k B s l h^2 (1 + s/(6h) + V/(16 l h))`` with ``k = 4`` under --checkpoint-activations
+    (its README's '4*2' coefficient)."""
+    return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+
+
+def model_flops_korthikanti(B, s, l, h, V) -> float:
+    """Model FLOPs of one iteration (no recomputation), Korthikanti et al. 2022 (MFU, Sec. 6):
+    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))``, GPT layer with ffn = 4h. (Table 5's 41.5 %
+    for 22B at 1.42 / 1.1 s and 51.4 % for 175B at 13.75 s follow from it at 312 TFLOP/s.)"""
+    return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))
+
+
+def model_flops_megatron_core(B, s, l, h, a, g, f, V) -> float:
+    """Model FLOPs of one iteration, Megatron-Core r0.8.0 ``num_floating_point_operations``
+    (megatron/training/training.py; no SwiGLU, no MoE, kv_channels = h/a):
+    ``12 B s l h^2 (1 + g/a + s/h + f/h + V/(2 l h))``."""
+    return 12.0 * B * s * l * h * h * (1.0 + g / a + s / h + f / h + V / (2.0 * l * h))
+
+
+def seconds_from_tflops(flops_per_iteration: float, tflops_per_gpu: float, num_gpus: int) -> float:
+    """``T = F / (TFLOP/s per GPU x 10^12 x GPUs)``, the inverse of how the sources compute it."""
+    return flops_per_iteration / (tflops_per_gpu * 1e12 * num_gpus)
+
+
+def seconds_from_mfu(flops_per_iteration: float, mfu_pct: float, peak_tflops: float, num_gpus: int) -> float:
+    """``T = F_model / (MFU x peak x GPUs)``."""
+    return flops_per_iteration / (mfu_pct / 100.0 * peak_tflops * 1e12 * num_gpus)
+
+
+def seconds_from_tokens_per_gpu(B: int, s: int, tokens_per_s_per_gpu: float, num_gpus: int) -> float:
+    """``T = B s / (tokens/s per GPU x GPUs)``: one iteration consumes B sequences of s tokens."""
+    return B * s / (tokens_per_s_per_gpu * num_gpus)
+
+
+# Shoeybi et al. 2019, Sec. 5.2: one epoch = 68,507 iterations at batch 512, sequence 1024.
+SHOEYBI_ITERATIONS_PER_EPOCH = 68_507
+
+
+def seconds_from_epoch_days(days: float, iterations: int = SHOEYBI_ITERATIONS_PER_EPOCH) -> float:
+    """Mean wall-clock seconds per iteration of a real training run, ``days x 86,400 / iterations``
+    (includes evaluation, checkpointing and any other overhead of the run)."""
+    return days * 86400.0 / iterations
+
+
+def _need(row: dict, *cols: str) -> list:
+    missing = [c for c in cols if row.get(c) is None]
+    if missing:
+        raise NotConvertible(f"conversion needs {', '.join(missing)} (not stated)")
+    return [row[c] for c in cols]
+
+
+def _narayanan_tflops(row):
+    B, s, l, h, V, n = _need(row, "global_batch_size", "seq_len", "num_layers", "hidden_size", "vocab_size", "num_gpus")
+    return seconds_from_tflops(hardware_flops_eq3(B, s, l, h, V), row["measured_value"], n), "eq. (3) hardware FLOPs"
+
+
+def _bloom_tflops(row):
+    if row.get("recompute") != "full":
+        raise NotConvertible("BLOOM's TFLOPs formula uses k = 4 only with activation checkpointing")
+    B, s, l, h, V, n = _need(row, "global_batch_size", "seq_len", "num_layers", "hidden_size", "vocab_size", "num_gpus")
+    return seconds_from_tflops(hardware_flops_eq3(B, s, l, h, V), row["measured_value"], n), "Megatron-DeepSpeed 24*4 hardware FLOPs"
+
+
+KORTHIKANTI_PEAK_TFLOPS = 312.0   # A100 fp16/bf16 dense, the paper's MFU denominator
+
+
+def _korthikanti_mfu(row):
+    B, s, l, h, V, n = _need(row, "global_batch_size", "seq_len", "num_layers", "hidden_size", "vocab_size", "num_gpus")
+    return (seconds_from_mfu(model_flops_korthikanti(B, s, l, h, V), row["measured_value"], KORTHIKANTI_PEAK_TFLOPS, n),
+            "Korthikanti model FLOPs, MFU of 312")
+
+
+# The Megatron-LM 2024 README's MFU / TFLOP/s ratio implies ~989 TFLOP/s, the H100 SXM dense BF16
+# peak (the shared README's inference; the README does not state it).
+MEGATRON24_PEAK_TFLOPS = 989.0
+
+
+def _megatron24_flops(row):
+    B, s, l, h, a, g, f, V = _need(row, "global_batch_size", "seq_len", "num_layers", "hidden_size", "num_heads",
+                                   "num_kv_heads", "ffn_hidden_size", "vocab_size")
+    return model_flops_megatron_core(B, s, l, h, a, g, f, V)
+
+
+def _megatron24_tflops(row):
+    return seconds_from_tflops(_megatron24_flops(row), row["measured_value"], _need(row, "num_gpus")[0]), "Megatron-Core model FLOPs"
+
+
+def _megatron24_mfu(row):
+    return (seconds_from_mfu(_megatron24_flops(row), row["measured_value"], MEGATRON24_PEAK_TFLOPS, _need(row, "num_gpus")[0]),
+            "Megatron-Core model FLOPs, MFU of 989")
+
+
+def _tokens_per_gpu(row):
+    B, s, n = _need(row, "global_batch_size", "seq_len", "num_gpus")
+    return seconds_from_tokens_per_gpu(B, s, row["measured_value"], n), "B s / (tokens/s/GPU x GPUs)"
+
+
+def _iteration_time(row):
+    return row["measured_value"], "measured directly"
+
+
+def _epoch_days(row):
+    return seconds_from_epoch_days(row["measured_value"]), "days x 86400 / 68507 (mean, incl. overheads)"
+
+
+def _flop_count_unstated(row):
+    raise NotConvertible("TFLOP/s with a FLOP count the source does not state")
+
+
+def _weak_scaling(row):
+    raise NotConvertible("weak_scaling_efficiency is not a per-iteration throughput (% of linear scaling vs a "
+                         "39 TFLOP/s 1-GPU baseline whose FLOP count is not stated)")
+
+
+# (source key or "*", metric) -> function(row) -> (seconds per iteration, formula label).
+CONVERSIONS: dict[tuple[str, str], Callable] = {
+    ("narayanan21", "tflops_per_gpu"): _narayanan_tflops,
+    ("bloom176b", "tflops_per_gpu"): _bloom_tflops,
+    ("korthikanti22", "mfu"): _korthikanti_mfu,
+    ("megatronlm", "tflops_per_gpu"): _megatron24_tflops,
+    ("megatronlm", "mfu"): _megatron24_mfu,
+    ("shoeybi19", "tflops_per_gpu"): _flop_count_unstated,
+    ("shoeybi19", "weak_scaling_efficiency"): _weak_scaling,
+    ("shoeybi19", "time_per_epoch_days"): _epoch_days,
+    ("*", "iteration_time_s"): _iteration_time,
+    ("*", "tokens_per_s_per_gpu"): _tokens_per_gpu,
+}
+
+
+def measured_iteration_time(row: dict) -> tuple[float, str]:
+    """Seconds per iteration from the row's headline metric, and the formula used.
+
+    Raises
+    ------
+    NotConvertible
+        When the metric has no conversion for the row's source or misses an input.
+    """
+    metric = row["measured_metric"]
+    fn = CONVERSIONS.get((row["source_key"], metric)) or CONVERSIONS.get(("*", metric))
+    if fn is None:
+        raise NotConvertible(f"no conversion of {metric} for {source_label(row)}")
+    return fn(row)
+
+
+# ------------------------------------------------------------------------------ expressibility rules
+RECOMPUTE_KINDS = ("none", "full", "selective")
+
+
+def _recompute(row):
+    """The recompute kind (first word of the cell: 'full (FSDP activation checkpointing)' is full)."""
+    v = row.get("recompute")
+    return None if v is None else v.split()[0].lower()
+
+
+def _precision(row):
+    """fp16 or bf16 for a 16-bit mixed-precision cell ('16-bit mixed' is either; the model runs
+    both at the same tensor-core peak), else the cell lower-cased (or None)."""
+    v = (row.get("precision") or "").lower()
+    if not v:
+        return None
+    if "fp8" in v:
+        return "fp8"
+    if "bf16" in v:
+        return "bf16"
+    if "fp16" in v or "16-bit" in v:
+        return "fp16"
+    return v
+
+
+def _is_gated(row):
+    """Llama-family rows have a SwiGLU MLP (the CSV gives its gated width)."""
+    return "llama" in (row.get("model") or "").lower()
+
+
+def _r_gpu(row):
+    if gpu_preset(row.get("gpu")) is None:
+        return f"GPU {row.get('gpu')!r}: no preset"
+
+
+def _r_fp8(row):
+    if _precision(row) == "fp8":
+        return "precision fp8 not modelled"
+
+
+def _r_precision_other(row):
+    p = _precision(row)
+    if p is not None and p not in ("fp16", "bf16", "fp8"):
+        return f"precision {row['precision']!r} not modelled"
+
+
+def _r_precision_unstated(row):
+    if _precision(row) is None:
+        return "precision not stated"
+
+
+def _r_zero3(row):
+    notes = row.get("notes") or ""
+    if "ZeRO-3" in notes or "FULL_SHARD" in notes:
+        return "ZeRO-3/FSDP not modelled"
+
+
+def _r_context_parallel(row):
+    if row.get("cp") is not None and row["cp"] > 1:
+        return f"context parallelism (cp = {row['cp']}) not modelled"
+
+
+def _r_layout_unstated(row):
+    missing = [c for c in ("tp", "pp", "dp", "cp") if row.get(c) is None]
+    if missing:
+        return "/".join(missing) + " not stated"
+
+
+def _r_world_size(row):
+    sizes = [row.get(c) for c in ("tp", "pp", "dp", "cp")]
+    if None not in sizes and row.get("num_gpus") is not None and int(np.prod(sizes)) != row["num_gpus"]:
+        return f"tp x pp x dp x cp = {int(np.prod(sizes))} != num_gpus {row['num_gpus']}"
+
+
+def _r_batch_unstated(row):
+    missing = [c for c in ("global_batch_size", "micro_batch_size") if row.get(c) is None]
+    if missing:
+        return " and ".join(missing) + " not stated"
+
+
+def _r_shape_unstated(row):
+    missing = [c for c in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                           "vocab_size", "seq_len") if row.get(c) is None]
+    if missing:
+        return "model shape not stated (" + ", ".join(missing) + ")"
+
+
+def _r_recompute_unstated(row):
+    if _recompute(row) is None:
+        return "recompute not stated"
+
+
+def _r_recompute_kind(row):
+    r = _recompute(row)
+    if r is not None and r not in RECOMPUTE_KINDS:
+        return f"recompute {row['recompute']!r} not modelled"
+
+
+def _r_sp_unstated(row):
+    if row.get("sequence_parallel") is None and (row.get("tp") or 1) > 1:
+        return "sequence_parallel not stated (tp > 1)"
+
+
+def _r_vpp_unstated(row):
+    if row.get("virtual_pp") is None and (row.get("pp") or 1) > 1:
+        return "virtual_pp not stated (pp > 1)"
+
+
+def _r_uneven_stages(row):
+    L, p, v = row.get("num_layers"), row.get("pp"), row.get("virtual_pp") or 1
+    if L is not None and p is not None and L % (p * v) != 0:
+        what = "pp" if v == 1 else "(pp x vpp)"
+        return f"uneven pipeline stages: num_layers % {what} != 0 ({L} % {p * v})"
+
+
+def _r_metric(row):
+    try:
+        measured_iteration_time(row)
+    except NotConvertible as e:
+        return str(e)
+
+
+# One rule per reason: a rule returns its one-line reason (no '; ' inside: reasons are joined with
+# it) when it fires, else None. Features the
+# model lacks first, then what the source does not state, then the metric. Delete a rule when the
+# model learns its feature.
+RULES: tuple[Callable[[dict], str | None], ...] = (
+    _r_gpu, _r_fp8, _r_precision_other, _r_zero3, _r_context_parallel, _r_recompute_kind, _r_uneven_stages,
+    _r_world_size,
+    _r_layout_unstated, _r_batch_unstated, _r_shape_unstated, _r_precision_unstated, _r_recompute_unstated,
+    _r_sp_unstated, _r_vpp_unstated,
+    _r_metric,
+)
+
+
+def unexpressible_reasons(row: dict) -> list[str]:
+    """Every reason (one line each, :data:`RULES` order) why the cost model cannot price ``row``
+    today; empty when it can."""
+    return [r for r in (rule(row) for rule in RULES) if r]
+
+
+# ------------------------------------------------------------------------------ plans
+def plan_row(row: dict) -> tuple[dict, str]:
+    """The ``evaluate`` plan of an expressible row (call only when :func:`unexpressible_reasons`
+    is empty), and its assumptions: what was mapped or taken from the stack rather than read."""
+    gm = gpu_preset(row["gpu"])
+    stack = STACKS[row["source_key"]]
+    assumptions = []
+    ffn = row["ffn_hidden_size"]
+    if _is_gated(row):          # README "Layer type": two-matrix MLP of 1.5x the gated width
+        ffn = ffn * 3 // 2
+        assumptions.append("SwiGLU MLP as a GeLU MLP of 1.5 x its width")
+    settings = dict(stack.settings)
+    settings["sequence_parallel"] = bool(row.get("sequence_parallel"))
+    if not settings["sequence_parallel"]:
+        settings["tp_comm_overlap"] = False      # needs sequence parallelism
+    if not (settings["distributed_optimizer"] and settings["overlap_grad_reduce"]):
+        settings["overlap_param_gather"] = False
+    assumptions.append(f"stack defaults: {stack.label}")
+    if row["precision"] and "16-bit" in row["precision"]:
+        assumptions.append("16-bit mixed as fp16 (same peak as bf16)")
+    plan = dict(
+        id=row["id"], num_layers=row["num_layers"], hidden_size=row["hidden_size"],
+        num_attention_heads=row["num_heads"], num_query_groups=row["num_kv_heads"], ffn_hidden_size=ffn,
+        vocab_size=row["vocab_size"], seq_length=row["seq_len"], global_batch_size=row["global_batch_size"],
+        micro_batch_size=row["micro_batch_size"], tp=row["tp"], pp=row["pp"], dp=row["dp"],
+        num_gpus=row["num_gpus"], gpu=gm.preset, recompute=_recompute(row), precision=_precision(row),
+        vpp=row.get("virtual_pp") or 1, **{k: str(v).lower() for k, v in settings.items()},
+        gpus_per_node=gm.overrides.get("gpus_per_node"), inter_node_Gbps=gm.overrides.get("inter_node_Gbps"),
+    )
+    return plan, "; ".join(assumptions)
+
+
+PLAN_SCHEMA = {"gpus_per_node": pl.Int64, "inter_node_Gbps": pl.Float64}
+
+
+def plan_frame(rows: list[dict]) -> pl.DataFrame:
+    """``evaluate`` plans of expressible rows (one per row, ``id`` as a label)."""
+    plans = [plan_row(r)[0] for r in rows]
+    return pl.DataFrame(plans, schema_overrides=PLAN_SCHEMA, infer_schema_length=None)
+
+
+# ------------------------------------------------------------------------------ the validation
+def validate_published(calibration: dict | None = None) -> pl.DataFrame:
+    """Every published row with its measured seconds per iteration (where convertible), whether
+    the model can express it (and why not), and for expressible rows the prediction.
+
+    Returns
+    -------
+    polars.DataFrame
+        One row per CSV row: ``id, source, gpu (as published), gpu_preset, measured_metric,
+        measured_value, measured_iteration_time_s, conversion, expressible, reason`` (every
+        reason, '; '-joined; null when expressible), ``assumptions``, ``status`` (the model's,
+        null when not expressible), ``iteration_time_s`` (predicted; null unless expressible and
+        ``ok``), ``error_pct`` (signed, predicted vs measured) and ``ape_pct``, then the plan
+        columns of the expressible rows and the model's other outputs.
+    """
+    runs = load_runs()
+    base = []
+    for r in runs:
+        reasons = unexpressible_reasons(r)
+        try:
+            measured, conversion = measured_iteration_time(r)
+        except NotConvertible:
+            measured, conversion = None, None
+        gm = gpu_preset(r.get("gpu"))
+        base.append(dict(id=r["id"], source=source_label(r), gpu_published=r.get("gpu"),
+                         gpu_preset=gm.preset if gm else None, model_name=r.get("model"),
+                         measured_metric=r["measured_metric"], measured_value=r["measured_value"],
+                         measured_iteration_time_s=measured, conversion=conversion,
+                         expressible=not reasons, reason="; ".join(reasons) or None,
+                         assumptions=plan_row(r)[1] if not reasons else None))
+    frame = pl.DataFrame(base, infer_schema_length=None)
+    ok_rows = [r for r, b in zip(runs, base) if b["expressible"]]
+    if ok_rows:
+        priced = evaluate_frame(plan_frame(ok_rows), CSV_NAME, calibration)
+        frame = frame.join(priced.drop("gpu"), on="id", how="left")
+    else:
+        frame = frame.with_columns(pl.lit(None, pl.String).alias("status"),
+                                   pl.lit(None, pl.Float64).alias("iteration_time_s"))
+    frame = frame.with_columns(
+        pl.when(pl.col("status") == "ok").then(pl.col("iteration_time_s")).otherwise(None).alias("iteration_time_s"))
+    err = (pl.col("iteration_time_s") - pl.col("measured_iteration_time_s")) / pl.col("measured_iteration_time_s") * 100.0
+    return frame.with_columns(err.alias("error_pct"), err.abs().alias("ape_pct"))
+
+
+def summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
+    """Per ``by`` value: rows, expressible, priced (model status ok), MAPE, median and max
+    absolute percentage error of the priced rows, and the mean signed error; a last row 'all'."""
+    def one(name, g):
+        ape = g["ape_pct"].drop_nulls().to_numpy()
+        signed = g["error_pct"].drop_nulls().to_numpy()
+        return {by: name, "rows": g.height, "expressible": int(g["expressible"].sum()), "priced": len(ape),
+                "mape_pct": float(np.mean(ape)) if len(ape) else None,
+                "median_ape_pct": float(np.median(ape)) if len(ape) else None,
+                "max_ape_pct": float(np.max(ape)) if len(ape) else None,
+                "mean_error_pct": float(np.mean(signed)) if len(signed) else None}
+    out = [one(k[0], g) for k, g in rows.group_by(by, maintain_order=True)]
+    out.append(one("all", rows))
+    return pl.DataFrame(out, schema_overrides={"mape_pct": pl.Float64, "median_ape_pct": pl.Float64,
+                                               "max_ape_pct": pl.Float64, "mean_error_pct": pl.Float64})
+
+
+def reason_counts(rows: pl.DataFrame) -> pl.DataFrame:
+    """How many rows each reason keeps out (a row may have several), most frequent first;
+    ``only`` counts the rows it alone keeps out (deleting its rule would price them)."""
+    counts: dict[str, list[int]] = {}
+    for text in rows["reason"].drop_nulls().to_list():
+        parts = text.split("; ")
+        for p in parts:
+            c = counts.setdefault(_reason_kind(p), [0, 0])
+            c[0] += 1
+            c[1] += len(parts) == 1
+    return pl.DataFrame([{"reason": k, "rows": v[0], "only": v[1]} for k, v in counts.items()],
+                        schema={"reason": pl.String, "rows": pl.Int64, "only": pl.Int64}
+                        ).sort(["rows", "reason"], descending=[True, False])
+
+
+def _reason_kind(text: str) -> str:
+    """A reason without its row-specific part in parentheses, for counting."""
+    return text.split(" (")[0]
+
+
+def plot(rows: pl.DataFrame, path) -> None:
+    """Predicted vs measured seconds per iteration of the priced rows, one colour per source,
+    log axes, y = x line (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    priced = rows.filter(pl.col("ape_pct").is_not_null())
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for (name,), g in priced.group_by("source", maintain_order=True):
+        ax.scatter(g["measured_iteration_time_s"], g["iteration_time_s"], s=18, label=f"{name} ({g.height})")
+    if priced.height:
+        lo = float(priced["measured_iteration_time_s"].min()) * 0.7
+        hi = float(priced["measured_iteration_time_s"].max()) * 1.4
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+    ax.set(xscale="log", yscale="log", xlabel="measured seconds per iteration",
+           ylabel="predicted seconds per iteration", title="vtrain_fast vs published runs (held out)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    from .report import save_figure
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
