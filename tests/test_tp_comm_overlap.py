@@ -17,6 +17,22 @@ from vtrain_fast.model.params import NUM_OUTPUTS, hw_index
 from vtrain_fast.model.layout import Layout
 from vtrain_fast.model.step import O_TP, step
 
+# A small sweep of 1.3B on 16 H100 over tp and pp; tests put settings under [training].
+SMALL_SWEEP = """\
+[model]
+presets = ["gpt3-1.3b"]
+[training]
+num_tokens = 1e10
+global_batch_size = 64
+micro_batch_size = [1, 2]
+{training}
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = 16
+[parallel]
+tp = [1, 2, 4]
+pp = [1, 2]
+"""
 PLAN = dict(num_layers=32, hidden_size=8192, num_attention_heads=64, seq_length=4096, global_batch_size=64,
             micro_batch_size=4, pp=1, gpu="h100-sxm-80gb", recompute="none")
 
@@ -59,22 +75,7 @@ def test_refused_at_tp_1_where_megatron_switches_sequence_parallelism_off():
 
 
 def test_a_sweep_marks_its_tp_1_plans_refused_and_a_frontier_of_it_leaves_them_out(tmp_path, write_spec, cli):
-    spec = write_spec("""
-        [model]
-        presets = ["gpt3-1.3b"]
-        [training]
-        num_tokens = 1e10
-        global_batch_size = 64
-        micro_batch_size = [1, 2]
-        sequence_parallel = true
-        tp_comm_overlap = [false, true]
-        [cluster]
-        gpu = "h100-sxm-80gb"
-        num_gpus = 16
-        [parallel]
-        tp = [1, 2, 4]
-        pp = [1, 2]
-        """)
+    spec = write_spec(SMALL_SWEEP.format(training="sequence_parallel = true\ntp_comm_overlap = [false, true]"))
     out = tmp_path / "r"
     assert cli("sweep", spec, "-o", out).exit_code == 0
     from vtrain_fast.analysis.query import scan_results
@@ -136,21 +137,7 @@ def test_a_switch_without_its_requirement_runs_off_and_is_labelled_off():
                                       "distributed_optimizer = [false, true]\noverlap_grad_reduce = true\n"
                                       "overlap_param_gather = true"])
 def test_a_frontier_of_such_a_sweep_evaluates_back_to_the_same_numbers(training, tmp_path, write_spec, cli):
-    spec = write_spec(f"""
-        [model]
-        presets = ["gpt3-1.3b"]
-        [training]
-        num_tokens = 1e10
-        global_batch_size = 64
-        micro_batch_size = [1, 2]
-        {training.replace(chr(10), chr(10) + '        ')}
-        [cluster]
-        gpu = "h100-sxm-80gb"
-        num_gpus = 16
-        [parallel]
-        tp = [1, 2, 4]
-        pp = [1, 2]
-        """)
+    spec = write_spec(SMALL_SWEEP.format(training=training))
     out, front, back = tmp_path / "r", tmp_path / "front.csv", tmp_path / "back.csv"
     assert cli("sweep", spec, "-o", out).exit_code == 0
     res = cli("pareto", out, "--by", "sequence_parallel", "--by", "distributed_optimizer", "-o", front)
