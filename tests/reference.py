@@ -36,7 +36,7 @@ def hw_get(hw, name: str) -> float:
 # ---------------------------------------------------------------------------------------------
 # Status codes and output layout (restated; tests check them against model.step)
 # ---------------------------------------------------------------------------------------------
-OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY = range(7)
+OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY, REPEAT, REFUSED = range(9)
 
 OUTPUT_NAMES = (
     "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
@@ -532,7 +532,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     # layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
     chunks = int(hw_get(hw, "vpp")) if p > 1 else 1
     if status == OK and chunks > 1:
-        if L % (p * chunks):
+        if p <= 2:                          # Megatron-core refuses interleaving over 2 stages
+            status = REFUSED
+        elif L % (p * chunks):
             status = BAD_LAYERS
         elif (B // (d * b)) % p:
             status = BAD_BATCH

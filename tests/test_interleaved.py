@@ -55,10 +55,18 @@ def test_interleaving_rules_and_no_pipeline():
         assert _with_vpp(flat, v).drop("vpp").equals(_with_vpp(flat, 1).drop("vpp"))
 
 
+def test_interleaving_over_two_stages_is_refused_as_megatron_core_does():
+    """megatron.core.parallel_state: "pipeline-model-parallel size should be greater than 2 with
+    interleaved schedule"."""
+    two = PLAN.with_columns(pp=pl.lit(2), dp=pl.lit(16))
+    assert _with_vpp(two, 2)["status"][0] == "refused"
+    assert _with_vpp(two, 1)["status"][0] in ("ok", "out_of_memory")       # priced (175B on 2 stages)
+
+
 def test_last_stage_holds_vpp_minus_1_times_p_plus_1_chunks():
     """A plan whose last stage is the fuller one (a large vocabulary's logits): its activations
     are ((vpp - 1) p + 1) chunks of L / (p vpp) layers plus the final-norm tensors and logits."""
-    L, h, a, s, b, t, p, v, vocab = 16, 1024, 16, 2048, 1, 1, 2, 2, 400000
+    L, h, a, s, b, t, p, v, vocab = 16, 1024, 16, 2048, 1, 1, 4, 2, 600000
     plan = pl.DataFrame({"num_layers": [L], "hidden_size": [h], "num_attention_heads": [a], "seq_length": [s],
                          "vocab_size": [vocab], "global_batch_size": [32], "micro_batch_size": [b], "tp": [t],
                          "pp": [p], "dp": [4], "gpu": ["a100-sxm4-80gb"], "recompute": ["none"],

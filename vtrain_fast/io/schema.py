@@ -68,7 +68,7 @@ STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "
 STATUS_COLUMN = Column("status", _dict, "",
                        "ok | out_of_memory | bad_num_gpus | bad_heads | bad_layers | bad_batch | bad_input | "
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
-                       "refused (Megatron-LM refuses these settings on this plan, e.g. tp_comm_overlap at tp = 1)")
+                       "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, vpp > 1 at pp = 2)")
 
 _OUT_DOCS = {
     "iteration_time_s": ("s", "one optimizer step over the global batch"),

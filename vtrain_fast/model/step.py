@@ -133,12 +133,16 @@ def virtual_stages(p, hw):
 @jit
 def validate_interleaving(L, B, b, p, d, hw):
     """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
-    ``p > 1``): layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per
-    pipeline, ``B / (d * b)``, divisible by ``p`` (``BAD_BATCH``); ``OK`` otherwise.
-    Call only on shapes :func:`validate_shape` accepted."""
+    ``p > 1``): more than two stages (``REFUSED`` at ``p = 2``: megatron.core.parallel_state
+    raises "pipeline-model-parallel size should be greater than 2 with interleaved schedule"),
+    layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per pipeline,
+    ``B / (d * b)``, divisible by ``p`` (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes
+    :func:`validate_shape` accepted."""
     vpp = virtual_stages(p, hw)
     if vpp <= 1.0:
         return OK
+    if p <= 2:
+        return REFUSED
     if L % (p * vpp) != 0:
         return BAD_LAYERS
     if (B // (d * b)) % p != 0:

@@ -611,7 +611,7 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
                             ok = validate_split(L, h, a, g, f, v, s, lay) == OK
                         if ok:
                             vs = virtual_stages(float(lay.pp), hw_table[gpus[gd]])
-                            ok = vs <= 1.0 or L % (lay.pp * vs) == 0
+                            ok = vs <= 1.0 or (lay.pp > 2 and L % (lay.pp * vs) == 0)
                         table[r] = 1 if ok else 0
                         r += 1
 
