@@ -273,3 +273,68 @@ def test_a_value_without_plans_of_its_own_still_has_its_frontier(write_spec, tmp
     assert got.height > 0
     setting, value = condition.split("==")
     assert (got[setting].cast(pl.String).str.to_lowercase() == value).all()
+
+
+ORDER_SPEC = """\
+[model]
+presets = ["gpt3-1.3b"]
+[training]
+num_tokens = 1e10
+global_batch_size = 64
+micro_batch_size = [1, 2]
+sequence_parallel = {sp}
+tp_comm_overlap = {tco}
+distributed_optimizer = {do}
+overlap_grad_reduce = {ogr}
+overlap_param_gather = {opg}
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = [8, 16]
+[parallel]
+tp = [1, 2, 8]
+pp = [1, 2]
+"""
+PLAN_KEYS = ["num_gpus", "tp", "pp", "dp", "micro_batch_size", "sequence_parallel", "tp_comm_overlap",
+             "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"]
+
+
+def _spec_of(order, **fixed):
+    lists = {k: ("[true, false]" if order == "tf" else "[false, true]") for k in ("sp", "tco", "do", "ogr", "opg")}
+    return ORDER_SPEC.format(**{**lists, **fixed})
+
+
+def test_the_order_of_a_settings_list_changes_no_plan_and_no_frontier(tmp_path, write_spec, cli):
+    """[true, false] and [false, true] price the same plans (a refused machine stands in for no
+    other), and a frontier of one value (--where) equals the sweep that fixes the value."""
+    from vtrain_fast.analysis.query import pareto
+    keys = ["cost_usd", "train_days"]
+    folders = {}
+    for order in ("tf", "ft"):
+        folders[order] = tmp_path / order
+        assert cli("sweep", write_spec(_spec_of(order), f"{order}.toml"), "-o", folders[order]).exit_code == 0
+    # the same priced plans (which machine's row stands for a repeat group may differ), and the
+    # same frontier for every combination of the settings once pareto counts them for every value
+    a, b = (_ok(folders[o]).select(PLAN_KEYS[:5] + ["iteration_time_s"]).unique().sort(PLAN_KEYS[:5] + ["iteration_time_s"])
+            for o in ("tf", "ft"))
+    assert a.height > 0 and a.equals(b)
+    settings = PLAN_KEYS[5:]
+    fa, fb = (pareto(folders[o], keys, by=settings).select(settings + PLAN_KEYS[:5] + keys).sort(settings + keys)
+              for o in ("tf", "ft"))
+    assert fa.height > 0 and fa.equals(fb)
+    assert not fa.filter(pl.col("tp_comm_overlap") & (~pl.col("sequence_parallel") | (pl.col("tp") == 1))).height
+    assert not fa.filter(pl.col("overlap_param_gather")
+                         & ~(pl.col("distributed_optimizer") & pl.col("overlap_grad_reduce"))).height
+    for key, short in (("tp_comm_overlap", "tco"), ("overlap_param_gather", "opg")):
+        for value in ("true", "false"):
+            fixed = tmp_path / f"{short}-{value}"
+            spec = write_spec(_spec_of("ft", **{short: value}), f"{short}-{value}.toml")
+            assert cli("sweep", spec, "-o", fixed).exit_code == 0
+            want = pareto(fixed, keys, where=[f"{key}=={value}"]).select(keys).sort(keys)   # it relabels too
+            for order in ("tf", "ft"):
+                got = pareto(folders[order], keys, where=[f"{key}=={value}"]).select(keys).sort(keys)
+                assert got.equals(want), (key, value, order)
+
+
+def _ok(folder):
+    from vtrain_fast.analysis.query import scan_results
+    return scan_results(folder).filter(pl.col("status") == "ok").collect()

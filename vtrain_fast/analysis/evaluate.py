@@ -220,9 +220,14 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     df = with_model_shapes(df)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
+        fix = "add the missing column(s) to the header"
+        if "model" in df.columns and set(missing) & set(MODEL_FIELDS):
+            unknown = sorted({str(m) for m in df["model"].to_list() if m not in MODEL_PRESETS})
+            fix = (f"add them, or name a model preset in the model column ({unknown[0]!r} is none: "
+                   + did_you_mean(unknown[0], MODEL_PRESETS, "vtrain-fast presets lists them") + ")") if unknown else fix
         raise InputError(where, "missing column(s)", ", ".join(missing),
-                         "a header with the required columns " + ", ".join(REQUIRED),
-                         "add the missing column(s) to the header")
+                         "a header with the required columns " + ", ".join(REQUIRED) + " (the shape columns, or a "
+                         "model column naming a model preset)", fix)
     clash = [c for c in df.columns if c in OUTPUT_NAMES or c == "status"]
     if clash:
         raise InputError(where, "column", clash[0], "input columns; output column names are reserved: "

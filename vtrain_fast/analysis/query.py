@@ -160,19 +160,31 @@ def where_filter(where: str, conditions) -> tuple:
 
 def _no_effect(st: Setting) -> pl.Expr:
     """Rows that stand for every value of setting ``st``: plans where it changes no cost
-    (:attr:`~vtrain_fast.model.settings.Setting.inert_at`, ``inert_with``) and whose other settings
-    meet what it needs (``requires``: Megatron-LM refuses the flag otherwise, so no such plan
-    exists)."""
+    (:attr:`~vtrain_fast.model.settings.Setting.inert_at`, ``inert_with``)."""
     expr = pl.lit(False)
     for size in st.inert_at:
         expr = expr | (pl.col(size) == 1)
     for other, value in st.inert_with:
         expr = expr | (pl.col(other) == value)
-    for other, value in st.requires:       # met only where Megatron-LM leaves the needed setting on
-        met = pl.col(other) == value
-        for size in BY_NAME[other].off_at:
-            met = met & (pl.col(size) != 1)
-        expr = expr & met
+    return expr
+
+
+def _megatron_accepts(names) -> pl.Expr:
+    """Rows whose settings among ``names`` Megatron-LM accepts: each switched-on setting has
+    what it needs (:attr:`~vtrain_fast.model.settings.Setting.requires`), and a needed setting
+    counts as on only where Megatron-LM leaves it on (``off_at``: sequence parallelism at tp = 1)."""
+    expr = pl.lit(True)
+    for st in SETTINGS:
+        if st.name not in names or not st.requires:
+            continue
+        met = pl.lit(True)
+        for other, value in st.requires:
+            ok = pl.col(other) == value
+            if value != BY_NAME[other].default:
+                for size in BY_NAME[other].off_at:
+                    ok = ok & (pl.col(size) != 1)
+            met = met & ok
+        expr = expr & ((pl.col(st.name) == st.default) | met)
     return expr
 
 
@@ -182,6 +194,7 @@ def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFra
     requirements are expanded before it): a sweep prices such a plan once (status ``repeat`` for
     the others, or the machine left out), but it is a plan of every value, so a frontier per value
     (``--by``) or of one value (``--where``) must count it."""
+    expanded = []
     for st in SETTINGS:
         if st.name not in settings or not (st.inert_at or st.inert_with):
             continue
@@ -189,7 +202,11 @@ def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFra
         if len(vals) > 1:
             lf = lf.with_columns(pl.when(_no_effect(st)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[st.name])))
                                  .otherwise(pl.concat_list(st.name)).alias(st.name)).explode(st.name)
-    return lf
+            expanded.append(st.name)
+    # an expanded row may pair a switch with a setting it needs switched the other way: no such
+    # plan exists (Megatron-LM refuses it), so it counts for no value
+    names = set(settings)
+    return lf.filter(_megatron_accepts(names)) if expanded else lf
 
 
 def _with_requirements(names: list[str]) -> list[str]:

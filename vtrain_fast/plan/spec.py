@@ -369,10 +369,13 @@ def repeat_cases(presets) -> list[int]:
         machine that repeats an earlier one everywhere.
     """
     masks = [0] * len(presets)
+    refused = refused_cases(presets)
     for case in range(8):
         kind = (not case & 1, not case & 2, not case & 4)
         seen = set()                  # effective presets (frozen, hashable) met so far
         for i, g in enumerate(presets):
+            if refused[i] >> case & 1:
+                continue              # refused there: priced by no one, so it stands in for no one
             mine = effective_settings(g, *kind)
             if mine in seen:
                 masks[i] |= 1 << case
