@@ -47,7 +47,7 @@ OUTPUT_NAMES = (
 )
 INPUT_NAMES = (
     "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
-    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "num_gpus", "num_nodes",
+    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "num_gpus", "num_nodes",
     "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
@@ -198,7 +198,7 @@ def _layer_phase_s(gemms, streaming_bytes, memory_launches, flash_s, flash_launc
     return phase_s(gpu_s, len(gemms) + memory_launches + flash_launches, hw)
 
 
-def layer_forward_s(b, s, h, a, g, f, t, hw):
+def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     """Forward of one transformer layer, one micro-batch, one TP rank (no TP communication)."""
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
@@ -206,7 +206,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     gemms = [                                   # (m, n, k, batch)
         (tokens, qkv_cols, h, 1.0),             # QKV projection (column parallel)
         (tokens, h, h / t, 1.0),                # output projection (row parallel)
-        (tokens, f / t, h, 1.0),                # FC1 (column parallel)
+        (tokens, (1.0 + gated) * f / t, h, 1.0),   # FC1 (column parallel; gate and up when gated)
         (tokens, h, f / t, 1.0),                # FC2 (row parallel)
     ]
     sp = _seq_split(t, hw)
@@ -214,7 +214,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
         2.0 * (2.0 + 2.0) * tokens * h / sp,    # LN1, LN2: read x, write y
         (2.0 + 2.0) * tokens * h / t,           # context permute copy
         2.0 * (2.0 + 2.0 + 2.0 + 1.0) * tokens * h / sp,  # 2 bias-dropout-adds: x, residual, out, mask
-        (2.0 + 2.0) * tokens * f / t,           # bias-GeLU
+        (2.0 * (1.0 + gated) + 2.0) * tokens * f / t,   # bias-GeLU (SwiGLU: read gate and up, write f)
     ]
     launches = LAYER_FWD_MEMORY_BOUND_LAUNCHES
     if not flash:
@@ -232,7 +232,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
 
-def layer_backward_s(b, s, h, a, g, f, t, hw):
+def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     """Backward of one layer: every forward GEMM becomes a data- and a weight-gradient GEMM."""
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
@@ -240,7 +240,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
     gemms = [
         (tokens, h, qkv_cols, 1.0), (h, qkv_cols, tokens, 1.0),      # QKV: dX, dW
         (tokens, h / t, h, 1.0), (h / t, h, tokens, 1.0),            # output projection
-        (tokens, h, f / t, 1.0), (h, f / t, tokens, 1.0),            # FC1
+        (tokens, h, (1.0 + gated) * f / t, 1.0), (h, (1.0 + gated) * f / t, tokens, 1.0),   # FC1
         (tokens, f / t, h, 1.0), (f / t, h, tokens, 1.0),            # FC2
     ]
     sp = _seq_split(t, hw)
@@ -249,7 +249,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
         (2.0 + 2.0) * tokens * h / t,           # context permute copy
         2.0 * (2.0 + 1.0 + 2.0) * tokens * h / sp,   # 2 bias-dropout-add backwards: dy, mask -> dx
         2.0 * (2.0 + 2.0 + 2.0) * tokens * h / sp,   # 2 residual-gradient accumulations
-        (2.0 + 2.0 + 2.0) * tokens * f / t,     # bias-GeLU backward: x, dy -> dx
+        (2.0 * (1.0 + gated) + 2.0 + 2.0 * (1.0 + gated)) * tokens * f / t,   # act backward: x, dy -> dx
     ]
     launches = LAYER_BWD_MEMORY_BOUND_LAUNCHES
     if not flash:
@@ -430,31 +430,32 @@ def _qkv_cols(h, a, g):
     return h + 2.0 * h * g / a
 
 
-def layer_params(h, a, g, f):
-    """QKV weight+bias, projection weight+bias, FC1 weight+bias, FC2 weight+bias, 2 LNs."""
+def layer_params(h, a, g, f, gated=0.0):
+    """QKV weight+bias, projection weight+bias, FC1 weight+bias (gate and up when gated), FC2
+    weight+bias, 2 LNs."""
     q = _qkv_cols(h, a, g)
-    return (h * q + q) + (h * h + h) + (h * f + f) + (f * h + h) + 2.0 * (2.0 * h)
+    return (h * q + q) + (h * h + h) + (h * f + f) * (1.0 + gated) + (f * h + h) + 2.0 * (2.0 * h)
 
 
-def layer_params_per_rank(h, a, g, f, t):
+def layer_params_per_rank(h, a, g, f, t, gated=0.0):
     """Split by t: QKV weight+bias, projection weight, FC1 weight+bias, FC2 weight.
     Replicated: the row-parallel biases (projection, FC2) and the two layer norms."""
     q = _qkv_cols(h, a, g)
-    split = h * q + q + h * h + h * f + f + f * h
+    split = h * q + q + h * h + (h * f + f) * (1.0 + gated) + f * h
     return split / t + h + h + 2.0 * (2.0 * h)
 
 
-def model_params(num_layers, h, a, g, f, v, s):
+def model_params(num_layers, h, a, g, f, v, s, gated=0.0):
     """Layers + word embedding + position embedding + final LN + untied LM head."""
-    return num_layers * layer_params(h, a, g, f) + v * h + s * h + 2.0 * h + v * h
+    return num_layers * layer_params(h, a, g, f, gated) + v * h + s * h + 2.0 * h + v * h
 
 
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
     """Korthikanti et al. 2022 Sec. 4.1, generalised to GQA and any FFN width:
     sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with sequence parallelism (Sec. 4.2.2) the
     10 sbh outside the TP regions is divided by t as well; with FlashAttention the s^2 term
     (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row."""
-    tp_split = 4.0 + 4.0 * g / a + 4.0 * f / h
+    tp_split = 4.0 + 4.0 * g / a + (2.0 * (1.0 + gated) + 2.0) * f / h   # FC1 out (gate, up) + act out
     outside = 10.0 / t if sp else 10.0
     # softmax output (fp16, or fp32 from PyTorch's unfused softmax), dropout mask, dropout output
     softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
@@ -471,11 +472,11 @@ def attention_core_bytes(b, s, a, t, flash):
     return (softmax_out + 1.0 + 2.0) * a * s * s * b / t
 
 
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp):
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0):
     """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
     fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
     selective recompute (code 2) keeps everything but the attention core's tensors."""
-    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp)
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated)
     if recompute == 2:
         core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
         return in_flight * layers_on_stage * (per_layer - core) + core
@@ -494,10 +495,10 @@ def chinchilla_loss(num_parameters, num_tokens):
     return E + A / num_parameters ** alpha + B / num_tokens ** beta
 
 
-def forward_flops_per_token(num_layers, h, a, g, f, v, s):
+def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0):
     """2 FLOPs per weight per token for QKV, projection and MLP, 4sh for attention scores and
     context over the full s x s, and 2hv for the LM head."""
-    per_layer = 2.0 * h * _qkv_cols(h, a, g) + 2.0 * h * h + 2.0 * 2.0 * h * f + 2.0 * 2.0 * s * h
+    per_layer = 2.0 * h * _qkv_cols(h, a, g) + 2.0 * h * h + 2.0 * (2.0 + gated) * h * f + 2.0 * 2.0 * s * h
     return num_layers * per_layer + 2.0 * h * v
 
 
@@ -518,7 +519,7 @@ def nan_outputs() -> dict:
     return {name: math.nan for name in OUTPUT_NAMES}
 
 
-def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
+def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.0):
     """One configuration. Returns ``(status, outputs)``, outputs keyed by :data:`OUTPUT_NAMES`
     (all NaN for a shape error).
 
@@ -550,8 +551,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     sbh = s * b * h
 
     # --- one micro-batch on one layer / embedding / head
-    fwd = layer_forward_s(b, s, h, a, g, f, t, hw)
-    bwd = layer_backward_s(b, s, h, a, g, f, t, hw)
+    fwd = layer_forward_s(b, s, h, a, g, f, t, hw, gated)
+    bwd = layer_backward_s(b, s, h, a, g, f, t, hw, gated)
     allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
     if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
         allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
@@ -568,7 +569,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         # GEMM's length
         hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
-        for cols in (qkv_cols, f / t):
+        for cols in (qkv_cols, (1.0 + gated) * f / t):
             layers_tp -= layers_per_stage * min(hideable, gemm_time_s(h, cols, b * s, 1.0, hw))
     if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
         # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
@@ -576,7 +577,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         # forward AG->QKV, proj->RS, AG->FC1, FC2->RS; backward AG->dgrad of proj and of FC2
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         tokens = b * s
-        for n_out, k_in in ((qkv_cols, h), (h, h / t), (f / t, h), (h, f / t), (h / t, h), (f / t, h)):
+        for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
             layers_tp -= layers_per_stage * min(allreduce_act / 2.0, gemm_time_s(tokens, n_out, k_in, 1.0, hw))
     emb_compute = embedding_s(b, s, h, v, t, hw)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
@@ -601,7 +602,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         compute = layers_compute + (emb_compute if first else 0.0) + (head_compute if last else 0.0)
         tp = layers_tp + (emb_tp if first else 0.0) + (head_tp if last else 0.0)
         pp = pp_per_mb
-        params = layers_per_stage * layer_params_per_rank(h, a, g, f, t)
+        params = layers_per_stage * layer_params_per_rank(h, a, g, f, t, gated)
         if first:
             params += v * h / t + s * h            # word embedding shard + position embedding
         if last:
@@ -611,14 +612,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, recompute, flash,
-                                         seq_par)
+                                         seq_par, gated)
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
             # holds one more; a chunk is layers_per_stage / vpp layers of one micro-batch
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(layers_per_stage / chunks, held, b, s, h, a, g, f, t, recompute,
-                                         flash, seq_par)
+                                         flash, seq_par, gated)
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -668,9 +669,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw):
     if mem_total > hw_get(hw, "hbm_bytes"):
         status = OUT_OF_MEMORY
 
-    n_params = model_params(L, h, a, g, f, v, s)
+    n_params = model_params(L, h, a, g, f, v, s, gated)
     tokens_per_iter = B * s
-    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s)
+    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated)
     model_flops = 3.0 * tokens_per_iter * fwd_flops
     # recomputation repeats every layer's forward, not the LM head
     hardware_flops = model_flops + rc * tokens_per_iter * (fwd_flops - 2.0 * h * v)
@@ -749,7 +750,7 @@ def sweep_point(index: int, grid):
     num_tokens = float(grid.tokens[digit["num_tokens"]])
     if num_gpus % (t * p) != 0 or d <= 0:
         return inputs, num_tokens, BAD_NUM_GPUS, nan_outputs()
-    L, h, a, g, f, v, s = model
+    L, h, a, g, f, v, s, gated = model
     status, out = step(L, h, a, g, f, v, s, inputs["global_batch_size"], inputs["micro_batch_size"],
-                       t, p, d, inputs["recompute"], num_tokens, hw)
+                       t, p, d, inputs["recompute"], num_tokens, hw, float(gated))
     return inputs, num_tokens, status, out

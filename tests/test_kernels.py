@@ -274,10 +274,12 @@ PRESET_SHAPES = [m.as_row() for m in MODEL_PRESETS.values()]
 
 
 def random_config(rng, invalid_fraction=0.4):
-    """One configuration ``(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw)``,
-    valid by construction, then (with probability ``invalid_fraction``) one size broken."""
+    """One configuration ``(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw,
+    gated)``, valid by construction, then (with probability ``invalid_fraction``) one size
+    broken."""
+    gated = 1 if rng.random() < 0.3 else 0         # a gated (SwiGLU) MLP
     if rng.random() < 0.3:
-        L0, h, a, g, f, v, s = PRESET_SHAPES[rng.integers(len(PRESET_SHAPES))]
+        L0, h, a, g, f, v, s, gated = PRESET_SHAPES[rng.integers(len(PRESET_SHAPES))]
     else:
         a = int(rng.choice([1, 2, 4, 8, 12, 16, 32, 48, 64, 96]))
         h = a * int(rng.choice([16, 32, 64, 128]))
@@ -303,14 +305,16 @@ def random_config(rng, invalid_fraction=0.4):
         vals = {n: (float(rng.choice(SAMPLED[n])) if r is None else float(rng.uniform(*r)))
                 for n, r in HW_RANGES.items()}
         hw = _vec(vals)
-    return (*sizes, rc, tokens, hw)
+    return (*sizes, rc, tokens, hw, gated)
 
 
 def run_rows(configs):
     """Evaluate configurations with ``model.sweep.evaluate_rows``; returns (status, out)."""
     n = len(configs)
-    # (model, B, b, t, p, d, recompute) -> the kernel's row layout (ROW_FIELDS: tp, cp = 1, pp, dp)
-    cols = np.ascontiguousarray(np.array([(*c[:10], 1, c[10], c[11], c[12]) for c in configs], dtype=np.int64).T)
+    # (model, B, b, t, p, d, recompute, ..., gated) -> the kernel's row layout (ROW_FIELDS: the model
+    # with gated_mlp, B, b, tp, cp = 1, pp, dp, recompute)
+    cols = np.ascontiguousarray(np.array([(*c[:7], c[15], c[7], c[8], c[9], 1, c[10], c[11], c[12]) for c in configs],
+                                         dtype=np.int64).T)
     tokens = np.array([c[13] for c in configs], dtype=np.float64)
     hw_rows = np.ascontiguousarray(np.stack([c[14] for c in configs]))
     out = np.empty((step.NUM_OUTPUTS, n), dtype=np.float64)
@@ -353,7 +357,7 @@ def test_step_rejects_nonpositive_sizes():
         for bad in (0, -1):
             sizes = list(base)
             sizes[k] = bad
-            configs.append((*sizes, 1, 1e9, hw))
+            configs.append((*sizes, 1, 1e9, hw, 0))
     status, out = run_rows(configs)
     assert (status == step.BAD_INPUT).all()
     assert np.isnan(out).all()
@@ -430,7 +434,7 @@ def test_sweep_chunk_matches_decode_and_twin(key):
             d = dict(zip(ksweep.AXES, digits))
             assert got["model_index"] == d["model"]
             assert got["gpu_index"] == g.gpus[d["gpu"]]
-            assert tuple(inputs[ksweep.I_LAYERS:ksweep.I_LAYERS + 7, j]) == tuple(g.models[d["model"]])
+            assert tuple(inputs[ksweep.I_LAYERS:ksweep.I_LAYERS + len(g.models[d["model"]]), j]) == tuple(g.models[d["model"]])
             for axis, col in (("tp", "tp"), ("pp", "pp"), ("micro_batch_size", "micro_batch_size"),
                               ("global_batch_size", "global_batch_size"), ("recompute", "recompute")):
                 assert got[col] == axis_values[axis][d[axis]], (axis, index)
@@ -530,7 +534,7 @@ def valid_configs(rng, n):
 
 
 def _replace(c, **kw):
-    names = ("L", "h", "a", "g", "f", "v", "s", "B", "b", "t", "p", "d", "rc", "tokens", "hw")
+    names = ("L", "h", "a", "g", "f", "v", "s", "B", "b", "t", "p", "d", "rc", "tokens", "hw", "gated")
     c = list(c)
     for k, v in kw.items():
         c[names.index(k)] = v

@@ -28,7 +28,7 @@ from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VP
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
-OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "recompute", "precision",
+OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "gated_mlp", "recompute", "precision",
             *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, "vpp")
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
@@ -68,7 +68,7 @@ UNMODELLED = {
     "recompute_method": "partial (block or uniform) recomputation is not modelled; "
                         "recompute is none, selective or full",
     "fp8": "FP8 training is not modelled", "fp8_format": "FP8 training is not modelled",
-    "swiglu": "give a gated (SwiGLU) MLP as ffn_hidden_size = 1.5 x the gated width (see README, Layer type)",
+    "swiglu": "use the column gated_mlp = true (a gated, SwiGLU MLP), with ffn_hidden_size as published",
     "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
     "sp": "use the column sequence_parallel (true or false)",
     "world_size": "use the column num_gpus (or leave it out: tp x pp x dp)",
@@ -242,6 +242,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     groups = _int_column(df, "num_query_groups", where, 0)
     groups = np.where(groups == 0, a, groups)
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
+    gated = np.array([v in ("true", "1") for v in _str_column(df, "gated_mlp", where, ("true", "false", "1", "0"),
+                                                               "false")], dtype=np.int64)
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     _str_column(df, "precision", where, PRECISIONS, "bf16")
     known = gpus or PRESETS
@@ -294,7 +296,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                              f"{rule} = {int(value[i])}, or an empty cell",
                              f"fix {name} or tp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
     row = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
-               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"],
+               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], gated_mlp=gated,
                global_batch_size=ints["global_batch_size"], micro_batch_size=ints["micro_batch_size"], **sizes,
                recompute=np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64))
     cols = np.stack([row[k] for k in ROW_FIELDS])
@@ -305,7 +307,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     result = pl.from_arrow(pa.table(output_arrays(out, status)))
     result = result.with_columns(pl.col("status").cast(pl.String))
     used = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
-                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], num_tokens=tokens,
+                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], gated_mlp=gated != 0,
+                num_tokens=tokens,
                 gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
                 recompute=recompute)
@@ -319,7 +322,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute")
                                    else pl.Float64 if k == "num_tokens"
-                                   else pl.Boolean if k in SETTING_COLUMNS and k != "vpp" else pl.Int64
+                                   else pl.Boolean if (k in SETTING_COLUMNS and k != "vpp") or k == "gated_mlp"
+                                   else pl.Int64
                                    for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])
     return pl.concat([labels, used_df, result], how="horizontal")
@@ -360,12 +364,12 @@ def with_model_shapes(df: pl.DataFrame) -> pl.DataFrame:
     if not shapes:
         return df
     for col in MODEL_FIELDS:
-        preset = pl.Series(col, [getattr(shapes[n], col) if n in shapes else None for n in names], dtype=pl.Int64)
+        preset = pl.Series(col, [int(getattr(shapes[n], col)) if n in shapes else None for n in names], dtype=pl.Int64)
         if col not in df.columns:
             df = df.with_columns(preset)
         else:
             kind = df.schema[col]
-            fill = preset.cast(kind) if kind.is_numeric() or kind == pl.String else preset
+            fill = preset.cast(kind) if kind.is_numeric() or kind in (pl.String, pl.Boolean) else preset
             df = df.with_columns(pl.when(pl.col(col).is_null()).then(fill).otherwise(pl.col(col)).alias(col))
     return df
 

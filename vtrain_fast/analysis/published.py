@@ -462,9 +462,7 @@ def plan_row(row: dict) -> tuple[dict, str]:
     stack = STACKS[row["source_key"]]
     assumptions = []
     ffn = row["ffn_hidden_size"]
-    if _is_gated(row):          # README "Layer type": two-matrix MLP of 1.5x the gated width
-        ffn = ffn * 3 // 2
-        assumptions.append("SwiGLU MLP as a GeLU MLP of 1.5 x its width")
+    gated = _is_gated(row)      # a SwiGLU MLP: the model's gated_mlp, ffn_hidden_size as published
     settings = dict(stack.settings)
     settings["sequence_parallel"] = bool(row.get("sequence_parallel"))
     if not settings["sequence_parallel"]:
@@ -477,7 +475,8 @@ def plan_row(row: dict) -> tuple[dict, str]:
     plan = dict(
         id=row["id"], num_layers=row["num_layers"], hidden_size=row["hidden_size"],
         num_attention_heads=row["num_heads"], num_query_groups=row["num_kv_heads"], ffn_hidden_size=ffn,
-        vocab_size=row["vocab_size"], seq_length=row["seq_len"], global_batch_size=row["global_batch_size"],
+        vocab_size=row["vocab_size"], seq_length=row["seq_len"], gated_mlp=str(gated).lower(),
+        global_batch_size=row["global_batch_size"],
         micro_batch_size=row["micro_batch_size"], tp=row["tp"], pp=row["pp"], dp=row["dp"],
         num_gpus=row["num_gpus"], gpu=gm.preset, recompute=_recompute(row), precision=_precision(row),
         vpp=row.get("virtual_pp") or 1, **{k: str(v).lower() for k, v in settings.items()},

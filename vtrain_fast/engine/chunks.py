@@ -346,7 +346,10 @@ class _ArrowBuilder:
         cols = []
         for f in STORAGE_SCHEMA:
             a = arrays.get(f.name)
-            cols.append(a if a is not None else pa.array(b.inputs[self.input_rows[f.name], :n]))
+            if a is None:
+                row = b.inputs[self.input_rows[f.name], :n]
+                a = pa.array(row != 0) if f.type == pa.bool_() else pa.array(row)   # gated_mlp: 0/1
+            cols.append(a)
         schema = STORAGE_SCHEMA
         if index is not None:
             cols.append(pa.array(index))

@@ -36,6 +36,7 @@ INPUT_COLUMNS = (
     Column("ffn_hidden_size", pa.int64(), "", "MLP inner width"),
     Column("vocab_size", pa.int64(), "", "vocabulary size"),
     Column("seq_length", pa.int64(), "tokens", "sequence length s"),
+    Column("gated_mlp", pa.bool_(), "", "gated (SwiGLU) MLP of three h x ffn_hidden_size matrices (Megatron --swiglu)"),
     Column("num_tokens", pa.float64(), "tokens", "tokens to train on"),
     Column("gpu", _dict, "", "GPU preset"),
     Column("num_gpus", pa.int64(), "", "GPUs in the job (tp x pp x dp)"),

@@ -34,29 +34,30 @@ def model_state_bytes(params, d, sharding):
 
 
 @jit
-def layer_params(h, a, g, f):
-    """Parameters of one transformer layer (weights and biases; 2 layer norms)."""
+def layer_params(h, a, g, f, gated=0.0):
+    """Parameters of one transformer layer (weights and biases; 2 layer norms); a gated MLP
+    (``gated`` 1, SwiGLU) has three ``h x f`` matrices instead of two."""
     qkv_out = h + 2.0 * h * g / a
-    return h * qkv_out + qkv_out + h * h + h + 2.0 * h * f + f + h + 4.0 * h
+    return h * qkv_out + qkv_out + h * h + h + (2.0 + gated) * h * f + (1.0 + gated) * f + h + 4.0 * h
 
 
 @jit
-def layer_params_per_rank(h, a, g, f, t):
+def layer_params_per_rank(h, a, g, f, t, gated=0.0):
     """Parameters of one layer held by one tensor-parallel rank (layer norms and row-parallel
-    biases are replicated)."""
+    biases are replicated; ``gated`` as :func:`layer_params`)."""
     qkv_out = h + 2.0 * h * g / a
-    return (h * qkv_out + qkv_out + h * h + 2.0 * h * f + f) / t + h + h + 4.0 * h
+    return (h * qkv_out + qkv_out + h * h + (2.0 + gated) * h * f + (1.0 + gated) * f) / t + h + h + 4.0 * h
 
 
 @jit
-def model_params(num_layers, h, a, g, f, v, s):
-    """Total parameters: layers, word embedding ``v*h``, position embedding ``s*h``, final
-    layer norm ``2h`` and an untied LM head ``v*h``."""
-    return num_layers * layer_params(h, a, g, f) + 2.0 * v * h + s * h + 2.0 * h
+def model_params(num_layers, h, a, g, f, v, s, gated=0.0):
+    """Total parameters: layers (``gated`` as :func:`layer_params`), word embedding ``v*h``,
+    position embedding ``s*h``, final layer norm ``2h`` and an untied LM head ``v*h``."""
+    return num_layers * layer_params(h, a, g, f, gated) + 2.0 * v * h + s * h + 2.0 * h
 
 
 @jit
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
     (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
 
@@ -70,9 +71,10 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp):
     With sequence parallelism (``sp`` non-zero) the ``10 s b h`` bytes kept outside the
     tensor-parallel regions (layer-norm inputs, dropout masks and outputs) are split over the
     ``t`` ranks too: ``s b h (10 + 4 + 4g/a + 4f/h) / t`` (Korthikanti et al. 2022, Sec. 4.2.2,
-    Table 2: ``sbh (34/t + 5as/(ht))``)."""
+    Table 2: ``sbh (34/t + 5as/(ht))``). The MLP keeps FC1's output and the activation's
+    (``4f/h``); a gated MLP (``gated`` 1) keeps gate and up and the product (``6f/h``)."""
     outside = 10.0 / t if sp != 0.0 else 10.0
-    base = s * b * h * (outside + (4.0 + 4.0 * g / a + 4.0 * f / h) / t)
+    base = s * b * h * (outside + (4.0 + 4.0 * g / a + (4.0 + 2.0 * gated) * f / h) / t)
     return base + attention_core_activation_bytes(b, s, a, t, flash)
 
 

@@ -181,14 +181,16 @@ def sequence_split(t, hw):
 
 
 @jit
-def layer_forward_s(b, s, h, a, g, f, t, hw):
+def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     """Forward compute seconds of one transformer layer for one micro-batch on one TP rank.
 
     Operators (Megatron-LM GPT layer, fused kernels as in Megatron-LM 2021): LN1, QKV GEMM,
     attention scores (batched GEMM), scale-mask-softmax (fused when Megatron's kernel accepts
     the shape, else five fp32 PyTorch kernels: :func:`fused_softmax`), attention dropout, context
     (batched GEMM), context permute copy, output projection GEMM, bias-dropout-add, LN2, FC1
-    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. With ``flash_attn`` set in ``hw`` the scores,
+    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. A gated MLP (``gated`` 1: SwiGLU, Shazeer 2020,
+    as Llama's and Megatron-LM's ``--swiglu``) has FC1 of width ``2f`` (gate and up, one fused
+    GEMM) and its activation reads ``2f`` and writes ``f`` per token. With ``flash_attn`` set in ``hw`` the scores,
     softmax, dropout and context are one :func:`flash_attention_forward_s`. Tensor-parallel
     communication is not included (see :mod:`vtrain_fast.model.comm`).
 
@@ -201,14 +203,14 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
     qkv_out = (h + 2.0 * h * g / a) / t
     time = gemm_time_s(tokens, qkv_out, h, 1.0, hw)
     time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
-    time += gemm_time_s(tokens, f / t, h, 1.0, hw)           # FC1
+    time += gemm_time_s(tokens, (1.0 + gated) * f / t, h, 1.0, hw)   # FC1 (gate and up when gated)
     time += gemm_time_s(tokens, h, f / t, 1.0, hw)           # FC2
     sp = sequence_split(t, hw)
     nbytes = (
         2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
         + 4.0 * tokens * h / t          # context permute copy
         + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
-        + 4.0 * tokens * f / t          # bias-GeLU
+        + (4.0 + 2.0 * gated) * tokens * f / t   # bias-GeLU (SwiGLU: reads 2f, writes f)
     )
     if hw[H_FLASH_ATTN] != 0.0:
         time += flash_attention_forward_s(b, s, h, a, g, t, hw)
@@ -220,12 +222,13 @@ def layer_forward_s(b, s, h, a, g, f, t, hw):
 
 
 @jit
-def layer_backward_s(b, s, h, a, g, f, t, hw):
+def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     """Backward compute seconds of one transformer layer for one micro-batch on one TP rank.
 
     Each forward GEMM becomes a data-gradient and a weight-gradient GEMM of the same FLOPs;
     memory-bound kernels read the saved input and the incoming gradient and write the outgoing
-    one; with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`.
+    one (a gated MLP: FC1 of width ``2f``; its activation backward reads gate, up and ``dy`` and
+    writes both gradients); with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`.
     Recomputation is added by the caller. TP communication is not included.
 
     Returns
@@ -239,7 +242,8 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
     score_elems = b * heads * s * s
     time = gemm_time_s(tokens, h, qkv_out, 1.0, hw) + gemm_time_s(h, qkv_out, tokens, 1.0, hw)
     time += gemm_time_s(tokens, h / t, h, 1.0, hw) + gemm_time_s(h / t, h, tokens, 1.0, hw)
-    time += gemm_time_s(tokens, h, f / t, 1.0, hw) + gemm_time_s(h, f / t, tokens, 1.0, hw)
+    fc1 = (1.0 + gated) * f / t                                # FC1 width (gate and up when gated)
+    time += gemm_time_s(tokens, h, fc1, 1.0, hw) + gemm_time_s(h, fc1, tokens, 1.0, hw)
     time += gemm_time_s(tokens, f / t, h, 1.0, hw) + gemm_time_s(f / t, h, tokens, 1.0, hw)
     sp = sequence_split(t, hw)
     nbytes = (
@@ -247,7 +251,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw):
         + 4.0 * tokens * h / t          # context permute copy
         + 2.0 * 5.0 * tokens * h / sp   # two bias-dropout-add backwards: dy, mask -> dx
         + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
-        + 6.0 * tokens * f / t          # bias-GeLU backward: x, dy -> dx
+        + (6.0 + 4.0 * gated) * tokens * f / t   # bias-GeLU backward: x, dy -> dx (SwiGLU: 2f, f -> 2f)
     )                                   # (+ 2 bias-gradient reductions: launches, bytes negligible)
     if hw[H_FLASH_ATTN] != 0.0:
         time += flash_attention_backward_s(b, s, h, a, g, t, hw)

@@ -84,14 +84,15 @@ CALIBRATION_FIELDS = (
 )
 
 
-# Model layout: column k of the int64 model table the sweep kernels read (one row per model).
+# Model layout: column k of the int64 model table the sweep kernels read (one row per model;
+# gated_mlp 1 for a SwiGLU MLP, 0 for GPT's two-matrix MLP).
 MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                "ffn_hidden_size", "vocab_size", "seq_length")
+                "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp")
 NUM_MODEL_FIELDS = len(MODEL_FIELDS)
-(MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ) = range(NUM_MODEL_FIELDS)
+(MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ, MD_GATED) = range(NUM_MODEL_FIELDS)
 # Row layout of the explicit configurations evaluate_rows walks (int64 matrix, one column each).
 ROW_FIELDS = MODEL_FIELDS + ("global_batch_size", "micro_batch_size", "tp", "cp", "pp", "dp", "recompute")
-(R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GBS, R_MBS, R_TP, R_CP, R_PP, R_DP,
+(R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GATED, R_GBS, R_MBS, R_TP, R_CP, R_PP, R_DP,
  R_RECOMPUTE) = range(len(ROW_FIELDS))
 
 

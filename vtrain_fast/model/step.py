@@ -83,11 +83,11 @@ def chinchilla_loss(num_parameters, num_tokens):
 
 
 @jit
-def forward_flops_per_token(num_layers, h, a, g, f, v, s):
+def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0):
     """Model forward FLOPs per token: GEMMs of every layer (QKV, attention scores and context
     over the full ``s x s`` as Megatron-LM counts them, output projection, MLP) and the LM head.
     Training model FLOPs are 3x this (PaLM, Chowdhery et al. 2022, Appendix B)."""
-    per_layer = (2.0 * h * (h + 2.0 * h * g / a) + 2.0 * h * h + 4.0 * h * f
+    per_layer = (2.0 * h * (h + 2.0 * h * g / a) + 2.0 * h * h + (4.0 + 2.0 * gated) * h * f
                  + ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
     return num_layers * per_layer + 2.0 * h * v
 
@@ -189,7 +189,7 @@ def fill_nan(out, i):
 
 
 @jit
-def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
+def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
     """Costs of one micro-batch that depend only on the model, the machine, ``b`` and ``t``.
 
     Parameters
@@ -226,8 +226,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
     else:
         gather = comm.intra_allgather_s(sbh2, t, hw)
         tp_exchange = comm.group_allreduce_s(sbh2, t, 1.0, hw)
-    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw),
-            ops.layer_backward_s(b, s, h, a, g, f, t, hw),
+    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw, gated),
+            ops.layer_backward_s(b, s, h, a, g, f, t, hw, gated),
             tp_exchange,
             comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
             ops.embedding_s(b, s, h, v, t, hw),
@@ -235,18 +235,19 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw):
             gather,
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR]),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated),
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw),
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
-            (tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw)
+            (tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw,
+                                  gated)
              if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
-            + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw)
+            + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated)
                if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0))
 
 
 @jit
-def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
+def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0):
     """Seconds of one layer's backward tensor-parallel exchanges that asynchronous communication
     hides, one micro-batch.
 
@@ -264,11 +265,11 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw):
     tokens = b * s
     qkv_out = (h + 2.0 * h * g / a) / t
     return (min(exchange_s, ops.gemm_time_s(h, qkv_out, tokens, 1.0, hw))
-            + min(exchange_s, ops.gemm_time_s(h, f / t, tokens, 1.0, hw)))
+            + min(exchange_s, ops.gemm_time_s(h, (1.0 + gated) * f / t, tokens, 1.0, hw)))
 
 
 @jit
-def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw):
+def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw, gated=0.0):
     """Seconds of one layer's sequence-parallel exchanges that Transformer Engine's userbuffers
     overlap hides beyond :func:`tp_backward_hidden_s`, one micro-batch (Megatron-LM
     ``--tp-comm-overlap``, which needs sequence parallelism).
@@ -290,14 +291,14 @@ def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw):
     qkv_out = (h + 2.0 * h * g / a) / t
     return (min(half_s, ops.gemm_time_s(tokens, qkv_out, h, 1.0, hw))        # AG -> QKV
             + min(half_s, ops.gemm_time_s(tokens, h, h / t, 1.0, hw))      # projection -> RS
-            + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw))      # AG -> FC1
+            + min(half_s, ops.gemm_time_s(tokens, (1.0 + gated) * f / t, h, 1.0, hw))   # AG -> FC1
             + min(half_s, ops.gemm_time_s(tokens, h, f / t, 1.0, hw))      # FC2 -> RS
             + min(half_s, ops.gemm_time_s(tokens, h / t, h, 1.0, hw))      # AG -> projection dgrad
             + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw)))     # AG -> FC2 dgrad
 
 
 @jit
-def split_costs(L, h, a, g, f, v, s, lay, hw):
+def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
     """Costs that depend on the model, the machine and the parallel layout but not on the
     batch sizes or recomputation.
 
@@ -325,7 +326,7 @@ def split_costs(L, h, a, g, f, v, s, lay, hw):
     """
     t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
     dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
-    p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t)
+    p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t, gated)
     p_first = p_body + v * h / t + s * h
     p_last = p_body + v * h / t + 2.0 * h
     if p == 1.0:
@@ -348,12 +349,12 @@ def split_costs(L, h, a, g, f, v, s, lay, hw):
 
 
 @jit
-def model_totals(L, h, a, g, f, v, s, num_tokens):
+def model_totals(L, h, a, g, f, v, s, num_tokens, gated=0.0):
     """``(num_parameters, forward_flops_per_token, loss)`` of a model trained on
     ``num_tokens`` tokens (:func:`~vtrain_fast.model.memory.model_params`,
     :func:`forward_flops_per_token`, :func:`chinchilla_loss`); layout :data:`TOTAL_NAMES`."""
-    n_params = memory.model_params(L, h, a, g, f, v, s)
-    return n_params, forward_flops_per_token(L, h, a, g, f, v, s), chinchilla_loss(n_params, num_tokens)
+    n_params = memory.model_params(L, h, a, g, f, v, s, gated)
+    return n_params, forward_flops_per_token(L, h, a, g, f, v, s, gated), chinchilla_loss(n_params, num_tokens)
 
 
 @jit
@@ -540,7 +541,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
 
 
 @jit
-def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i):
+def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, gated=0.0):
     """Evaluate one configuration and write its outputs into column ``i`` of ``out``.
 
     Composition: :func:`validate_shape`, then :func:`micro_batch_costs`, :func:`split_costs`
@@ -568,6 +569,8 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i):
         :data:`OUTPUT_NAMES`.
     i : int
         Column to write.
+    gated : float
+        1.0 for a gated (SwiGLU) MLP of three ``h x f`` matrices, 0.0 (default) for GPT's two.
 
     Returns
     -------
@@ -584,6 +587,6 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i):
     L = float(L); h = float(h); a = float(a); g = float(g); f = float(f); v = float(v)
     s = float(s); B = float(B); b = float(b)
     return schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw,
-                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw),
-                    split_costs(L, h, a, g, f, v, s, lay, hw),
-                    model_totals(L, h, a, g, f, v, s, num_tokens), out, i)
+                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw, gated),
+                    split_costs(L, h, a, g, f, v, s, lay, hw, gated),
+                    model_totals(L, h, a, g, f, v, s, num_tokens, gated), out, i)

@@ -25,8 +25,8 @@ from numba import prange
 
 from ._jit import jit, pjit
 from .layout import Layout, split_world
-from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
-                     NUM_MODEL_FIELDS, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
+from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GATED, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
+                     NUM_MODEL_FIELDS, R_CP, R_DP, R_FFN, R_GATED, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import (REFUSED, REPEAT, refused, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
@@ -45,11 +45,11 @@ PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_PP)
 # Integer input columns written by the sweep kernel: rows of the int64 input matrix.
 INPUT_NAMES = (
     "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
-    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "num_gpus", "num_nodes",
+    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "num_gpus", "num_nodes",
     "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
 NUM_INPUTS = len(INPUT_NAMES)
-(I_MODEL, I_GPU, I_LAYERS, I_HIDDEN, I_HEADS, I_GROUPS, I_FFN, I_VOCAB, I_SEQ, I_NUM_GPUS,
+(I_MODEL, I_GPU, I_LAYERS, I_HIDDEN, I_HEADS, I_GROUPS, I_FFN, I_VOCAB, I_SEQ, I_GATED, I_NUM_GPUS,
  I_NUM_NODES, I_TP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(NUM_INPUTS)
 
 # Points per prange iteration of the range drivers (one decode of the flat index each).
@@ -205,16 +205,17 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
     L, h, a = float(models[mi, MD_LAYERS]), float(models[mi, MD_HIDDEN]), float(models[mi, MD_HEADS])
     g, f = float(models[mi, MD_GROUPS]), float(models[mi, MD_FFN])
     v, s = float(models[mi, MD_VOCAB]), float(models[mi, MD_SEQ])
+    gm = float(models[mi, MD_GATED])
     if ctx[CTX_FILLED] == 0.0:
-        sc = split_costs(L, h, a, g, f, v, s, lay, hw)
+        sc = split_costs(L, h, a, g, f, v, s, lay, hw, gm)
         for k in range(NUM_SPLIT):
             ctx[k] = sc[k]
-        mt = model_totals(L, h, a, g, f, v, s, tok)
+        mt = model_totals(L, h, a, g, f, v, s, tok, gm)
         for k in range(NUM_TOTALS):
             ctx[NUM_SPLIT + k] = mt[k]
         ctx[CTX_FILLED] = 1.0
     if micro_ok[db] == 0:
-        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw)
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, gm)
         for k in range(NUM_MICRO):
             micro[db, k] = mc[k]
         micro_ok[db] = 1
@@ -639,7 +640,7 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
         lay = Layout(cols[R_TP, j], cols[R_CP, j], cols[R_DP, j], cols[R_PP, j])
         status[j] = step(cols[R_LAYERS, j], cols[R_HIDDEN, j], cols[R_HEADS, j], cols[R_GROUPS, j], cols[R_FFN, j],
                          cols[R_VOCAB, j], cols[R_SEQ, j], cols[R_GBS, j], cols[R_MBS, j], lay,
-                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j)
+                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j, float(cols[R_GATED, j]))
 
 
 def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:

@@ -29,6 +29,9 @@ class ModelShape:
     num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
     vocab_size, seq_length : int
         Megatron-LM's arguments of the same names.
+    gated_mlp : bool
+        A gated (SwiGLU) MLP of three ``hidden_size x ffn_hidden_size`` matrices (Megatron-LM
+        ``--swiglu``; Llama), ``ffn_hidden_size`` as published (Hugging Face ``intermediate_size``).
     source : str
         Paper and table the shape comes from.
     """
@@ -41,6 +44,7 @@ class ModelShape:
     num_query_groups: int = 0   # 0 -> num_attention_heads
     ffn_hidden_size: int = 0    # 0 -> 4 * hidden_size
     vocab_size: int = DEFAULT_VOCAB_SIZE
+    gated_mlp: bool = False
     source: str = ""
 
     def resolved(self) -> "ModelShape":
@@ -57,7 +61,7 @@ class ModelShape:
         num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
         vocab_size, seq_length)."""
         r = self.resolved()
-        return tuple(getattr(r, k) for k in MODEL_FIELDS)
+        return tuple(int(getattr(r, k)) for k in MODEL_FIELDS)
 
 
 # ranges of the shape arguments (the spec's and evaluate's checks use them too)
@@ -85,7 +89,7 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise InputError(where, "models", tables, "[models.<name>] tables, one per model shape",
                          "e.g. [models.my-7b] with num_layers, hidden_size, num_attention_heads, seq_length")
-    allowed = set(MODEL_INT_RANGES) | {"source", "source_note", "published_ffn_hidden_size"}
+    allowed = set(MODEL_INT_RANGES) | {"gated_mlp", "source", "source_note"}
     out = {}
     for name, t in tables.items():
         here = f"{where}: [models.{name}]"
@@ -104,6 +108,11 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
                 if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                     raise InputError(here, k, v, f"a whole number from {lo:,} to {hi:,}")
                 kw[k] = v
+        if "gated_mlp" in t:
+            if not isinstance(t["gated_mlp"], bool):
+                raise InputError(here, "gated_mlp", t["gated_mlp"], "true or false",
+                                 "gated_mlp = true for a SwiGLU MLP (three h x f matrices, ffn_hidden_size as published)")
+            kw["gated_mlp"] = t["gated_mlp"]
         src = t.get("source", "")
         if not isinstance(src, str) or not isinstance(t.get("source_note", ""), str):
             raise InputError(here, "source", src, "a string")

@@ -84,7 +84,7 @@ INT_RANGES = {
 }
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-              "ffn_hidden_size", "seq_length", "vocab_size"},
+              "ffn_hidden_size", "seq_length", "vocab_size", "gated_mlp"},
     "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", *TRAINING_FLAGS},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
     "parallel": {"tp", "pp", "vpp"},
@@ -213,12 +213,12 @@ def _overrides(where, table_name, table) -> dict:
     return out
 
 
-def _flags(where, key, value, meaning):
-    """A training switch: ``true``, ``false`` or a list of them (then an axis)."""
+def _flags(where, key, value, meaning, table="training"):
+    """A switch of ``table``: ``true``, ``false`` or a list of them (then an axis)."""
     out = []
-    for v in _as_list(where, f"training.{key}", value, "true / false"):
+    for v in _as_list(where, f"{table}.{key}", value, "true / false"):
         if not isinstance(v, bool):
-            raise InputError(where, f"training.{key}", v, f"true or false, or a list of them ({meaning})",
+            raise InputError(where, f"{table}.{key}", v, f"true or false, or a list of them ({meaning})",
                              f"write {key} = true, {key} = false or {key} = [false, true], without quotes")
         out.append(v)
     return tuple(dict.fromkeys(out))
@@ -470,7 +470,8 @@ def shape_name(shape: dict, given=None) -> str:
         differ only in them get different names). Default: every key of ``shape``.
     """
     given = set(shape if given is None else given)
-    return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given])
+    return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given]
+                    + (["swiglu"] if shape.get("gated_mlp") else []))
 
 
 def _models(where, t: dict, known: dict | None = None) -> tuple:
@@ -488,7 +489,8 @@ def _models(where, t: dict, known: dict | None = None) -> tuple:
             if k not in t:
                 raise InputError(where, f"model.{k}", None, "required when giving model shapes",
                                  f"add model.{k} (or use model.presets only)")
-        axes = {k: _ints(where, k, t[k], "model") for k in shape_keys}
+        axes = {k: _flags(where, k, t[k], "a gated (SwiGLU) MLP: three h x f matrices", "model")
+                if k == "gated_mlp" else _ints(where, k, t[k], "model") for k in shape_keys}
         axes.setdefault("num_query_groups", (0,))
         axes.setdefault("ffn_hidden_size", (0,))
         axes.setdefault("vocab_size", (DEFAULT_VOCAB_SIZE,))
