@@ -529,13 +529,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     is divided by ``vpp``.
     """
     status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
-    # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-LM needs the
-    # layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
+    # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-core refuses
+    # it over 2 stages (a settings rule: before the batch rule, after the shape rules), and needs
+    # the layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
     chunks = int(hw_get(hw, "vpp")) if p > 1 else 1
+    if status in (OK, BAD_BATCH) and chunks > 1 and p == 2 and B > 0 and b > 0:
+        status = REFUSED
     if status == OK and chunks > 1:
-        if p <= 2:                          # Megatron-core refuses interleaving over 2 stages
-            status = REFUSED
-        elif L % (p * chunks):
+        if L % (p * chunks):
             status = BAD_LAYERS
         elif (B // (d * b)) % p:
             status = BAD_BATCH

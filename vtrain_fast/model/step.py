@@ -133,16 +133,12 @@ def virtual_stages(p, hw):
 @jit
 def validate_interleaving(L, B, b, p, d, hw):
     """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
-    ``p > 1``): more than two stages (``REFUSED`` at ``p = 2``: megatron.core.parallel_state
-    raises "pipeline-model-parallel size should be greater than 2 with interleaved schedule"),
-    layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per pipeline,
+    ``p > 1``): layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per pipeline,
     ``B / (d * b)``, divisible by ``p`` (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes
-    :func:`validate_shape` accepted."""
+    :func:`validate_shape` accepted and :func:`refused_interleaving` did not refuse."""
     vpp = virtual_stages(p, hw)
     if vpp <= 1.0:
         return OK
-    if p <= 2:
-        return REFUSED
     if L % (p * vpp) != 0:
         return BAD_LAYERS
     if (B // (d * b)) % p != 0:
@@ -162,6 +158,14 @@ def repeats(lay, hw):
     ``d = 1``)."""
     case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
     return (int(hw[H_REPEAT_CASES]) >> case) & 1 == 1
+
+
+@jit
+def refused_interleaving(p, hw):
+    """Whether Megatron-LM refuses the interleaved schedule on ``p`` stages: ``vpp > 1`` needs
+    more than two (megatron.core.parallel_state raises "pipeline-model-parallel size should be
+    greater than 2 with interleaved schedule")."""
+    return hw[H_VPP] > 1.0 and p == 2
 
 
 @jit
@@ -578,7 +582,10 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, gate
         Status code (``OK``, ``OUT_OF_MEMORY`` or a shape error). Never raises; rows with a
         shape error are NaN.
     """
-    status = validate_shape(L, h, a, g, f, v, s, B, b, lay)
+    status = validate_split(L, h, a, g, f, v, s, lay)
+    if status == OK and refused_interleaving(lay.pp, hw):
+        status = REFUSED                # a settings rule, before the batch rule (as sweeps check it)
+    status = validate_batch(status, B, b, lay.dp)
     if status == OK:
         status = validate_interleaving(L, B, b, lay.pp, lay.dp, hw)
     if status != OK:
