@@ -61,6 +61,24 @@ pp = 1
 """
 
 
+# A small sweep of 1.3B on 8 and 16 H100 over tp and pp (dp = 1 at tp 4, pp 2); tests put settings under [training].
+SMALL_SWEEP = """\
+[model]
+presets = ["gpt3-1.3b"]
+[training]
+num_tokens = 1e10
+global_batch_size = 64
+micro_batch_size = [1, 2]
+{training}
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = [8, 16]
+[parallel]
+tp = [1, 2, 4]
+pp = [1, 2]
+"""
+
+
 def flat(text: str) -> str:
     """``text`` with every run of whitespace (line breaks a console may insert) as one space:
     message checks must not depend on the terminal width or the length of a temp path."""

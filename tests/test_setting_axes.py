@@ -15,7 +15,7 @@ from vtrain_fast.io.schema import SETTING_COLUMNS
 from vtrain_fast.model.settings import BY_NAME, SWITCHES
 from vtrain_fast.plan.spec import TRAINING_FLAGS, parse_spec
 
-from conftest import ONE_POINT_SPEC
+from conftest import ONE_POINT_SPEC, SMALL_SWEEP
 
 # 2 GPUs x (2 sequence_parallel x 2 vpp) machines x 2 tp x 3 pp x 2 mbs x 2 recompute
 AXES_SPEC = """\
@@ -275,32 +275,19 @@ def test_a_value_without_plans_of_its_own_still_has_its_frontier(write_spec, tmp
     assert (got[setting].cast(pl.String).str.to_lowercase() == value).all()
 
 
-ORDER_SPEC = """\
-[model]
-presets = ["gpt3-1.3b"]
-[training]
-num_tokens = 1e10
-global_batch_size = 64
-micro_batch_size = [1, 2]
-sequence_parallel = {sp}
-tp_comm_overlap = {tco}
-distributed_optimizer = {do}
-overlap_grad_reduce = {ogr}
-overlap_param_gather = {opg}
-[cluster]
-gpu = "h100-sxm-80gb"
-num_gpus = [8, 16]
-[parallel]
-tp = [1, 2, 8]
-pp = [1, 2]
-"""
 PLAN_KEYS = ["num_gpus", "tp", "pp", "dp", "micro_batch_size", "sequence_parallel", "tp_comm_overlap",
              "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"]
 
 
+SETTING_KEYS = {"sp": "sequence_parallel", "tco": "tp_comm_overlap", "do": "distributed_optimizer",
+                "ogr": "overlap_grad_reduce", "opg": "overlap_param_gather"}
+
+
 def _spec_of(order, **fixed):
-    lists = {k: ("[true, false]" if order == "tf" else "[false, true]") for k in ("sp", "tco", "do", "ogr", "opg")}
-    return ORDER_SPEC.format(**{**lists, **fixed})
+    """SMALL_SWEEP with the five related switches as lists in ``order`` (or fixed values)."""
+    lists = {k: ("[true, false]" if order == "tf" else "[false, true]") for k in SETTING_KEYS}
+    values = {**lists, **fixed}
+    return SMALL_SWEEP.format(training="\n".join(f"{SETTING_KEYS[k]} = {v}" for k, v in values.items()))
 
 
 def test_the_order_of_a_settings_list_changes_no_plan_and_no_frontier(tmp_path, write_spec, cli):

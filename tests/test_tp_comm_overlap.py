@@ -17,22 +17,8 @@ from vtrain_fast.model.params import NUM_OUTPUTS, hw_index
 from vtrain_fast.model.layout import Layout
 from vtrain_fast.model.step import O_TP, step
 
-# A small sweep of 1.3B on 16 H100 over tp and pp; tests put settings under [training].
-SMALL_SWEEP = """\
-[model]
-presets = ["gpt3-1.3b"]
-[training]
-num_tokens = 1e10
-global_batch_size = 64
-micro_batch_size = [1, 2]
-{training}
-[cluster]
-gpu = "h100-sxm-80gb"
-num_gpus = 16
-[parallel]
-tp = [1, 2, 4]
-pp = [1, 2]
-"""
+from conftest import SMALL_SWEEP
+
 PLAN = dict(num_layers=32, hidden_size=8192, num_attention_heads=64, seq_length=4096, global_batch_size=64,
             micro_batch_size=4, pp=1, gpu="h100-sxm-80gb", recompute="none")
 
