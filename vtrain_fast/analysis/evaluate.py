@@ -259,6 +259,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
     row_presets = []            # the machine of each row (its cluster values fill empty cells)
+    checked: set = set()
     for i in range(n):
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
         values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
@@ -269,8 +270,11 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
-        preset = cache[key][1]
-        check_row_requirements(preset, {k: int(ints[k][i]) == 1 for k in LAYOUT_SIZES}, where, i + 2)
+        sizes_are_1 = {k: int(ints[k][i]) == 1 for k in LAYOUT_SIZES}
+        kind = (key, *sizes_are_1.values())       # one check per machine and kind of plan
+        if kind not in checked:
+            check_row_requirements(cache[key][1], sizes_are_1, where, i + 2)
+            checked.add(kind)
         hw_rows[i] = cache[key][0]
         row_presets.append(cache[key][1])
     # the world size as floats first: each size may be up to 10^8, their int64 product would wrap

@@ -194,7 +194,7 @@ def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFra
     requirements are expanded before it): a sweep prices such a plan once (status ``repeat`` for
     the others, or the machine left out), but it is a plan of every value, so a frontier per value
     (``--by``) or of one value (``--where``) must count it."""
-    expanded = []
+    expanded = False
     for st in SETTINGS:
         if st.name not in settings or not (st.inert_at or st.inert_with):
             continue
@@ -202,11 +202,10 @@ def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFra
         if len(vals) > 1:
             lf = lf.with_columns(pl.when(_no_effect(st)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[st.name])))
                                  .otherwise(pl.concat_list(st.name)).alias(st.name)).explode(st.name)
-            expanded.append(st.name)
+            expanded = True
     # an expanded row may pair a switch with a setting it needs switched the other way: no such
     # plan exists (Megatron-LM refuses it), so it counts for no value
-    names = set(settings)
-    return lf.filter(_megatron_accepts(names)) if expanded else lf
+    return lf.filter(_megatron_accepts(set(settings))) if expanded else lf
 
 
 def _with_requirements(names: list[str]) -> list[str]:

@@ -156,8 +156,7 @@ def repeats(lay, hw):
     sequence parallelism at ``t = 1``, the asynchronous TP all-reduce at ``t = 1`` or with
     sequence parallelism, the distributed optimizer and overlapped gradient reduction at
     ``d = 1``)."""
-    case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
-    return (int(hw[H_REPEAT_CASES]) >> case) & 1 == 1
+    return (int(hw[H_REPEAT_CASES]) >> plan_case(lay)) & 1 == 1
 
 
 @jit
@@ -169,13 +168,20 @@ def refused_interleaving(p, hw):
 
 
 @jit
+def plan_case(lay):
+    """The kind of plan of layout ``lay`` as a bit number of the machine vector's repeat and
+    refused masks: ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` (:func:`vtrain_fast.plan.spec.plan_kind`
+    decodes it)."""
+    return (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
+
+
+@jit
 def refused(lay, hw):
     """Whether Megatron-LM refuses this machine's settings on plans of layout ``lay``'s kind: bit
     ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` of the machine-vector field ``refused_cases`` (set by
     :func:`vtrain_fast.plan.spec.refused_cases` where a setting needs one that Megatron-LM
     switches off there, e.g. tp_comm_overlap at tp = 1, where sequence parallelism is off)."""
-    case = (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
-    return (int(hw[H_REFUSED_CASES]) >> case) & 1 == 1
+    return (int(hw[H_REFUSED_CASES]) >> plan_case(lay)) & 1 == 1
 
 
 @jit

@@ -26,7 +26,7 @@ from numba import prange
 from ._jit import jit, pjit
 from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GATED, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
-                     NUM_MODEL_FIELDS, R_CP, R_DP, R_FFN, R_GATED, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
+                     NUM_MODEL_FIELDS, ROW_FIELDS, R_CP, R_DP, R_FFN, R_GATED, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
@@ -647,7 +647,6 @@ def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:
     """The configurations of sweep rows (``inputs``: ``int64``, shape ``(NUM_INPUTS, n)``, laid
     out as :data:`INPUT_NAMES`) as :func:`evaluate_rows` takes them: ``int64``, shape
     ``(len(ROW_FIELDS), n)``, C-contiguous (``cp`` = 1: a sweep has no context parallelism yet)."""
-    from .params import ROW_FIELDS
     rows = np.ones((len(ROW_FIELDS), inputs.shape[1]), dtype=np.int64)
     for k, name in enumerate(ROW_FIELDS):
         if name in INPUT_NAMES:

@@ -114,8 +114,9 @@ def _hw_table(presets) -> np.ndarray:
     """Machine vectors of the gpu axis, ``float64`` ``(len(presets), NUM_HW_FIELDS)``, with
     their ``repeat_cases`` and ``refused_cases`` (:func:`repeat_cases`, :func:`refused_cases`)."""
     table = np.stack([machine_vector(g) for g in presets])
-    table[:, HW_FIELDS.index("repeat_cases")] = repeat_cases(presets)
-    table[:, HW_FIELDS.index("refused_cases")] = refused_cases(presets)
+    refused = refused_cases(presets)
+    table[:, HW_FIELDS.index("repeat_cases")] = repeat_cases(presets, refused)
+    table[:, HW_FIELDS.index("refused_cases")] = refused
     return table
 
 

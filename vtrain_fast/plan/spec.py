@@ -266,9 +266,11 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     tuple
         ``(presets, notes)``: the presets (``GPUPreset``, a tuple) and what was skipped (a
         tuple of str): with ``use_flash_attn = [false, true]``, the ``true`` machines of a GPU
-        without FlashAttention kernels are left out, and machines that price every plan like an
-        earlier one (:func:`repeat_cases` 255, e.g. the asynchronous TP all-reduce with sequence
-        parallelism), each named in a note.
+        without FlashAttention kernels are left out; a switch without a setting it requires
+        (:func:`~vtrain_fast.model.settings.unmet_requirements`) runs switched off on those
+        machines; machines that price every plan like an earlier one (:func:`repeat_cases` 255,
+        e.g. the asynchronous TP all-reduce with sequence parallelism) are left out; each is
+        named in a note.
 
     Raises
     ------
@@ -327,11 +329,10 @@ def check_requirements(path, settings: dict) -> None:
             continue
         for other, value in st.requires:
             if value not in settings[other]:
-                where = "parallel" if other == "vpp" else "training"
                 raise InputError(path, f"training.{st.name}", _toml_value(settings[st.name]),
                                  f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
                                  f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
-                                 f"set [{where}] {other} = {_toml_value((value,))} or drop {st.name}")
+                                 f"set [training] {other} = {_toml_value((value,))} or drop {st.name}")
 
 
 def _toml_value(values: tuple) -> str:
@@ -340,19 +341,26 @@ def _toml_value(values: tuple) -> str:
     return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
 
 
-def effective_settings(preset, tp_is_1: bool, pp_is_1: bool, dp_is_1: bool):
-    """``preset`` with each training setting that has no effect on plans of this kind (its
-    registry rule, :meth:`~vtrain_fast.model.settings.Setting.has_no_effect`, on the settings as they
-    act there) set to its default: two presets whose effective settings are equal price every
-    such plan alike."""
-    sizes_are_1 = dict(zip(LAYOUT_SIZES, (tp_is_1, pp_is_1, dp_is_1)))
+def plan_kind(case: int) -> dict:
+    """The kind of plan of bit ``case`` of the repeat and refused masks (``model.step.plan_case``:
+    bit 1 tp > 1, 2 pp > 1, 4 dp > 1) as :data:`~vtrain_fast.model.settings.LAYOUT_SIZES` -> whether
+    that size is 1."""
+    return {k: not case & (1 << i) for i, k in enumerate(LAYOUT_SIZES)}
+
+
+def effective_settings(preset, sizes_are_1: dict):
+    """``preset`` with each training setting that has no effect on plans whose sizes are 1 where
+    ``sizes_are_1`` says so (:func:`plan_kind`; its registry rule,
+    :meth:`~vtrain_fast.model.settings.Setting.has_no_effect`, on the settings as they act there)
+    set to its default: two presets whose effective settings are equal price every such plan
+    alike."""
     # first what the plan's sizes switch off, then the rules between settings on what is left
     acting = {st.name: st.default if any(sizes_are_1[k] for k in st.inert_at) else getattr(preset, st.name)
               for st in SETTINGS}
     return replace(preset, **{st.name: st.default for st in SETTINGS if st.has_no_effect(sizes_are_1, acting)})
 
 
-def repeat_cases(presets) -> list[int]:
+def repeat_cases(presets, refused: list[int] | None = None) -> list[int]:
     """Per machine of a sweep's gpu axis, the bit mask ``model.step.repeats`` reads: bit
     ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where an earlier machine prices every plan of that
     kind alike (:func:`effective_settings` equal), so its rows would repeat that machine's.
@@ -361,6 +369,8 @@ def repeat_cases(presets) -> list[int]:
     ----------
     presets : sequence of GPUPreset
         The gpu axis (``SweepSpec.gpus``).
+    refused : list of int, optional
+        Their :func:`refused_cases` (computed when not given).
 
     Returns
     -------
@@ -369,14 +379,13 @@ def repeat_cases(presets) -> list[int]:
         machine that repeats an earlier one everywhere.
     """
     masks = [0] * len(presets)
-    refused = refused_cases(presets)
+    refused = refused_cases(presets) if refused is None else refused
     for case in range(8):
-        kind = (not case & 1, not case & 2, not case & 4)
         seen = set()                  # effective presets (frozen, hashable) met so far
         for i, g in enumerate(presets):
             if refused[i] >> case & 1:
                 continue              # refused there: priced by no one, so it stands in for no one
-            mine = effective_settings(g, *kind)
+            mine = effective_settings(g, plan_kind(case))
             if mine in seen:
                 masks[i] |= 1 << case
             seen.add(mine)
@@ -398,9 +407,7 @@ def refused_cases(presets) -> list[int]:
     masks = []
     for g in presets:
         values = {st.name: getattr(g, st.name) for st in SETTINGS}
-        masks.append(sum(1 << case for case in range(8)
-                         if unmet_requirements(values, dict(zip(LAYOUT_SIZES, (not case & 1, not case & 2,
-                                                                              not case & 4))))))
+        masks.append(sum(1 << case for case in range(8) if unmet_requirements(values, plan_kind(case))))
     return masks
 
 
