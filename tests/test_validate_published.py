@@ -208,3 +208,11 @@ def test_a_plan_the_model_finds_infeasible_is_not_priced(monkeypatch):
     assert r["iteration_time_s"] is None and r["ape_pct"] is None
     s = P.summary(rows, "source").filter(pl.col("source") == "Narayanan et al. 2021").row(0, named=True)
     assert (s["expressible"], s["priced"]) == (10, 9)
+
+
+@pytest.mark.parametrize("which", ["vtrain", "published"])
+def test_a_plot_name_matplotlib_cannot_write_is_refused_before_any_work(which, tmp_path, cli):
+    out = tmp_path / "rows.parquet"
+    res = cli("validate", "--set", which, "-o", out, "--plot", tmp_path / "p.txt")
+    assert res.exit_code == 2 and "p.txt" in res.output and ".png" in res.output, res.output
+    assert not out.exists()

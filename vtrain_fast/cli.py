@@ -292,7 +292,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.query import frontier_columns, pareto as pareto_frontier, resolve_groups, where_filter
     from .io.schema import resolve_objectives
-    from .analysis.report import PLOT_SUFFIXES, print_frame
+    from .analysis.report import check_plot_path, print_frame
     minimize = resolve_objectives("command line", minimize)
     by = resolve_groups("command line", by)
     where_filter("command line", where)     # malformed conditions fail before any work
@@ -305,9 +305,7 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         if len(minimize) < 2:
             raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",
                              "the plot puts the first on x and the second on y")
-        if plot.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
-            raise InputError("command line", "--plot", str(plot), "a file name ending in " +
-                             ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
+        check_plot_path(plot)
     front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where),
                             breakdown=breakdown)
     if output and front.height:
@@ -432,9 +430,11 @@ def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
     import polars as pl
 
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.report import print_frame
+    from .analysis.report import check_plot_path, print_frame
     if which not in VALIDATION_SETS:
         raise InputError("command line", "--set", which, "one of " + ", ".join(VALIDATION_SETS))
+    if plot:
+        check_plot_path(plot)
     if which == "published":
         _validate_published(output or Path("results/validation_published.parquet"), plot, calibration,
                             write_measurements)

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from ..model.settings import SETTINGS, unmet_requirements
 from .evaluate import evaluate_frame
 
 DATA = resources.files("vtrain_fast") / "data" / "published"
@@ -465,10 +466,11 @@ def plan_row(row: dict) -> tuple[dict, str]:
     gated = _is_gated(row)      # a SwiGLU MLP: the model's gated_mlp, ffn_hidden_size as published
     settings = dict(stack.settings)
     settings["sequence_parallel"] = bool(row.get("sequence_parallel"))
-    if not settings["sequence_parallel"]:
-        settings["tp_comm_overlap"] = False      # needs sequence parallelism
-    if not (settings["distributed_optimizer"] and settings["overlap_grad_reduce"]):
-        settings["overlap_param_gather"] = False
+    # a stack default without what it needs (tp_comm_overlap without sequence parallelism) is
+    # off on this row, as a sweep runs it (the registry's rule, model.settings.unmet_requirements)
+    values = {s.name: s.default for s in SETTINGS} | settings
+    for st, _, _ in unmet_requirements(values):
+        settings[st.name] = st.default
     assumptions.append(f"stack defaults: {stack.label}")
     if row["precision"] and "16-bit" in row["precision"]:
         assumptions.append("16-bit mixed as fp16 (same peak as bf16)")
@@ -578,23 +580,9 @@ def _reason_kind(text: str) -> str:
 def plot(rows: pl.DataFrame, path) -> None:
     """Predicted vs measured seconds per iteration of the priced rows, one colour per source,
     log axes, y = x line (PNG)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .report import plot_predicted_vs_measured
     priced = rows.filter(pl.col("ape_pct").is_not_null())
-    fig, ax = plt.subplots(figsize=(6, 6))
-    for (name,), g in priced.group_by("source", maintain_order=True):
-        ax.scatter(g["measured_iteration_time_s"], g["iteration_time_s"], s=18, label=f"{name} ({g.height})")
-    if priced.height:
-        lo = float(priced["measured_iteration_time_s"].min()) * 0.7
-        hi = float(priced["measured_iteration_time_s"].max()) * 1.4
-        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-    ax.set(xscale="log", yscale="log", xlabel="measured seconds per iteration",
-           ylabel="predicted seconds per iteration", title="vtrain_fast vs published runs (held out)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    from .report import save_figure
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    groups = [(f"{name} ({g.height})", g) for (name,), g in priced.group_by("source", maintain_order=True)]
+    plot_predicted_vs_measured(groups, path, "vtrain_fast vs published runs (held out)",
+                               "measured seconds per iteration", "predicted seconds per iteration", size=18,
+                               legend_size=8)

@@ -106,9 +106,26 @@ def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, conso
 PLOT_SUFFIXES = ("png", "svg", "pdf")
 
 
+def check_plot_path(path, option: str = "--plot") -> None:
+    """Refuse a plot file name whose suffix matplotlib is not asked to write here, before any work.
+
+    Raises
+    ------
+    InputError
+        Naming the option, the path and the allowed suffixes (:data:`PLOT_SUFFIXES`).
+    """
+    from pathlib import Path
+
+    from ..io.errors import InputError
+    if Path(path).suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
+        raise InputError("command line", option, str(path), "a file name ending in "
+                         + ", ".join("." + x for x in PLOT_SUFFIXES), "e.g. --plot frontier.png")
+
+
 def save_figure(fig, path) -> None:
-    """Write a matplotlib figure to ``path`` (format from its suffix) through a temporary name
-    and an atomic rename, so that an interrupted run leaves no half-written image.
+    """Lay out a matplotlib figure, write it to ``path`` (format from its suffix) through a
+    temporary name and an atomic rename, so that an interrupted run leaves no half-written
+    image, and close it.
 
     Raises
     ------
@@ -117,9 +134,50 @@ def save_figure(fig, path) -> None:
     """
     from pathlib import Path
 
+    import matplotlib.pyplot as plt
+
     from ..io.errors import write_atomically
     kind = Path(path).suffix.lstrip(".") or "png"
-    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format=kind))
+    try:
+        fig.tight_layout()
+        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format=kind))
+    finally:
+        plt.close(fig)
+
+
+def plot_predicted_vs_measured(groups, path, title: str, xlabel: str, ylabel: str, size: float,
+                               legend_size=None) -> None:
+    """Predicted against measured seconds per iteration on log axes with the ``y = x`` line.
+
+    Parameters
+    ----------
+    groups : list of (str, polars.DataFrame)
+        Label and rows (columns ``measured_iteration_time_s``, ``iteration_time_s``) of each
+        scatter, and optionally a colour: ``(label, rows, color)``.
+    path : str or Path
+        Output image (see :func:`save_figure`).
+    title, xlabel, ylabel : str
+        Texts of the axes.
+    size : float
+        Marker size.
+    legend_size : float, optional
+        Legend font size (matplotlib's default when not given).
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 6))
+    measured = []
+    for label, r, *color in groups:
+        ax.scatter(r["measured_iteration_time_s"], r["iteration_time_s"], s=size, label=label,
+                   **({"alpha": 0.6, "c": color[0]} if color else {}))
+        measured += r["measured_iteration_time_s"].to_list()
+    if measured:
+        lo, hi = min(measured) * 0.7, max(measured) * 1.4
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=legend_size)
+    save_figure(fig, path)
 
 
 def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, path) -> None:
@@ -151,8 +209,4 @@ def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: 
         ax.plot(g[x], g[y], "o-", ms=4, lw=1, label=label)
     ax.set(xscale="log", yscale="log", xlabel=x, ylabel=y, title="Pareto frontier")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)

@@ -106,23 +106,10 @@ def validate(calibration: dict | None = None) -> tuple[pl.DataFrame, pl.DataFram
 
 def plot(rows: pl.DataFrame, path: str | Path) -> None:
     """Predicted vs measured iteration time on log axes with the y = x line (PNG)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 6))
+    from .report import plot_predicted_vs_measured
+    groups = []
     for which, color in (("single", "tab:blue"), ("multi", "tab:red")):
         r = rows.filter(pl.col("set") == which)
-        ax.scatter(r["measured_iteration_time_s"], r["iteration_time_s"], s=6, alpha=0.6, c=color,
-                   label=f"{which}-node ({r.height} rows)")
-    lo = float(rows["measured_iteration_time_s"].min()) * 0.7
-    hi = float(rows["measured_iteration_time_s"].max()) * 1.4
-    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-    ax.set(xscale="log", yscale="log", xlabel="measured iteration time (s)",
-           ylabel="predicted iteration time (s)", title="vtrain_fast vs vTrain measurements (A100)")
-    ax.legend()
-    fig.tight_layout()
-    from .report import save_figure
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+        groups.append((f"{which}-node ({r.height} rows)", r, color))
+    plot_predicted_vs_measured(groups, path, "vtrain_fast vs vTrain measurements (A100)",
+                               "measured iteration time (s)", "predicted iteration time (s)", size=6)

@@ -361,20 +361,6 @@ CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
 PRESETS: dict[str, GPUPreset] = dict(sorted(load_gpu_files(sorted(GPU_DATA_DIR.glob("*.toml"))).items()))
 
 
-def get_preset(name: str) -> GPUPreset:
-    """Return the preset called ``name``.
-
-    Raises
-    ------
-    KeyError
-        If ``name`` is not a preset; the message lists the known names.
-    """
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise KeyError(f"unknown GPU preset {name!r}; known presets: {', '.join(PRESETS)}") from None
-
-
 def with_overrides(preset: GPUPreset, calibration: Calibration | None = None, **overrides) -> GPUPreset:
     """Return a copy of ``preset`` with cluster overrides (keys of ``OVERRIDE_RANGES``) and an
     optional calibration applied. ``None`` values are ignored."""
