@@ -596,6 +596,32 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
             gather = 0.0                           # the activation stays split over the TP ranks
         pp_per_mb = chunks * 2.0 * (send + gather)  # every model chunk sends and receives
 
+    # --- ZeRO stage: 1 shards the Adam states (the distributed optimizer is stage 1), 2 also the
+    # gradients, 3 also the weights (ZeRO paper, Figure 1)
+    zero = max(hw_get(hw, "zero_stage"), hw_get(hw, "distributed_optimizer"))
+    layer_on_rank = layer_params_per_rank(h, a, g, f, t, gated)
+    embedding_params = v * h / t + s * h
+    head_params = v * h / t + 2.0 * h
+    backward_window = layers_per_stage * (bwd + rc * fwd + core_again)
+
+    def stage_params(first, last):
+        params = layers_per_stage * layer_on_rank
+        if first:
+            params += v * h / t + s * h            # word embedding shard + position embedding
+        if last:
+            params += v * h / t + 2.0 * h          # LM head shard + final layer norm
+        return params
+
+    def dp_group_exchange(nbytes):
+        return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, d, t, hw)
+
+    # the larger stage's exchange (first or last; one stage holds everything at p = 1)
+    stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i == 0, i == p_stages - 1))
+                         for i in (0, p_stages - 1))
+
+    def all_gather(n_params):
+        return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, d, t, hw) / 2.0
+
     # --- every stage: time per micro-batch, parameters, activations
     stages = []
     for i in range(p_stages):
@@ -603,11 +629,24 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         compute = layers_compute + (emb_compute if first else 0.0) + (head_compute if last else 0.0)
         tp = layers_tp + (emb_tp if first else 0.0) + (head_tp if last else 0.0)
         pp = pp_per_mb
-        params = layers_per_stage * layer_params_per_rank(h, a, g, f, t, gated)
-        if first:
-            params += v * h / t + s * h            # word embedding shard + position embedding
-        if last:
-            params += v * h / t + 2.0 * h          # LM head shard + final layer norm
+        params = stage_params(first, last)
+        # ZeRO-2: every micro-batch reduce-scatters the (larger stage's) gradients, under its
+        # backward with overlap_grad_reduce; ZeRO-3: every layer gathers its weights before the
+        # forward and the backward and reduce-scatters its gradients; the next layer's exchange is
+        # prefetched under this layer's compute; the first gather of a pass waits; the embedding
+        # hides nothing, the head hides behind its own compute
+        dp = 0.0
+        if zero >= 3:
+            gather = all_gather(layer_on_rank)
+            dp = gather + layers_per_stage * (max(0.0, gather - fwd)
+                                              + max(0.0, 2.0 * gather - (bwd + rc * fwd + core_again)))
+            if first:
+                dp += 3.0 * all_gather(embedding_params)
+            if last:
+                dp += max(0.0, 3.0 * all_gather(head_params) - head_compute)
+        elif zero >= 2:
+            reduce_scatter = stage_exchange / 2.0
+            dp = reduce_scatter - hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
         seq_par = hw_get(hw, "sequence_parallel") != 0.0
         flash = hw_get(hw, "use_flash_attn") != 0.0
         if chunks == 1:
@@ -626,13 +665,20 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
         if last:
             act += 2.0 * sbh_rank + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
-        # ZeRO-1 / distributed optimizer: the 12 bytes of fp32 master + Adam m, v over d ranks
-        shards = 1.0 + hw_get(hw, "distributed_optimizer") * (d - 1.0)    # d when sharded, else 1
-        states = params * (4.0 + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / shards)
-        # from the second micro-batch on, autograd adds each weight gradient into .grad:
-        # read both, write one fp16 value per parameter of the stage (averaged per micro-batch)
-        compute += (m - 1.0) / m * 6.0 * params / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
-        stages.append(dict(compute=compute, tp=tp, pp=pp, time=compute + tp + pp,
+        # fp16 weight 2, fp16 gradient 2, fp32 master + Adam m, v 12 bytes per parameter, over d
+        # ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered (weight + gradient)
+        weight = 2.0 / (d if zero >= 3 else 1.0)
+        grad = 2.0 / (d if zero >= 2 else 1.0)
+        adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (d if zero >= 1 else 1.0)
+        states = params * (weight + grad + adam)
+        if zero >= 3 and d > 1:
+            states += 2.0 * layer_on_rank * 4.0
+        # from the second micro-batch on, autograd adds each weight gradient into .grad (into
+        # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
+        # per parameter of the stage (averaged per micro-batch)
+        compute += ((m - 1.0) / m * 6.0 * params / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+                    / (d if zero >= 2 else 1.0))
+        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, time=compute + tp + pp + dp,
                            params=params, states=states, act=act, mem=states + act))
 
     # slowest stage (ties: the later stage); fullest stage (ties: the earlier stage)
@@ -644,12 +690,18 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     compute_s = m * stages[slow]["compute"]
     tp_comm_s = m * stages[slow]["tp"]
     pp_comm_s = m * stages[slow]["pp"]
-    sharded = hw_get(hw, "distributed_optimizer") != 0.0
-    exchange = group_reduce_scatter_allgather_s if sharded else group_allreduce_s
-    dp_comm_s = max(exchange(BYTES_FP16 * st["params"], d, t, hw) for st in stages)
+    dp_comm_s = stage_exchange
+    per_micro_batch_dp = m * stages[slow]["dp"]
     # optional bucketed overlap with the last micro-batch's backward (+ recompute) of a stage
-    backward_window = layers_per_stage * (bwd + rc * fwd + core_again)
-    if sharded:
+    if zero >= 3:
+        dp_comm_s = per_micro_batch_dp             # every exchange happened per layer
+    elif zero >= 2:
+        # the reduce-scatters ran per micro-batch; the parameter all-gather follows the step
+        all_gather_half = dp_comm_s / 2.0
+        if hw_get(hw, "overlap_grad_reduce") != 0.0:
+            all_gather_half -= hw_get(hw, "overlap_param_gather") * min(all_gather_half, layers_per_stage * fwd)
+        dp_comm_s = per_micro_batch_dp + all_gather_half
+    elif zero >= 1:
         # distributed optimizer: the reduce-scatter half under the backward, the parameter
         # all-gather half after the step, or under the next first forward with
         # overlap_param_gather (which Megatron-LM allows only with overlap_grad_reduce)
@@ -660,8 +712,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         dp_comm_s = reduce_scatter + all_gather
     else:
         dp_comm_s -= hw_get(hw, "overlap_grad_reduce") * min(dp_comm_s, backward_window)
-    shards = 1.0 + hw_get(hw, "distributed_optimizer") * (d - 1.0)
-    adam_s = optimizer_s(max(st["params"] for st in stages) / shards, hw)
+    adam_s = optimizer_s(max(st["params"] for st in stages) / (d if zero >= 1 else 1.0), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s
 

@@ -47,8 +47,8 @@ def test_every_row_is_mapped_or_has_a_one_line_reason(runs, rows):
 
 def test_reasons_name_what_the_model_lacks(runs):
     reasons = {r["id"]: P.unexpressible_reasons(r) for r in runs}
-    assert "ZeRO-3/FSDP not modelled" in reasons["narayanan21_t2_zero3_175B_384gpu"]
-    assert reasons["mosaic_mpt7b_a100_40gb_128gpu"] == ["ZeRO-3/FSDP not modelled"]
+    assert reasons["narayanan21_t2_zero3_175B_384gpu"] == ["recompute not stated"]
+    assert reasons["mosaic_mpt7b_a100_40gb_128gpu"] == []
     assert "precision fp8 not modelled" in reasons["nemo2407_GPT3-175B_128gpu"]
     assert any(x.startswith("context parallelism (cp = 2)") for x in reasons["nemo2407_LLAMA3-8B_8gpu"])
     assert reasons["bloom176b_gbs2048_iter85376"] == ["uneven pipeline stages: num_layers % pp != 0 (70 % 12)"]
@@ -58,13 +58,16 @@ def test_reasons_name_what_the_model_lacks(runs):
 
 
 def test_deleting_a_rule_is_how_a_feature_lands(runs, monkeypatch):
-    """The rules are data: without the FSDP rule the MosaicML A100-40GB rows would be mapped
-    (to the a100-sxm4-40gb preset)."""
-    row = _run(runs, "mosaic_mpt7b_a100_40gb_128gpu")
-    monkeypatch.setattr(P, "RULES", tuple(r for r in P.RULES if r is not P._r_zero3))
+    """The rules are data: without the uneven-stages rule the BLOOM rows would be mapped. And
+    the FSDP rows, whose rule went when zero_stage landed, map to zero_stage 3 on their preset."""
+    row = _run(runs, "bloom176b_gbs2048_iter85376")
+    monkeypatch.setattr(P, "RULES", tuple(r for r in P.RULES if r is not P._r_uneven_stages))
     assert P.unexpressible_reasons(row) == []
-    plan, _ = P.plan_row(row)
+    plan, _ = P.plan_row(_run(runs, "mosaic_mpt7b_a100_40gb_128gpu"))
     assert plan["gpu"] == "a100-sxm4-40gb" and plan["recompute"] == "full" and plan["precision"] == "bf16"
+    assert plan["zero_stage"] == 3 and plan["use_flash_attn"] == "true"
+    assert P.plan_row(_run(runs, "narayanan21_t2_zero3_175B_384gpu"))[0]["zero_stage"] == 3
+    assert P.plan_row(_run(runs, "narayanan21_t1_1.7B"))[0]["zero_stage"] == 0
 
 
 def test_gpu_names_map_to_presets():

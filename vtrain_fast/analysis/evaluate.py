@@ -19,17 +19,17 @@ from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
-from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, unmet_requirements
+from ..model.settings import BY_NAME, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
-from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, VPP_RANGE, check_flash_attention,
+from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
                    check_reserved)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "gated_mlp", "recompute", "precision",
-            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, "vpp")
+            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS))
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
 INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
@@ -72,12 +72,11 @@ UNMODELLED = {
     "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
     "sp": "use the column sequence_parallel (true or false)",
     "world_size": "use the column num_gpus (or leave it out: tp x pp x dp)",
-    "zero_stage": "ZeRO-2/3 are not modelled; distributed_optimizer = true is ZeRO-1",
 }
 
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
-                  "vpp": VPP_RANGE}
+                  **{st.name: st.int_range for st in INT_SETTINGS}}
 PRECISIONS = ("fp16", "bf16")
 DEFAULT_NUM_TOKENS = 300e9
 
@@ -254,7 +253,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     flags = {name: [v in ("true", "1") for v in
                     _str_column(df, name, where, ("true", "false", "1", "0"), "false")]
              for name in TRAINING_FLAGS}
-    vpp = _int_column(df, "vpp", where, 1)
+    int_settings = {st.name: _int_column(df, st.name, where, st.default) for st in INT_SETTINGS}
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
@@ -263,9 +262,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     for i in range(n):
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
         values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
-        key = (gpu[i], int(gpn[i]), *values.values(), int(vpp[i]), *row_flags.values())
+        row_ints = {k: int(v[i]) for k, v in int_settings.items()}
+        key = (gpu[i], int(gpn[i]), *values.values(), *row_ints.values(), *row_flags.values())
         if key not in cache:
-            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, vpp=int(vpp[i]), **row_flags)
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_ints, **row_flags)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
@@ -326,7 +326,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute")
                                    else pl.Float64 if k == "num_tokens"
-                                   else pl.Boolean if (k in SETTING_COLUMNS and k != "vpp") or k == "gated_mlp"
+                                   else pl.Boolean if k in TRAINING_FLAGS or k == "gated_mlp"
                                    else pl.Int64
                                    for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])

@@ -115,8 +115,9 @@ STACKS: dict[str, Stack] = {
         "Megatron-DeepSpeed's ColumnParallelLinear has no asynchronous TP all-reduce; no overlap, "
         "no FlashAttention, DeepSpeed PP non-interleaved"),
     "mosaic": Stack(
-        "MosaicML llm-foundry", "PyTorch FSDP (llm-foundry)", dict(_OFF),
-        "FSDP FULL_SHARD: not a Megatron plan; no setting applies"),
+        "MosaicML llm-foundry", "PyTorch FSDP (llm-foundry)", dict(_OFF, use_flash_attn=True, zero_stage=3),
+        "FSDP FULL_SHARD = zero_stage 3 (forward and backward prefetch, llm-foundry's FSDP defaults); "
+        "FlashAttention (row notes); no tensor or pipeline parallelism, so no Megatron TP setting applies"),
 }
 
 
@@ -365,10 +366,12 @@ def _r_precision_unstated(row):
         return "precision not stated"
 
 
-def _r_zero3(row):
+def _zero_stage(row):
+    """3 for a ZeRO-3 (DeepSpeed) or FSDP FULL_SHARD row (its notes say so), else the stack's."""
     notes = row.get("notes") or ""
     if "ZeRO-3" in notes or "FULL_SHARD" in notes:
-        return "ZeRO-3/FSDP not modelled"
+        return 3
+    return STACKS[row["source_key"]].settings.get("zero_stage", 0)
 
 
 def _r_context_parallel(row):
@@ -441,7 +444,7 @@ def _r_metric(row):
 # model lacks first, then what the source does not state, then the metric. Delete a rule when the
 # model learns its feature.
 RULES: tuple[Callable[[dict], str | None], ...] = (
-    _r_gpu, _r_fp8, _r_precision_other, _r_zero3, _r_context_parallel, _r_recompute_kind, _r_uneven_stages,
+    _r_gpu, _r_fp8, _r_precision_other, _r_context_parallel, _r_recompute_kind, _r_uneven_stages,
     _r_world_size,
     _r_layout_unstated, _r_batch_unstated, _r_shape_unstated, _r_precision_unstated, _r_recompute_unstated,
     _r_sp_unstated, _r_vpp_unstated,
@@ -466,6 +469,7 @@ def plan_row(row: dict) -> tuple[dict, str]:
     gated = _is_gated(row)      # a SwiGLU MLP: the model's gated_mlp, ffn_hidden_size as published
     settings = dict(stack.settings)
     settings["sequence_parallel"] = bool(row.get("sequence_parallel"))
+    settings["zero_stage"] = _zero_stage(row)
     # a stack default without what it needs (tp_comm_overlap without sequence parallelism) is
     # off on this row, as a sweep runs it (the registry's rule, model.settings.unmet_requirements)
     values = {s.name: s.default for s in SETTINGS} | settings
@@ -481,7 +485,8 @@ def plan_row(row: dict) -> tuple[dict, str]:
         global_batch_size=row["global_batch_size"],
         micro_batch_size=row["micro_batch_size"], tp=row["tp"], pp=row["pp"], dp=row["dp"],
         num_gpus=row["num_gpus"], gpu=gm.preset, recompute=_recompute(row), precision=_precision(row),
-        vpp=row.get("virtual_pp") or 1, **{k: str(v).lower() for k, v in settings.items()},
+        vpp=row.get("virtual_pp") or 1,
+        **{k: str(v).lower() if isinstance(v, bool) else v for k, v in settings.items()},
         gpus_per_node=gm.overrides.get("gpus_per_node"), inter_node_Gbps=gm.overrides.get("inter_node_Gbps"),
     )
     return plan, "; ".join(assumptions)

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from .errors import InputError, did_you_mean
 from ..model import params as step     # the output layout; no Numba
-from ..model.settings import SETTINGS
+from ..model.settings import BY_NAME, SETTINGS
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ SETTING_COLUMNS = tuple(st.name for st in SETTINGS)
 
 def setting_values(column: str, field_values):
     """A setting column's values from its machine-vector field's (``float64`` array): ``int64``
-    for ``vpp``, ``bool`` (non-zero) for the switches."""
-    return field_values.astype("int64") if column == "vpp" else field_values != 0.0
+    for the integer settings (``vpp``, ``zero_stage``), ``bool`` (non-zero) for the switches."""
+    return field_values.astype("int64") if BY_NAME[column].kind is int else field_values != 0.0
 
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
                  "out_of_memory", "repeat", "refused")

@@ -121,6 +121,15 @@ def group_reduce_scatter_allgather_s(nbytes, n, stride, hw):
 
 
 @jit
+def group_allgather_s(nbytes, n, stride, hw):
+    """Seconds of one all-gather (or one reduce-scatter) of ``nbytes`` (the gathered size) over
+    ``n`` ranks spaced ``stride``: half of :func:`group_reduce_scatter_allgather_s`, whose two
+    collectives cost the same (ZeRO-3 / FSDP's per-layer parameter gathers and gradient
+    reduce-scatters)."""
+    return 0.5 * group_reduce_scatter_allgather_s(nbytes, n, stride, hw)
+
+
+@jit
 def intra_allreduce_s(nbytes, n, hw):
     """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks inside one node (NVLink)."""
     return ring_allreduce_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S],

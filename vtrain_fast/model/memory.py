@@ -2,7 +2,8 @@
 
 Model states: mixed-precision Adam without ZeRO keeps 16 bytes per parameter (fp16 weight 2,
 fp16 gradient 2, fp32 master weight 4, Adam momentum 4 and variance 4; Rajbhandari et al. 2020,
-"ZeRO", Sec. 3.1). Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in
+"ZeRO", Sec. 3.1); ZeRO stages 1-3 divide the Adam states, then the gradients, then the weights
+over the data-parallel ranks (:func:`model_state_bytes`, the paper's Figure 1). Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", Sec. 4 (tensor parallelism without sequence parallelism:
 ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes per layer), generalised here to grouped-query
 attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/t``).
@@ -11,26 +12,53 @@ from __future__ import annotations
 
 from ._jit import jit
 from .ops import fused_softmax
+from .params import H_OPT_SHARD, H_ZERO_STAGE
 
 STATE_BYTES_PER_PARAM = 16.0
-WEIGHT_AND_GRAD_BYTES_PER_PARAM = 4.0    # fp16 weight + fp16 gradient, never sharded here
+WEIGHT_BYTES_PER_PARAM = 2.0             # fp16 / bf16 weight
+GRAD_BYTES_PER_PARAM = 2.0               # fp16 / bf16 gradient
+OPTIMIZER_BYTES_PER_PARAM = 12.0         # fp32 master weight, Adam momentum and variance (ZeRO's K)
+# ZeRO-3 / FSDP keeps the parameters of the layer it computes and of the next one (prefetched)
+# gathered, with their unsharded gradients until the reduce-scatter: two layers of weight and
+# gradient (PyTorch FSDP's default limit of two all-gathers in flight).
+ZERO3_GATHERED_LAYERS = 2.0
 
 
 @jit
-def optimizer_shards(d, sharding):
-    """Ranks the Adam states are spread over: ``d`` with a sharded (distributed, ZeRO-1)
-    optimizer (``sharding = 1``), else 1."""
-    return 1.0 + sharding * (d - 1.0)
+def sharding_stage(hw):
+    """The ZeRO stage a machine vector asks for (0-3): its ``zero_stage``, or 1 with
+    ``distributed_optimizer`` (Megatron-LM's distributed optimizer is ZeRO-1)."""
+    return max(hw[H_ZERO_STAGE], hw[H_OPT_SHARD])
 
 
 @jit
-def model_state_bytes(params, d, sharding):
-    """Model-state bytes of ``params`` parameters on one GPU: fp16 weight and gradient
-    (4 bytes) plus fp32 master weight, Adam momentum and variance (12 bytes) divided over
-    :func:`optimizer_shards` (Rajbhandari et al. 2020, "ZeRO", Sec. 5.1: ``(2 + 2 + K/N_d)``
-    per parameter with ``K = 12`` for stage 1). Without sharding: 16 bytes per parameter."""
-    return params * (WEIGHT_AND_GRAD_BYTES_PER_PARAM
-                     + (STATE_BYTES_PER_PARAM - WEIGHT_AND_GRAD_BYTES_PER_PARAM) / optimizer_shards(d, sharding))
+def optimizer_shards(d, stage):
+    """Ranks the Adam states are spread over: ``d`` from ZeRO stage 1 on (``stage >= 1``: the
+    distributed optimizer), else 1."""
+    return d if stage >= 1.0 else 1.0
+
+
+@jit
+def model_state_bytes(params, d, stage):
+    """Model-state bytes of ``params`` parameters on one GPU at ZeRO ``stage`` (0-3) over ``d``
+    data-parallel ranks: fp16 weight (2 bytes, divided by ``d`` at stage 3), fp16 gradient (2,
+    divided at stages 2 and 3) and fp32 master weight, Adam momentum and variance (12, divided
+    from stage 1 on). Rajbhandari et al. 2020, "ZeRO", Figure 1 and Sec. 5: ``(2 + 2 + K)``,
+    ``2 + 2 + K/N_d``, ``2 + (2 + K)/N_d`` and ``(2 + 2 + K)/N_d`` bytes per parameter with
+    ``K = 12`` (7.5B parameters over 64 ranks: 120, 31.4, 16.6 and 1.88 GB)."""
+    w = WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
+    g = GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
+    return params * (w + g + OPTIMIZER_BYTES_PER_PARAM / optimizer_shards(d, stage))
+
+
+@jit
+def zero3_gathered_bytes(layer_params_on_rank, d, stage):
+    """Bytes ZeRO-3 / FSDP holds unsharded at a time: :data:`ZERO3_GATHERED_LAYERS` layers of
+    ``layer_params_on_rank`` parameters, fp16 weight and gradient each (0 below stage 3 or at
+    ``d = 1``, where nothing is sharded)."""
+    if stage < 3.0 or d <= 1.0:
+        return 0.0
+    return ZERO3_GATHERED_LAYERS * layer_params_on_rank * (WEIGHT_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
 
 
 @jit

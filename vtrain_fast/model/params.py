@@ -72,6 +72,7 @@ H_FLASH_ATTN = hw_index("use_flash_attn")             # 1: fused FlashAttention-
 H_SEQ_PAR = hw_index("sequence_parallel")             # 1: Megatron sequence parallelism
 H_TP_OVERLAP = hw_index("async_tensor_model_parallel_allreduce")  # 1: backward TP exchange overlapped
 H_VPP = hw_index("vpp")                               # virtual pipeline stages per device
+H_ZERO_STAGE = hw_index("zero_stage")                 # 0-3: what is sharded over DP (ZeRO stage)
 H_REPEAT_CASES = hw_index("repeat_cases")
 H_REFUSED_CASES = hw_index("refused_cases")
 

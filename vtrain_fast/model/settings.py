@@ -29,7 +29,7 @@ class Setting:
         Spec key, column, ``GPUPreset`` field and machine-vector field (Megatron-LM's argument
         name).
     kind : type
-        ``bool`` (a switch) or ``int`` (``vpp``).
+        ``bool`` (a switch) or ``int`` (``vpp``, ``zero_stage``).
     default : bool or int
         Value when a spec or CSV row leaves it out.
     label : str
@@ -55,6 +55,12 @@ class Setting:
     validated : bool
         True when measurements the project validates against use it (none today: vTrain's runs
         use none of these settings).
+    table : str
+        The spec table that takes it (``training``; ``parallel`` for ``vpp``).
+    int_range : tuple of (int, int)
+        Allowed values of an ``int`` setting, both ends included (spec keys and evaluate columns).
+    example : str
+        For an ``int`` setting, what a fix shows (``vpp = 2 or vpp = [1, 2, 4]``).
     """
 
     name: str
@@ -68,6 +74,9 @@ class Setting:
     requires: tuple[tuple[str, bool], ...] = ()
     off_at: tuple[str, ...] = ()
     validated: bool = False
+    table: str = "training"
+    int_range: tuple[int, int] = (0, 0)
+    example: str = ""
 
     def has_no_effect(self, sizes_are_1: dict, values: dict) -> bool:
         """Whether the setting changes no cost of a plan whose parallel sizes equal 1 where
@@ -82,11 +91,14 @@ class Setting:
 # the row order of every sweep, so a new setting goes at the end.
 SETTINGS: tuple[Setting, ...] = (
     Setting("overlap_grad_reduce", bool, False, "overlapped gradient reduction",
-            "true overlaps the data-parallel all-reduce with backward (Megatron --overlap-grad-reduce)",
-            "--overlap-grad-reduce", inert_at=("dp",)),
+            "true overlaps the data-parallel all-reduce with backward (Megatron --overlap-grad-reduce; "
+            "ZeRO-3 / FSDP always overlaps)",
+            "--overlap-grad-reduce", inert_at=("dp",), inert_with=(("zero_stage", 3),)),
     Setting("distributed_optimizer", bool, False, "distributed optimizer",
-            "true shards the Adam states over data-parallel ranks (Megatron --use-distributed-optimizer, ZeRO-1)",
-            "--use-distributed-optimizer", inert_at=("dp",)),
+            "true shards the Adam states over data-parallel ranks (Megatron --use-distributed-optimizer, ZeRO-1; "
+            "the same as zero_stage = 1)",
+            "--use-distributed-optimizer", inert_at=("dp",),
+            inert_with=(("zero_stage", 1), ("zero_stage", 2), ("zero_stage", 3))),
     Setting("use_flash_attn", bool, False, "FlashAttention",
             "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn)",
             "--use-flash-attn"),
@@ -100,7 +112,9 @@ SETTINGS: tuple[Setting, ...] = (
             "--async-tensor-model-parallel-allreduce", inert_at=("tp",), inert_with=(("sequence_parallel", True),)),
     Setting("vpp", int, 1, "interleaved 1F1B (vpp > 1)",
             "model chunks per device (interleaved 1F1B when > 1; no effect at pp = 1)",
-            "--num-layers-per-virtual-pipeline-stage", inert_at=("pp",)),
+            "--num-layers-per-virtual-pipeline-stage", inert_at=("pp",), table="parallel", int_range=(1, 64),
+            example="vpp = 2 or vpp = [1, 2, 4] (--num-layers-per-virtual-pipeline-stage = num_layers / (pp * vpp); "
+                    "1 = not interleaved)"),
     Setting("tp_comm_overlap", bool, False, "TP communication overlap (userbuffers)",
             "true overlaps the sequence-parallel all-gathers and reduce-scatters of the tensor-parallel "
             "linears with the GEMMs that consume or produce them (Megatron-LM --tp-comm-overlap, "
@@ -110,12 +124,24 @@ SETTINGS: tuple[Setting, ...] = (
             "true overlaps the distributed optimizer's parameter all-gather with the next forward instead of "
             "running it after the step (Megatron --overlap-param-gather; needs distributed_optimizer and "
             "overlap_grad_reduce)",
-            "--overlap-param-gather", inert_at=("dp",),
+            "--overlap-param-gather", inert_at=("dp",), inert_with=(("zero_stage", 3),),
             requires=(("distributed_optimizer", True), ("overlap_grad_reduce", True))),
+    Setting("zero_stage", int, 0, "ZeRO stage",
+            "what is sharded over the data-parallel ranks: 0 nothing (DDP), 1 the Adam states (the distributed "
+            "optimizer), 2 also the gradients (reduce-scattered every micro-batch), 3 also the parameters "
+            "(ZeRO-3 / FSDP full sharding: all-gathered per layer in forward and again in backward, the next "
+            "layer's gather prefetched behind this layer's compute); Megatron-core FSDP "
+            "--data-parallel-sharding-strategy no_shard, optim, optim_grads, optim_grads_params; DeepSpeed "
+            "zero_optimization.stage; PyTorch FSDP FULL_SHARD is 3",
+            "--data-parallel-sharding-strategy",
+            inert_at=("dp",), int_range=(0, 3),
+            example="zero_stage = 3 or zero_stage = [0, 1, 3] (1 = distributed_optimizer = true)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
 SWITCHES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is bool)
+# The integer settings (vpp, zero_stage), in axis order.
+INT_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is int)
 
 
 def unmet_requirements(values: dict, sizes_are_1: dict | None = None) -> list[tuple[Setting, str, bool]]:
@@ -139,7 +165,10 @@ def rules_markdown() -> str:
     for st in SETTINGS:
         parts = [f"no effect at {' or '.join(f'{k} = 1' for k in st.inert_at)}"] if st.inert_at else []
         parts += [f"Megatron-LM switches it off at {' or '.join(f'{k} = 1' for k in st.off_at)}"] if st.off_at else []
-        parts += [f"no effect with {k} = {val(v)}" for k, v in st.inert_with]
+        with_values = {}
+        for k, v in st.inert_with:
+            with_values.setdefault(k, []).append(val(v))
+        parts += [f"no effect with {k} = {' or '.join(vs)}" for k, vs in with_values.items()]
         parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
         lines.append(f"- `{st.name}` ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ import math
 from ._jit import jit
 from . import comm, memory, ops
 from .layout import Layout, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401 (Layout: for callers)
-from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_OPT_SHARD, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
+from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import hw_index
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
@@ -65,9 +65,11 @@ NUM_MICRO = len(MICRO_NAMES)
  M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
-               "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s")
+               "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
+               "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes")
 NUM_SPLIT = len(SPLIT_NAMES)
-(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD) = range(NUM_SPLIT)
+(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
+ S_GATHERED) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -331,31 +333,50 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
         of the two stages), the Adam seconds of the larger
         stage, 1.0 when the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride`
         apart) leaves its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one gradient accumulation
-        (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``) of a stage's layers, of the
-        embeddings and of the head.
+        (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``, over ``d`` with sharded gradients,
+        ZeRO-2/3) of a stage's layers, of the embeddings and of the head; with ZeRO-3
+        (:func:`~vtrain_fast.model.memory.sharding_stage`) the seconds of one all-gather of a
+        layer's, the embeddings' and the head's fp16 parameters over the data-parallel group and
+        the bytes held gathered (:func:`~vtrain_fast.model.memory.zero3_gathered_bytes`), else 0.
+        With ZeRO 1-3 the exchange is a reduce-scatter plus an all-gather.
     """
     t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
     dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
-    p_body = L / p * memory.layer_params_per_rank(h, a, g, f, t, gated)
-    p_first = p_body + v * h / t + s * h
+    zero = memory.sharding_stage(hw)
+    p_layer = memory.layer_params_per_rank(h, a, g, f, t, gated)
+    p_body = L / p * p_layer
+    p_emb = v * h / t + s * h              # word embedding shard + position embedding
+    p_head = v * h / t + 2.0 * h           # LM head shard + final layer norm
+    p_first = p_body + v * h / t + s * h   # (summed in this order: golden results stay bit for bit)
     p_last = p_body + v * h / t + 2.0 * h
     if p == 1.0:
         p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
         p_last = p_first
-    if hw[H_OPT_SHARD] != 0.0:
-        # a sharded (distributed) optimizer: gradient reduce-scatter + parameter all-gather
+    if zero >= 1.0:
+        # ZeRO: gradient reduce-scatter + parameter all-gather (per iteration at stage 1, the
+        # reduce-scatter per micro-batch at stage 2, per layer at stage 3: see schedule)
         dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, dp_apart, hw),
                         comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, dp_apart, hw))
     else:
         dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, dp_apart, hw),
                         comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
     # a sharded optimizer updates only its 1/d of the parameters
-    optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, hw[H_OPT_SHARD]), hw)
+    optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, zero), hw)
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
-    # one gradient accumulation (into .grad) of a stage's layers, embeddings and head
+    # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
+    # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
     per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    if zero >= 2.0:
+        per_param = per_param / d
+    ag_layer = ag_emb = ag_head = 0.0
+    if zero >= 3.0:
+        # ZeRO-3 / FSDP: one all-gather of a layer's (embedding's, head's) fp16 parameters
+        ag_layer = comm.group_allgather_s(2.0 * p_layer, d, dp_apart, hw)
+        ag_emb = comm.group_allgather_s(2.0 * p_emb, d, dp_apart, hw)
+        ag_head = comm.group_allgather_s(2.0 * p_head, d, dp_apart, hw)
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_body,
-            per_param * (v * h / t + s * h), per_param * (v * h / t + 2.0 * h))
+            per_param * p_emb, per_param * p_head, ag_layer, ag_emb, ag_head,
+            memory.zero3_gathered_bytes(p_layer, d, zero))
 
 
 @jit
@@ -428,24 +449,51 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         send = mb[M_SEND_INTER] if split[S_CROSSES] != 0.0 else mb[M_SEND_INTRA]
         pp_mb = 2.0 * vs * (send + mb[M_GATHER])   # each of the vs chunks sends and receives
 
+    # ---- sharded data parallelism per micro-batch (ZeRO-2/3), exposed part per stage
+    zero = memory.sharding_stage(hw)
+    window = Lp * (mb[M_BWD] + rc * fwd + core)   # a stage's backward of one micro-batch (+ recompute)
+    body_dp = 0.0
+    emb_dp = 0.0
+    head_dp = 0.0
+    if zero >= 3.0:
+        # ZeRO-3 / FSDP: each layer's parameters are all-gathered before its forward and again
+        # before its backward, and its gradients reduce-scattered after it; the next layer's
+        # gather is prefetched behind this layer's compute, so a layer exposes what its
+        # exchanges take beyond its compute, and the first gather of a pass waits (Rajbhandari
+        # et al. 2020, Sec. 5.3; PyTorch FSDP forward/backward prefetch, Zhao et al. 2023,
+        # "PyTorch FSDP", VLDB, Sec. 3.3). The embedding's exchanges have no compute to hide
+        # behind; the head's hide behind the head.
+        ag = split[S_AG_LAYER]
+        body_dp = Lp * (max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb[M_BWD] + rc * fwd + core))) + ag
+        emb_dp = 3.0 * split[S_AG_EMB]
+        head_dp = max(0.0, 3.0 * split[S_AG_HEAD] - mb[M_HEAD])
+    elif zero >= 2.0:
+        # ZeRO-2: the gradients are reduce-scattered into their shards after every micro-batch
+        # (the larger stage's, half of the exchange), under that backward with overlap_grad_reduce
+        rs = 0.5 * split[S_DP]
+        body_dp = rs - hw[H_DP_OVERLAP] * min(rs, window)
+
     # ---- schedule
     if p == 1.0:
         c_slow = body_compute + emb_compute + head_compute
         tp_slow = body_tp + emb_tp + head_tp
+        dp_slow = body_dp + emb_dp + head_dp
         pp_slow = 0.0
         bubble = 0.0
     else:
-        t_first = body_compute + emb_compute + body_tp + emb_tp + pp_mb
-        t_last = body_compute + head_compute + body_tp + head_tp + pp_mb
-        t_mid = body_compute + body_tp + pp_mb
+        t_first = body_compute + emb_compute + body_tp + emb_tp + pp_mb + body_dp + emb_dp
+        t_last = body_compute + head_compute + body_tp + head_tp + pp_mb + body_dp + head_dp
+        t_mid = body_compute + body_tp + pp_mb + body_dp
         total = t_first + t_last + (p - 2.0) * t_mid
         if t_last >= t_first:
             c_slow = body_compute + head_compute
             tp_slow = body_tp + head_tp
+            dp_slow = body_dp + head_dp
             t_slow = t_last
         else:
             c_slow = body_compute + emb_compute
             tp_slow = body_tp + emb_tp
+            dp_slow = body_dp + emb_dp
             t_slow = t_first
         pp_slow = pp_mb
         # interleaving splits each device's work into vs chunks: warm-up and cool-down take
@@ -457,16 +505,21 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
     # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
     # recomputation) runs on each stage, so only the part longer than that backward is exposed.
-    window = Lp * (mb[M_BWD] + rc * fwd + core)
-    if hw[H_OPT_SHARD] != 0.0:
+    if zero >= 3.0:
+        dp_comm_s = m * dp_slow             # nothing is left to exchange after the flush
+    elif zero >= 1.0:
         # distributed optimizer: only the gradient reduce-scatter (half the exchange) can run
-        # under the backward; the parameter all-gather waits for the step and runs after it, or
-        # with --overlap-param-gather (which needs --overlap-grad-reduce) bucket by bucket under
-        # the first forward of the next iteration (Megatron-LM DistributedOptimizer)
+        # under the backward (ZeRO-2: it ran after every micro-batch, above); the parameter
+        # all-gather waits for the step and runs after it, or with --overlap-param-gather (which
+        # needs --overlap-grad-reduce) bucket by bucket under the first forward of the next
+        # iteration (Megatron-LM DistributedOptimizer)
         half = 0.5 * split[S_DP]
         gather_window = Lp * fwd if hw[H_DP_OVERLAP] != 0.0 else 0.0
-        dp_comm_s = (half - hw[H_DP_OVERLAP] * min(half, window)
-                     + half - hw[H_PARAM_GATHER] * min(half, gather_window))
+        if zero >= 2.0:
+            dp_comm_s = m * dp_slow + half - hw[H_PARAM_GATHER] * min(half, gather_window)
+        else:
+            dp_comm_s = (half - hw[H_DP_OVERLAP] * min(half, window)
+                         + half - hw[H_PARAM_GATHER] * min(half, gather_window))
     else:
         dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
     optimizer_time_s = split[S_OPT]
@@ -499,8 +552,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
                     + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
-    state_first = memory.model_state_bytes(p_first, d, hw[H_OPT_SHARD])
-    state_last = memory.model_state_bytes(p_last, d, hw[H_OPT_SHARD])
+    state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED]
+    state_last = memory.model_state_bytes(p_last, d, zero) + split[S_GATHERED]
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:

@@ -18,6 +18,7 @@ Example (``sweeps/gpt3-175b-a100.toml``)::
     use_flash_attn = false          # true: fused FlashAttention-2 attention (no s x s activations)
     sequence_parallel = false       # true: layer norms, dropouts split over tp (Megatron --sequence-parallel)
     async_tensor_model_parallel_allreduce = false  # true: backward TP exchange behind weight-gradient GEMMs
+    zero_stage = 0                  # 1: distributed optimizer; 2: + gradients; 3: + parameters (FSDP)
     [cluster]
     gpu = ["a100-sxm4-80gb"]
     num_gpus = [1024, 1536]
@@ -46,7 +47,8 @@ argument names; quote a name with a dot: ``[models."my-1.5b"]``)::
     num_attention_heads = 32
     seq_length = 4096
 
-The training settings (``vpp`` and the switches of :data:`TRAINING_FLAGS`) ride on the GPU axis:
+The training settings (the registry's, :mod:`vtrain_fast.model.settings`: ``vpp`` in
+``[parallel]``, ``zero_stage`` and the switches of :data:`TRAINING_FLAGS` in ``[training]``) ride on the GPU axis:
 a list of values makes a setting an axis, and each GPU preset becomes one machine per combination
 of their values (:func:`machine_variants`).
 """
@@ -66,7 +68,6 @@ from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelSh
 from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
-VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
 # The training switches a spec takes under [training] (key -> what true does): the registry's
 # bool settings (vtrain_fast.model.settings), in the order of the machine axis.
@@ -85,9 +86,10 @@ INT_RANGES = {
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "seq_length", "vocab_size", "gated_mlp"},
-    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", *TRAINING_FLAGS},
+    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute",
+                 *(st.name for st in SETTINGS if st.table == "training")},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
-    "parallel": {"tp", "pp", "vpp"},
+    "parallel": {"tp", "pp", *(st.name for st in SETTINGS if st.table == "parallel")},
     "output": {"chunk_size"},
 }
 _TOP = {"name", "description", "gpus", "models", *_TABLES}
@@ -119,7 +121,7 @@ class SweepSpec:
     notes : tuple of str
         Things the sweep skipped, for the user (e.g. FlashAttention on a GPU without it).
     settings : tuple of (str, tuple)
-        Each training setting (``vpp`` and :data:`TRAINING_FLAGS`) with the values the sweep
+        Each training setting (the registry's) with the values the sweep
         takes; more than one value makes it an axis (carried by the gpu axis).
     """
 
@@ -224,18 +226,25 @@ def _flags(where, key, value, meaning, table="training"):
     return tuple(dict.fromkeys(out))
 
 
-def _vpps(where, value):
-    """``parallel.vpp``: model chunks per device, one integer or a list (then an axis)."""
-    lo, hi = VPP_RANGE
+def _int_setting(where, st, value):
+    """An integer setting (``vpp``, ``zero_stage``; its registry record ``st``) in its table: one
+    integer of ``st.int_range`` or a list of them (then an axis)."""
+    lo, hi = st.int_range
+    key = f"{st.table}.{st.name}"
     out = []
-    for v in _as_list(where, "parallel.vpp", value, f"integers from {lo} to {hi}"):
+    for v in _as_list(where, key, value, f"integers from {lo} to {hi}"):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise InputError(where, "parallel.vpp", v, f"integers from {lo} to {hi}",
-                             "model chunks per device of Megatron's interleaved 1F1B schedule "
-                             "(--num-layers-per-virtual-pipeline-stage = num_layers / (pp * vpp)); "
-                             "1 = not interleaved; e.g. vpp = 2 or vpp = [1, 2, 4]")
+            raise InputError(where, key, v, f"integers from {lo} to {hi}",
+                             f"{st.doc}; e.g. {st.example}")
         out.append(v)
     return tuple(dict.fromkeys(out))
+
+
+def setting_values_of(where, tables: dict, st):
+    """The values a spec gives setting ``st`` (registry record) in its table of ``tables`` (name ->
+    dict), its default when left out, as a tuple."""
+    value = tables.get(st.table, {}).get(st.name, st.default)
+    return _int_setting(where, st, value) if st.kind is int else _flags(where, st.name, value, st.doc, st.table)
 
 
 def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str,
@@ -247,7 +256,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     names : sequence of str
         GPU preset names, in spec order (outermost).
     settings : dict
-        Setting name (``vpp`` or a key of :data:`TRAINING_FLAGS`) -> tuple of its values; their
+        Setting name (a registry setting) -> tuple of its values; their
         product, in this order with the last setting fastest, follows each name.
     overrides : dict
         Cluster overrides for every preset (``OVERRIDE_RANGES`` keys).
@@ -671,7 +680,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
                        else did_you_mean(k, names, "remove the table, or name it after a GPU of cluster.gpu"))
                 raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
                                  + ", ".join(names), fix)
-            settings_here = [key for key in v if key in TRAINING_FLAGS or key == "vpp"]
+            settings_here = [key for key in v if key in BY_NAME]
             if settings_here:
                 raise InputError(path, f"cluster.{k}.{settings_here[0]}", v[settings_here[0]],
                                  "cluster keys: " + ", ".join(sorted(OVERRIDE_RANGES)),
@@ -686,8 +695,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
                        (f"cluster.{g}.reserved_GiB" if own else "cluster.reserved_GiB") if given is not None
                        else f"gpus.{g}.reserved_GiB (or hbm_GiB)")
     # in registry order: the machine axis's order (the last setting fastest)
-    settings = {st.name: _vpps(path, pa_.get("vpp", 1)) if st.name == "vpp"
-                else _flags(path, st.name, tr.get(st.name, False), st.doc) for st in SETTINGS}
+    settings = {st.name: setting_values_of(path, doc, st) for st in SETTINGS}
     check_requirements(path, settings)
     gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu, known)
     size_key = "num_gpus" if "num_gpus" in cl else "num_nodes"
