@@ -502,13 +502,47 @@ def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0):
     return num_layers * per_layer + 2.0 * h * v
 
 
-def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
+def stage_layer_counts(L, p, hw=None):
+    """Transformer layers of each of the ``p`` pipeline stages, first to last, or ``None`` when
+    Megatron-core cannot split ``L`` layers so: evenly by default; a set (non-zero)
+    first_pipeline_num_layers / last_pipeline_num_layers fixes that stage and the others share
+    the rest evenly; account_for_embedding / loss_in_pipeline_split count the embedding / the
+    loss as one more layer of the first / last stage. Every stage needs a layer."""
+    setting = (lambda name: int(hw_get(hw, name))) if hw is not None else (lambda name: 0)
+    if p == 1:
+        return [L]
+    extra_first = setting("account_for_embedding_in_pipeline_split")
+    extra_last = setting("account_for_loss_in_pipeline_split")
+    if extra_first or extra_last:
+        total = L + extra_first + extra_last
+        if total % p:
+            return None
+        counts = [total // p] * p
+        counts[0] -= extra_first
+        counts[-1] -= extra_last
+    else:
+        fixed = {}
+        if setting("first_pipeline_num_layers"):
+            fixed[0] = setting("first_pipeline_num_layers")
+        if setting("last_pipeline_num_layers"):
+            fixed[p - 1] = setting("last_pipeline_num_layers")
+        rest = L - sum(fixed.values())
+        free = [i for i in range(p) if i not in fixed]
+        if free and rest % len(free):
+            return None
+        if not free and rest != 0:
+            return None
+        counts = [fixed.get(i, rest // len(free) if free else 0) for i in range(p)]
+    return counts if min(counts) >= 1 else None
+
+
+def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None):
     """First failing Megatron-LM rule as a status code, ``OK`` if none fails."""
     if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d)):
         return BAD_INPUT
     if a % t or g % t or h % a or a % g:
         return BAD_HEADS
-    if L % p:
+    if stage_layer_counts(L, p, hw) is None:
         return BAD_LAYERS
     if B % (d * b):
         return BAD_BATCH
@@ -528,7 +562,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     interleaved over ``vpp`` chunks per device, the warm-up/cool-down part ``sum_i T_i - max_i T_i``
     is divided by ``vpp``.
     """
-    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d)
+    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw)
     # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-core refuses
     # it over 2 stages (a settings rule: before the batch rule, after the shape rules), and needs
     # the layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
@@ -536,16 +570,17 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     if status in (OK, BAD_BATCH) and chunks > 1 and p == 2 and B > 0 and b > 0:
         status = REFUSED
     if status == OK and chunks > 1:
-        if L % (p * chunks):
+        if any(n % chunks for n in stage_layer_counts(L, p, hw)):
             status = BAD_LAYERS
         elif (B // (d * b)) % p:
             status = BAD_BATCH
     if status != OK:
         return status, nan_outputs()
+    stage_layers = [float(n) for n in stage_layer_counts(L, p, hw)]
     L, h, a, g, f, v, s, B, b, t, p, d = map(float, (L, h, a, g, f, v, s, B, b, t, p, d))
     p_stages = int(p)
     m = B / (d * b)                        # micro-batches per pipeline
-    layers_per_stage = L / p
+    fewest = min(stage_layers)                     # layers of the stage with the fewest
     rc = 1.0 if recompute == 1 else 0.0            # full: every layer's forward again
     selective = recompute == 2                     # selective: the attention core again
     num_gpus = t * p * d
@@ -559,9 +594,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
     allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
     core_again = attention_core_forward_s(b, s, h, a, g, t, hw) if selective else 0.0
-    layers_compute = layers_per_stage * (fwd + bwd + rc * fwd + core_again)
+    layer_compute = fwd + bwd + rc * fwd + core_again       # one layer; a stage: times its layers
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
-    layers_tp = layers_per_stage * (4.0 + 2.0 * rc) * allreduce_act
+    layer_tp = (4.0 + 2.0 * rc) * allreduce_act
     seq_par_on = hw_get(hw, "sequence_parallel") != 0.0
     if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
         # async TP: the input-gradient all-reduce of QKV and of FC1 (with sequence parallelism
@@ -571,7 +606,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         for cols in (qkv_cols, (1.0 + gated) * f / t):
-            layers_tp -= layers_per_stage * min(hideable, gemm_time_s(h, cols, b * s, 1.0, hw))
+            layer_tp -= min(hideable, gemm_time_s(h, cols, b * s, 1.0, hw))
     if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
         # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
         # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
@@ -579,7 +614,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         tokens = b * s
         for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
-            layers_tp -= layers_per_stage * min(allreduce_act / 2.0, gemm_time_s(tokens, n_out, k_in, 1.0, hw))
+            layer_tp -= min(allreduce_act / 2.0, gemm_time_s(tokens, n_out, k_in, 1.0, hw))
     emb_compute = embedding_s(b, s, h, v, t, hw)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)
@@ -602,10 +637,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     layer_on_rank = layer_params_per_rank(h, a, g, f, t, gated)
     embedding_params = v * h / t + s * h
     head_params = v * h / t + 2.0 * h
-    backward_window = layers_per_stage * (bwd + rc * fwd + core_again)
+    backward_window = fewest * (bwd + rc * fwd + core_again)   # the shortest stage's backward
 
-    def stage_params(first, last):
-        params = layers_per_stage * layer_on_rank
+    def stage_params(i):
+        first, last = i == 0, i == p_stages - 1
+        params = stage_layers[i] * layer_on_rank
         if first:
             params += v * h / t + s * h            # word embedding shard + position embedding
         if last:
@@ -615,9 +651,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     def dp_group_exchange(nbytes):
         return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, d, t, hw)
 
-    # the larger stage's exchange (first or last; one stage holds everything at p = 1)
-    stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i == 0, i == p_stages - 1))
-                         for i in (0, p_stages - 1))
+    # the largest stage's exchange (one stage holds everything at p = 1)
+    stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i)) for i in range(p_stages))
 
     def all_gather(n_params):
         return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, d, t, hw) / 2.0
@@ -626,10 +661,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     stages = []
     for i in range(p_stages):
         first, last = i == 0, i == p_stages - 1
-        compute = layers_compute + (emb_compute if first else 0.0) + (head_compute if last else 0.0)
-        tp = layers_tp + (emb_tp if first else 0.0) + (head_tp if last else 0.0)
+        compute = stage_layers[i] * layer_compute + (emb_compute if first else 0.0) + (head_compute if last else 0.0)
+        tp = stage_layers[i] * layer_tp + (emb_tp if first else 0.0) + (head_tp if last else 0.0)
         pp = pp_per_mb
-        params = stage_params(first, last)
+        params = stage_params(i)
+        n = stage_layers[i]
         # ZeRO-2: every micro-batch reduce-scatters the (larger stage's) gradients, under its
         # backward with overlap_grad_reduce; ZeRO-3: every layer gathers its weights before the
         # forward and the backward and reduce-scatters its gradients; the next layer's exchange is
@@ -638,7 +674,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         dp = 0.0
         if zero >= 3:
             gather = all_gather(layer_on_rank)
-            dp = gather + layers_per_stage * (max(0.0, gather - fwd)
+            dp = gather + n * (max(0.0, gather - fwd)
                                               + max(0.0, 2.0 * gather - (bwd + rc * fwd + core_again)))
             if first:
                 dp += 3.0 * all_gather(embedding_params)
@@ -651,14 +687,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         flash = hw_get(hw, "use_flash_attn") != 0.0
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
-            act = stage_activation_bytes(layers_per_stage, in_flight, b, s, h, a, g, f, t, recompute, flash,
+            act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
                                          seq_par, gated)
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
-            # holds one more; a chunk is layers_per_stage / vpp layers of one micro-batch
+            # holds one more; a chunk is the stage's layers / vpp of one micro-batch
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
-            act = stage_activation_bytes(layers_per_stage / chunks, held, b, s, h, a, g, f, t, recompute,
+            act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
                                          flash, seq_par, gated)
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
@@ -699,7 +735,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         # the reduce-scatters ran per micro-batch; the parameter all-gather follows the step
         all_gather_half = dp_comm_s / 2.0
         if hw_get(hw, "overlap_grad_reduce") != 0.0:
-            all_gather_half -= hw_get(hw, "overlap_param_gather") * min(all_gather_half, layers_per_stage * fwd)
+            all_gather_half -= hw_get(hw, "overlap_param_gather") * min(all_gather_half, fewest * fwd)
         dp_comm_s = per_micro_batch_dp + all_gather_half
     elif zero >= 1:
         # distributed optimizer: the reduce-scatter half under the backward, the parameter
@@ -708,7 +744,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         reduce_scatter = all_gather = dp_comm_s / 2.0
         reduce_scatter -= hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
         if hw_get(hw, "overlap_grad_reduce") != 0.0:
-            all_gather -= hw_get(hw, "overlap_param_gather") * min(all_gather, layers_per_stage * fwd)
+            all_gather -= hw_get(hw, "overlap_param_gather") * min(all_gather, fewest * fwd)
         dp_comm_s = reduce_scatter + all_gather
     else:
         dp_comm_s -= hw_get(hw, "overlap_grad_reduce") * min(dp_comm_s, backward_window)

@@ -55,6 +55,8 @@ HW_RANGES = {
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
 SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCHES},
            "vpp": (1.0, 1.0, 2.0, 3.0, 4.0), "zero_stage": (0.0, 0.0, 1.0, 2.0, 3.0),
+           "first_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
+           "last_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
@@ -231,8 +233,9 @@ shape_int = st.integers(-3, 40)
 
 
 def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d):
-    """The kernel's shape rules with the twin's arguments (sizes one by one)."""
-    return step.validate_shape(L, h, a, g, f, v, s, B, b, Layout(t, 1, d, p))
+    """The kernel's shape rules with the twin's arguments (sizes one by one), on a preset's machine
+    (even pipeline stages)."""
+    return step.validate_shape(L, h, a, g, f, v, s, B, b, Layout(t, 1, d, p), PRESET_VECTORS[0])
 
 
 @given(st.tuples(*[shape_int] * 12))

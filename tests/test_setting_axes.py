@@ -45,8 +45,13 @@ def _rows(text: str) -> pl.DataFrame:
 
 def test_each_flag_takes_a_list_and_every_combination_becomes_a_machine():
     for flag in TRAINING_FLAGS:
-        needs = "".join(f"\n{k} = {str(v).lower()}" for k, v in BY_NAME[flag].requires)  # what it needs
-        spec = parse_spec(ONE_POINT_SPEC.format(training=f"{flag} = [false, true, false]" + needs), "s.toml")
+        lines = {"training": [], "parallel": []}
+        lines[BY_NAME[flag].table].append(f"{flag} = [false, true, false]")
+        for k, v in BY_NAME[flag].requires:         # what it needs, in that setting's table
+            lines[BY_NAME[k].table].append(f"{k} = {str(v).lower()}")
+        text = ONE_POINT_SPEC.format(training="\n".join(lines["training"]))
+        text = text.replace("pp = 1", "\n".join(["pp = 1", *lines["parallel"]]))
+        spec = parse_spec(text, "s.toml")
         assert [getattr(g, flag) for g in spec.gpus] == [False, True], flag
     spec = parse_spec(AXES_SPEC.format(sp="[false, true]", vpp="[1, 2]"), "s.toml")
     combos = [(g.name, g.sequence_parallel, g.vpp) for g in spec.gpus]
@@ -100,7 +105,8 @@ num_tokens = 1e11
 global_batch_size = 64
 micro_batch_size = 2
 recompute = ["full", "selective"]
-""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES) + """\
+""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES if st.table == "training") + """\
+zero_stage = [0, 3]
 [cluster]
 gpu = "a100-sxm4-80gb"
 num_gpus = [4, 8]
@@ -108,7 +114,7 @@ num_gpus = [4, 8]
 tp = [1, 2]
 pp = [1, 2]
 vpp = [1, 2]
-"""
+""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES if st.table == "parallel")
 
 
 def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(tmp_path):
@@ -131,8 +137,12 @@ def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(tmp_pat
                             pl.col("recompute").cast(pl.String) == r["recompute"],
                             pl.col("use_flash_attn") == r["use_flash_attn"])
         assert any(all(_same(t[c], r[c]) for c in outs) for t in twins.iter_rows(named=True)), r
-    # and no two kept rows are one plan priced alike under different settings
-    ok = kept.filter(pl.col("status").is_in(["ok", "out_of_memory"]))
+    # and no two kept rows are one plan priced alike under different settings; except that with
+    # both pipeline-split flags, (L + 2) / 2 - 1 = L / 2: at pp = 2 they split as evenly as none
+    # (a rule the registry's vocabulary of sizes equal to 1 cannot state, so those rows are priced)
+    ok = kept.filter(pl.col("status").is_in(["ok", "out_of_memory"]),
+                     ~((pl.col("pp") == 2) & pl.col("account_for_embedding_in_pipeline_split")
+                       & pl.col("account_for_loss_in_pipeline_split")))
     assert ok.select(plan + outs).n_unique() == ok.height
 
 
@@ -265,7 +275,8 @@ def test_a_value_without_plans_of_its_own_still_has_its_frontier(write_spec, tmp
     for line in extra.splitlines():
         key = line.split("=")[0].strip()
         base = "\n".join(l for l in base.splitlines() if not l.startswith(key + " "))
-        section = "[parallel]" if key in ("tp", "pp", "vpp") else "[training]"
+        section = "[parallel]" if key in ("tp", "pp") or (key in BY_NAME and BY_NAME[key].table == "parallel") \
+            else "[training]"
         base = base.replace(section, section + "\n" + line)
     folder = tmp_path / "f"
     assert cli("sweep", write_spec(base, "f.toml"), "-o", folder).exit_code == 0

@@ -51,16 +51,18 @@ def test_reasons_name_what_the_model_lacks(runs):
     assert reasons["mosaic_mpt7b_a100_40gb_128gpu"] == []
     assert "precision fp8 not modelled" in reasons["nemo2407_GPT3-175B_128gpu"]
     assert any(x.startswith("context parallelism (cp = 2)") for x in reasons["nemo2407_LLAMA3-8B_8gpu"])
-    assert reasons["bloom176b_gbs2048_iter85376"] == ["uneven pipeline stages: num_layers % pp != 0 (70 % 12)"]
+    assert reasons["bloom176b_gbs2048_iter85376"] == []      # BLOOM's partition: 5 + 10 x 6 + 5 layers
     assert "tp/pp not stated" in reasons["narayanan21_t2_ptd_175B_384gpu"]
     assert reasons["korthikanti22_1T_fullrecompute"] == ["virtual_pp not stated (pp > 1)"]
     assert any("weak_scaling_efficiency" in x for x in reasons["shoeybi19_2.5B_mp2"])
 
 
 def test_deleting_a_rule_is_how_a_feature_lands(runs, monkeypatch):
-    """The rules are data: without the uneven-stages rule the BLOOM rows would be mapped. And
-    the FSDP rows, whose rule went when zero_stage landed, map to zero_stage 3 on their preset."""
-    row = _run(runs, "bloom176b_gbs2048_iter85376")
+    """The rules are data: a BLOOM row with 71 layers does not split over its 12 stages (even
+    counting the embeddings as layers), and without the rule it would be mapped. The FSDP rows,
+    whose rule went when zero_stage landed, map to zero_stage 3 on their preset."""
+    row = dict(_run(runs, "bloom176b_gbs2048_iter85376"), num_layers=71)
+    assert P.unexpressible_reasons(row) == ["the stack's pipeline split does not fit: 71 layers over 12 stages"]
     monkeypatch.setattr(P, "RULES", tuple(r for r in P.RULES if r is not P._r_uneven_stages))
     assert P.unexpressible_reasons(row) == []
     plan, _ = P.plan_row(_run(runs, "mosaic_mpt7b_a100_40gb_128gpu"))

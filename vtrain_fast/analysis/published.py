@@ -26,7 +26,9 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from ..model.params import NUM_HW_FIELDS, hw_index
 from ..model.settings import SETTINGS, unmet_requirements
+from ..model.step import stage_layers
 from .evaluate import evaluate_frame
 
 DATA = resources.files("vtrain_fast") / "data" / "published"
@@ -110,8 +112,12 @@ STACKS: dict[str, Stack] = {
         "Shoeybi et al. 2019", "Megatron-LM v1, 2019", dict(_OFF),
         "none of these settings existed in 2019 Megatron-LM"),
     "bloom176b": Stack(
-        "BLOOM-176B", "Megatron-DeepSpeed (BigScience tr11)", dict(_OFF, distributed_optimizer=True),
+        "BLOOM-176B", "Megatron-DeepSpeed (BigScience tr11)",
+        dict(_OFF, distributed_optimizer=True, account_for_embedding_in_pipeline_split=True,
+             account_for_loss_in_pipeline_split=True),
         "BF16Optimizer with ZeRO-1-equivalent sharding (row notes) = distributed optimizer; "
+        "--pp-partition-method 'type:transformer|embedding' counts the two (tied) embedding layers as "
+        "pipeline layers: 70 + 2 over 12 stages, 5 + 10 x 6 + 5 (account_for_embedding / loss_in_pipeline_split); "
         "Megatron-DeepSpeed's ColumnParallelLinear has no asynchronous TP all-reduce; no overlap, "
         "no FlashAttention, DeepSpeed PP non-interleaved"),
     "mosaic": Stack(
@@ -426,10 +432,18 @@ def _r_vpp_unstated(row):
 
 
 def _r_uneven_stages(row):
+    """The layers must split over the stages as the source's stack splits them (evenly, or with
+    the stack's partition settings: BLOOM's counts the embeddings as layers) into vpp chunks each."""
     L, p, v = row.get("num_layers"), row.get("pp"), row.get("virtual_pp") or 1
-    if L is not None and p is not None and L % (p * v) != 0:
-        what = "pp" if v == 1 else "(pp x vpp)"
-        return f"uneven pipeline stages: num_layers % {what} != 0 ({L} % {p * v})"
+    if L is None or p is None:
+        return None
+    hw = np.zeros(NUM_HW_FIELDS)
+    for k, value in STACKS[row["source_key"]].settings.items():
+        hw[hw_index(k)] = float(value)
+    first, mid, last, ok = stage_layers.py_func(float(L), float(p), hw)
+    if not ok or (v > 1 and (first % v or mid % v or last % v)):
+        chunks = "" if v == 1 else f", {v} chunks each"
+        return f"the stack's pipeline split does not fit: {L} layers over {p} stages{chunks}"
 
 
 def _r_metric(row):

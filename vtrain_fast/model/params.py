@@ -115,7 +115,8 @@ OK = 0
 BAD_INPUT = 1        # a size is zero or negative
 BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (model.layout.split_world)
 BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
-BAD_LAYERS = 4       # num_layers not divisible by pp (by pp * vpp when interleaved)
+BAD_LAYERS = 4       # the layers do not split over pp stages (model.step.stage_layers; into vpp chunks each
+                     # when interleaved)
 BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
                      # micro-batches per pipeline not divisible by pp)
 OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)

@@ -136,6 +136,28 @@ SETTINGS: tuple[Setting, ...] = (
             "--data-parallel-sharding-strategy",
             inert_at=("dp",), int_range=(0, 3),
             example="zero_stage = 3 or zero_stage = [0, 1, 3] (1 = distributed_optimizer = true)"),
+    Setting("first_pipeline_num_layers", int, 0, "uneven first pipeline stage",
+            "transformer layers on the first pipeline stage (0: an even split); the stages without a set "
+            "count split the rest evenly (Megatron-LM --decoder-first-pipeline-num-layers)",
+            "--decoder-first-pipeline-num-layers", inert_at=("pp",), table="parallel", int_range=(0, 100_000),
+            example="first_pipeline_num_layers = 6, or a list; 0 = even"),
+    Setting("last_pipeline_num_layers", int, 0, "uneven last pipeline stage",
+            "transformer layers on the last pipeline stage (0: an even split); the stages without a set "
+            "count split the rest evenly (Megatron-LM --decoder-last-pipeline-num-layers)",
+            "--decoder-last-pipeline-num-layers", inert_at=("pp",), table="parallel", int_range=(0, 100_000),
+            example="last_pipeline_num_layers = 6, or a list; 0 = even"),
+    Setting("account_for_embedding_in_pipeline_split", bool, False, "embedding counted as a pipeline layer",
+            "true counts the input embedding as one layer of the first stage when splitting the layers over "
+            "the pipeline: (num_layers + 1) / pp each, one fewer on the first stage (Megatron-LM "
+            "--account-for-embedding-in-pipeline-split; Megatron-DeepSpeed's partition, BLOOM)",
+            "--account-for-embedding-in-pipeline-split", inert_at=("pp",), table="parallel",
+            requires=(("first_pipeline_num_layers", 0), ("last_pipeline_num_layers", 0))),
+    Setting("account_for_loss_in_pipeline_split", bool, False, "loss counted as a pipeline layer",
+            "true counts the output layer and loss as one layer of the last stage when splitting the layers "
+            "over the pipeline (Megatron-LM --account-for-loss-in-pipeline-split; with the embedding flag "
+            "(num_layers + 2) / pp each, one fewer on the first and last stage: BLOOM's 70 layers over 12 stages)",
+            "--account-for-loss-in-pipeline-split", inert_at=("pp",), table="parallel",
+            requires=(("first_pipeline_num_layers", 0), ("last_pipeline_num_layers", 0))),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

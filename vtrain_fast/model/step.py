@@ -27,6 +27,10 @@ from .params import hw_index
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
 H_PARAM_GATHER = hw_index("overlap_param_gather")  # 1: parameter all-gather behind the next forward
+H_FIRST_LAYERS = hw_index("first_pipeline_num_layers")   # layers on the first stage (0: even split)
+H_LAST_LAYERS = hw_index("last_pipeline_num_layers")     # layers on the last stage (0: even split)
+H_EMB_SPLIT = hw_index("account_for_embedding_in_pipeline_split")  # 1: embedding counted as a layer
+H_LOSS_SPLIT = hw_index("account_for_loss_in_pipeline_split")      # 1: output layer + loss counted as a layer
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
 from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
@@ -66,10 +70,12 @@ NUM_MICRO = len(MICRO_NAMES)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
-               "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes")
+               "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes",
+               "layers_first", "layers_middle", "layers_last", "params_middle", "accumulate_first_s",
+               "accumulate_last_s")
 NUM_SPLIT = len(SPLIT_NAMES)
 (S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
- S_GATHERED) = range(NUM_SPLIT)
+ S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -95,17 +101,56 @@ def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0):
 
 
 @jit
-def validate_split(L, h, a, g, f, v, s, lay):
+def stage_layers(L, p, hw):
+    """Transformer layers of the first, a middle and the last of ``p`` pipeline stages for ``L``
+    layers, and whether the split is valid: ``(first, middle, last, ok)`` (floats, ``ok`` bool).
+
+    Megatron-core's split (``TransformerConfig``, ``get_num_layers_to_build``): evenly, ``L / p``
+    each; with ``first_pipeline_num_layers`` / ``last_pipeline_num_layers`` set (non-zero) those
+    stages take that many and the others split the rest evenly (``--decoder-first-pipeline-num-layers``,
+    ``--decoder-last-pipeline-num-layers``); with ``account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split`` the embedding / the output layer and loss count as one
+    layer of the first / last stage: ``(L + e + l) / p`` each, one fewer there (Megatron-DeepSpeed's
+    partition: BLOOM's 70 layers over 12 stages, 5 + 10 x 6 + 5). Not ok when the rest does not
+    split evenly or a stage is left without a layer. At ``p = 1``: ``(L, L, L)``. With no middle
+    stage the middle count is the smaller of the two (it then only enters maxima and minima).
+    """
+    if p <= 1.0:
+        return L, L, L, L >= 1.0
+    first = hw[H_FIRST_LAYERS]
+    last = hw[H_LAST_LAYERS]
+    e = 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
+    lo = 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    if e + lo > 0.0:
+        total = L + e + lo
+        per = total / p
+        return per - e, per, per - lo, math.floor(per) == per and per - e >= 1.0 and per - lo >= 1.0
+    if first <= 0.0 and last <= 0.0:
+        per = L / p
+        return per, per, per, math.floor(per) == per and per >= 1.0
+    fixed = (1.0 if first > 0.0 else 0.0) + (1.0 if last > 0.0 else 0.0)
+    rest = L - max(first, 0.0) - max(last, 0.0)
+    others = p - fixed
+    if others <= 0.0:
+        return first, min(first, last), last, rest == 0.0
+    mid = rest / others
+    ok = rest >= others and math.floor(mid) == mid
+    return (first if first > 0.0 else mid), mid, (last if last > 0.0 else mid), ok
+
+
+@jit
+def validate_split(L, h, a, g, f, v, s, lay, hw):
     """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
-    (:data:`~vtrain_fast.model.layout.Layout`): every size positive (``BAD_INPUT``), heads and
-    query groups divisible by ``tp`` and hidden by heads (``BAD_HEADS``), layers divisible by
-    ``pp`` (``BAD_LAYERS``); ``OK`` when all hold."""
+    (:data:`~vtrain_fast.model.layout.Layout`) on machine ``hw``: every size positive
+    (``BAD_INPUT``), heads and query groups divisible by ``tp`` and hidden by heads
+    (``BAD_HEADS``), the layers split over ``pp`` stages (:func:`stage_layers`: evenly, or as the
+    machine's uneven-stage settings ask; ``BAD_LAYERS``); ``OK`` when all hold."""
     t, p, d = lay.tp, lay.pp, lay.dp
     if L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or t <= 0 or p <= 0 or d <= 0:
         return BAD_INPUT
     if a % t != 0 or g % t != 0 or h % a != 0 or a % g != 0:
         return BAD_HEADS
-    if L % p != 0:
+    if not stage_layers(float(L), float(p), hw)[3]:
         return BAD_LAYERS
     return OK
 
@@ -135,13 +180,15 @@ def virtual_stages(p, hw):
 @jit
 def validate_interleaving(L, B, b, p, d, hw):
     """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
-    ``p > 1``): layers divisible by ``p * vpp`` (``BAD_LAYERS``) and micro-batches per pipeline,
-    ``B / (d * b)``, divisible by ``p`` (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes
-    :func:`validate_shape` accepted and :func:`refused_interleaving` did not refuse."""
+    ``p > 1``): each stage's layers (:func:`stage_layers`; evenly: ``L / p``) divisible by
+    ``vpp`` (``BAD_LAYERS``) and micro-batches per pipeline, ``B / (d * b)``, divisible by ``p``
+    (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes :func:`validate_shape` accepted and
+    :func:`refused_interleaving` did not refuse."""
     vpp = virtual_stages(p, hw)
     if vpp <= 1.0:
         return OK
-    if L % (p * vpp) != 0:
+    first, mid, last, _ = stage_layers(float(L), float(p), hw)
+    if first % vpp != 0.0 or mid % vpp != 0.0 or last % vpp != 0.0:
         return BAD_LAYERS
     if (B // (d * b)) % p != 0:
         return BAD_BATCH
@@ -187,10 +234,10 @@ def refused(lay, hw):
 
 
 @jit
-def validate_shape(L, h, a, g, f, v, s, B, b, lay):
+def validate_shape(L, h, a, g, f, v, s, B, b, lay, hw):
     """Status code for the divisibility rules of Megatron-LM (``OK`` when all hold): the
     checks of :func:`validate_split`, then of :func:`validate_batch`."""
-    return validate_batch(validate_split(L, h, a, g, f, v, s, lay), B, b, lay.dp)
+    return validate_batch(validate_split(L, h, a, g, f, v, s, lay, hw), B, b, lay.dp)
 
 
 @jit
@@ -344,11 +391,14 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
     dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
     zero = memory.sharding_stage(hw)
     p_layer = memory.layer_params_per_rank(h, a, g, f, t, gated)
-    p_body = L / p * p_layer
+    l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
+    p_body = l_first * p_layer             # the first stage's layers (L / p each when even)
+    p_body_last = l_last * p_layer
+    p_mid = l_mid * p_layer
     p_emb = v * h / t + s * h              # word embedding shard + position embedding
     p_head = v * h / t + 2.0 * h           # LM head shard + final layer norm
     p_first = p_body + v * h / t + s * h   # (summed in this order: golden results stay bit for bit)
-    p_last = p_body + v * h / t + 2.0 * h
+    p_last = p_body_last + v * h / t + 2.0 * h
     if p == 1.0:
         p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
         p_last = p_first
@@ -357,11 +407,15 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
         # reduce-scatter per micro-batch at stage 2, per layer at stage 3: see schedule)
         dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, dp_apart, hw),
                         comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, dp_apart, hw))
+        if p_mid > p_first and p_mid > p_last:      # uneven stages: a middle stage may hold more
+            dp_comm_s = max(dp_comm_s, comm.group_reduce_scatter_allgather_s(2.0 * p_mid, d, dp_apart, hw))
     else:
         dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, dp_apart, hw),
                         comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
+        if p_mid > p_first and p_mid > p_last:
+            dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(2.0 * p_mid, d, dp_apart, hw))
     # a sharded optimizer updates only its 1/d of the parameters
-    optimizer_time_s = ops.optimizer_s(max(p_first, p_last) / memory.optimizer_shards(d, zero), hw)
+    optimizer_time_s = ops.optimizer_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
@@ -374,9 +428,10 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
         ag_layer = comm.group_allgather_s(2.0 * p_layer, d, dp_apart, hw)
         ag_emb = comm.group_allgather_s(2.0 * p_emb, d, dp_apart, hw)
         ag_head = comm.group_allgather_s(2.0 * p_head, d, dp_apart, hw)
-    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_body,
+    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_mid,
             per_param * p_emb, per_param * p_head, ag_layer, ag_emb, ag_head,
-            memory.zero3_gathered_bytes(p_layer, d, zero))
+            memory.zero3_gathered_bytes(p_layer, d, zero), l_first, l_mid, l_last, p_mid,
+            per_param * p_body, per_param * p_body_last)
 
 
 @jit
@@ -419,7 +474,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     status = OK
     t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
     m = B / (d * b)
-    Lp = L / p
+    # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
+    l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
+    l_min = min(l_first, l_mid, l_last)
     vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
     rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
     sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
@@ -428,9 +485,15 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     fwd = mb[M_FWD]
     ar_act = mb[M_AR_ACT]
 
-    # ---- per micro-batch compute and TP communication, per stage type
-    body_compute = Lp * (fwd + mb[M_BWD] + rc * fwd + core)
-    body_tp = Lp * ((4.0 + 2.0 * rc) * ar_act - mb[M_TP_HIDDEN])   # minus what async TP hides
+    # ---- per micro-batch compute and TP communication, per stage type (first, middle, last)
+    layer_compute = fwd + mb[M_BWD] + rc * fwd + core
+    layer_tp = (4.0 + 2.0 * rc) * ar_act - mb[M_TP_HIDDEN]   # minus what async TP hides
+    first_compute = l_first * layer_compute
+    mid_compute = l_mid * layer_compute
+    last_compute = l_last * layer_compute
+    first_tp = l_first * layer_tp
+    mid_tp = l_mid * layer_tp
+    last_tp = l_last * layer_tp
     emb_compute = mb[M_EMB]
     emb_tp = ar_act
     head_compute = mb[M_HEAD]
@@ -438,7 +501,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter),
     # spread over the m micro-batches
     acc = (m - 1.0) / m
-    body_compute += acc * split[S_ACC_BODY]
+    first_compute += acc * split[S_ACC_FIRST]
+    mid_compute += acc * split[S_ACC_BODY]
+    last_compute += acc * split[S_ACC_LAST]
     emb_compute += acc * split[S_ACC_EMB]
     head_compute += acc * split[S_ACC_HEAD]
 
@@ -451,8 +516,11 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
 
     # ---- sharded data parallelism per micro-batch (ZeRO-2/3), exposed part per stage
     zero = memory.sharding_stage(hw)
-    window = Lp * (mb[M_BWD] + rc * fwd + core)   # a stage's backward of one micro-batch (+ recompute)
-    body_dp = 0.0
+    # a stage's backward of one micro-batch (+ recompute); with uneven stages the shortest's
+    window = l_min * (mb[M_BWD] + rc * fwd + core)
+    first_dp = 0.0
+    mid_dp = 0.0
+    last_dp = 0.0
     emb_dp = 0.0
     head_dp = 0.0
     if zero >= 3.0:
@@ -464,37 +532,47 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         # "PyTorch FSDP", VLDB, Sec. 3.3). The embedding's exchanges have no compute to hide
         # behind; the head's hide behind the head.
         ag = split[S_AG_LAYER]
-        body_dp = Lp * (max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb[M_BWD] + rc * fwd + core))) + ag
+        layer_dp = max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb[M_BWD] + rc * fwd + core))
+        first_dp = l_first * layer_dp + ag
+        mid_dp = l_mid * layer_dp + ag
+        last_dp = l_last * layer_dp + ag
         emb_dp = 3.0 * split[S_AG_EMB]
         head_dp = max(0.0, 3.0 * split[S_AG_HEAD] - mb[M_HEAD])
     elif zero >= 2.0:
         # ZeRO-2: the gradients are reduce-scattered into their shards after every micro-batch
         # (the larger stage's, half of the exchange), under that backward with overlap_grad_reduce
         rs = 0.5 * split[S_DP]
-        body_dp = rs - hw[H_DP_OVERLAP] * min(rs, window)
+        first_dp = rs - hw[H_DP_OVERLAP] * min(rs, window)
+        mid_dp = first_dp
+        last_dp = first_dp
 
     # ---- schedule
     if p == 1.0:
-        c_slow = body_compute + emb_compute + head_compute
-        tp_slow = body_tp + emb_tp + head_tp
-        dp_slow = body_dp + emb_dp + head_dp
+        c_slow = first_compute + emb_compute + head_compute
+        tp_slow = first_tp + emb_tp + head_tp
+        dp_slow = first_dp + emb_dp + head_dp
         pp_slow = 0.0
         bubble = 0.0
     else:
-        t_first = body_compute + emb_compute + body_tp + emb_tp + pp_mb + body_dp + emb_dp
-        t_last = body_compute + head_compute + body_tp + head_tp + pp_mb + body_dp + head_dp
-        t_mid = body_compute + body_tp + pp_mb + body_dp
+        t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp
+        t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp
+        t_mid = mid_compute + mid_tp + pp_mb + mid_dp
         total = t_first + t_last + (p - 2.0) * t_mid
         if t_last >= t_first:
-            c_slow = body_compute + head_compute
-            tp_slow = body_tp + head_tp
-            dp_slow = body_dp + head_dp
+            c_slow = last_compute + head_compute
+            tp_slow = last_tp + head_tp
+            dp_slow = last_dp + head_dp
             t_slow = t_last
         else:
-            c_slow = body_compute + emb_compute
-            tp_slow = body_tp + emb_tp
-            dp_slow = body_dp + emb_dp
+            c_slow = first_compute + emb_compute
+            tp_slow = first_tp + emb_tp
+            dp_slow = first_dp + emb_dp
             t_slow = t_first
+        if p > 2.0 and t_mid > t_slow:      # uneven stages: a middle stage may be the slowest
+            c_slow = mid_compute
+            tp_slow = mid_tp
+            dp_slow = mid_dp
+            t_slow = t_mid
         pp_slow = pp_mb
         # interleaving splits each device's work into vs chunks: warm-up and cool-down take
         # (p - 1) chunk times instead of (p - 1) stage times (Narayanan et al. 2021, Sec. 2.2.2)
@@ -514,7 +592,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         # needs --overlap-grad-reduce) bucket by bucket under the first forward of the next
         # iteration (Megatron-LM DistributedOptimizer)
         half = 0.5 * split[S_DP]
-        gather_window = Lp * fwd if hw[H_DP_OVERLAP] != 0.0 else 0.0
+        gather_window = l_min * fwd if hw[H_DP_OVERLAP] != 0.0 else 0.0
         if zero >= 2.0:
             dp_comm_s = m * dp_slow + half - hw[H_PARAM_GATHER] * min(half, gather_window)
         else:
@@ -526,30 +604,36 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
 
-    # ---- memory per GPU (the fuller of first and last stage)
+    # ---- memory per GPU (the fullest of the first, the second and the last stage)
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
     rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
+    act_mid = 0.0
     if p == 1.0:
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
                      + s * b * hs * 3.0 + mb[M_LOGITS] + rebuilt)
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
-        act_first = (memory.stage_activation_bytes_from_layer(Lp, in_flight, b, s, hs, full, rc)
+        act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, s, hs, full, rc)
                      + in_flight * s * b * hs + rebuilt)
-        act_last = (memory.stage_activation_bytes_from_layer(Lp, 1.0, b, s, hs, full, rc)
+        act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, s, hs, full, rc)
                     + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
+        if p > 2.0:     # the second stage holds min(p - 1, m) micro-batches of l_mid layers
+            act_mid = memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, s, hs, full, rc) + rebuilt
     else:
         # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
-        # backward, the last device (vs-1)p (Megatron-LM's interleaved schedule); each chunk
-        # holds Lp / vs layers of one micro-batch
+        # backward, device i 2(p-1-i) + (vs-1)p, the last device (vs-1)p (Megatron-LM's
+        # interleaved schedule); each chunk holds a stage's layers / vs of one micro-batch
         chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
         chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
-        act_first = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_first, b, s, hs, full, rc)
+        act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, s, hs, full, rc)
                      + chunks_first / vs * s * b * hs + rebuilt)
-        act_last = (memory.stage_activation_bytes_from_layer(Lp / vs, chunks_last, b, s, hs, full, rc)
+        act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, s, hs, full, rc)
                     + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
+        if p > 2.0:
+            chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
+            act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, s, hs, full, rc) + rebuilt
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
     state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED]
@@ -560,6 +644,10 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         states, act = state_first, act_first
     else:
         states, act = state_last, act_last
+    if act_mid > 0.0:
+        state_mid = memory.model_state_bytes(split[S_P_MID], d, zero) + split[S_GATHERED]
+        if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
+            states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]
     if mem_total > hw[H_HBM_BYTES]:
         status = OUT_OF_MEMORY
@@ -641,7 +729,7 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, gate
         Status code (``OK``, ``OUT_OF_MEMORY`` or a shape error). Never raises; rows with a
         shape error are NaN.
     """
-    status = validate_split(L, h, a, g, f, v, s, lay)
+    status = validate_split(L, h, a, g, f, v, s, lay, hw)
     if status == OK and refused_interleaving(lay.pp, hw):
         status = REFUSED                # a settings rule, before the batch rule (as sweeps check it)
     status = validate_batch(status, B, b, lay.dp)

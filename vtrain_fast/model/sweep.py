@@ -29,7 +29,7 @@ from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GATED, MD_GROUPS, MD_HEADS, MD_
                      NUM_MODEL_FIELDS, ROW_FIELDS, R_CP, R_DP, R_FFN, R_GATED, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
-                   micro_batch_costs, model_totals, schedule, split_costs, step, validate_batch,
+                   micro_batch_costs, model_totals, schedule, split_costs, stage_layers, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
@@ -128,7 +128,7 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 14 or NUM_SPLIT != 12 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
+if NUM_MICRO != 14 or NUM_SPLIT != 18 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point is out of date with model.step's tuple layouts")
 
 
@@ -153,7 +153,7 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
     if ok:
         split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
                                       models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
-                                      models[mi, MD_SEQ], lay)
+                                      models[mi, MD_SEQ], lay, hw_table[gi])
         if split_status == OK and (refused(lay, hw_table[gi]) or refused_interleaving(lay.pp, hw_table[gi])):
             split_status = REFUSED      # Megatron-LM refuses these settings on this plan
         elif split_status == OK and repeats(lay, hw_table[gi]):
@@ -224,7 +224,7 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
           micro[db, 12], micro[db, 13])
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10],
-                   ctx[11]), (ctx[12], ctx[13], ctx[14]),
+                   ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17]), (ctx[18], ctx[19], ctx[20]),
                   out, j)
     status[j] = st
     return st
@@ -610,10 +610,13 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
                     for pd in range(radices[A_PP]):
                         lay, ok = split_world(num_gpus, tps[td], 1, pps[pd])
                         if ok:
-                            ok = validate_split(L, h, a, g, f, v, s, lay) == OK
+                            ok = validate_split(L, h, a, g, f, v, s, lay, hw_table[gpus[gd]]) == OK
                         if ok:
-                            vs = virtual_stages(float(lay.pp), hw_table[gpus[gd]])
-                            ok = vs <= 1.0 or (lay.pp > 2 and L % (lay.pp * vs) == 0)
+                            hw = hw_table[gpus[gd]]
+                            vs = virtual_stages(float(lay.pp), hw)
+                            first, mid, last, _ = stage_layers(float(L), float(lay.pp), hw)
+                            ok = vs <= 1.0 or (lay.pp > 2 and first % vs == 0.0 and mid % vs == 0.0
+                                               and last % vs == 0.0)
                         table[r] = 1 if ok else 0
                         r += 1
 
