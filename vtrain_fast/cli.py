@@ -226,6 +226,14 @@ def unvalidated_settings(spec) -> list[str]:
 HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 
+def shape_params(m) -> float:
+    """Parameters of the model shape ``m`` (a :class:`~vtrain_fast.plan.models.ModelShape`) as the
+    cost model counts them (:func:`vtrain_fast.model.memory.model_params`, its gated MLP included)."""
+    from .model.memory import model_params
+    return model_params(m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size,
+                        m.vocab_size, m.seq_length, float(m.gated_mlp))
+
+
 @app.command()
 @_user_errors
 def presets(gpus_file: Optional[Path] = GpusOpt):
@@ -234,17 +242,13 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
     import polars as pl
 
     from .hardware.gpus import PRESETS
-    from .model.memory import model_params
     from .plan.models import MODEL_PRESETS
     from .analysis.report import print_frame
     models = pl.DataFrame([dict(model=m.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
                                 num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
                                 ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length,
                                 vocab_size=m.vocab_size,
-                                params_billion=round(model_params(m.num_layers, m.hidden_size,
-                                                                  m.num_attention_heads, m.num_query_groups,
-                                                                  m.ffn_hidden_size, m.vocab_size,
-                                                                  m.seq_length) / 1e9, 2))
+                                gated_mlp=m.gated_mlp, params_billion=round(shape_params(m) / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml)",
                 console=console, keep=("model",))
