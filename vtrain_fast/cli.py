@@ -264,6 +264,48 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                 console=console, keep=("gpu",))
 
 
+@app.command("import-hf")
+@_user_errors
+def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"),
+              output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                    help="model file to write (TOML) [print it to stdout]"),
+              name: Optional[str] = typer.Option(None, "--name",
+                                                 help="model name [from _name_or_path or the file name]"),
+              seq_length: Optional[int] = typer.Option(None, "--seq-length",
+                                                       help="training context length [max_position_embeddings]"),
+              overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
+    """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
+    Qwen2/3, Gemma, GPT-2, GPT-NeoX. What the cost model cannot express is refused; what it prices
+    differently is noted (stderr, and comments in the file). A spec reads the file with
+    model_files = ["FILE.toml"]."""
+    from .io.errors import check_output_file, file_exists_error, write_atomically
+    from .plan.hf import check_seq_length, model_file_text, model_name, read_config, shape_from_config
+    from .plan.models import models_from_tables
+    check_seq_length(seq_length)
+    if output is not None:            # before any work, as every command with -o
+        check_output_file(output)
+        if not overwrite and os.path.lexists(output):
+            raise file_exists_error(output)
+    cfg = read_config(config)
+    table, notes = shape_from_config(cfg, str(config), seq_length)
+    name = model_name(cfg, config, name)
+    shape = models_from_tables({name: table}, str(config))[name]     # as a spec will read it
+    text = model_file_text(name, table, notes, config)
+    for note in notes:
+        err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+    err.print(f"{name}: {shape_params(shape) / 1e9:.3f} B parameters as the cost model counts them ("
+              + ", ".join(f"{k} = {str(v).lower()}" for k, v in table.items() if k != "source") + ")",
+              markup=False, highlight=False)
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "model file",
+                     replace=overwrite)
+    err.print(f"wrote {output}: use it in a spec with model_files = [\"{output}\"] (relative to the spec) and "
+              f"model.presets = [\"{name}\"]", markup=False, highlight=False)
+
+
 @app.command()
 @_user_errors
 def merge(folder: Path = typer.Argument(..., help="results folder of a sweep run with --shard K/N")):
