@@ -268,11 +268,11 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
 @_user_errors
 def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"),
               output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                                    help="model file to write (TOML) [print it to stdout]"),
+                                                    help="model file to write (TOML); default: print it"),
               name: Optional[str] = typer.Option(None, "--name",
-                                                 help="model name [from _name_or_path or the file name]"),
+                                                 help="model name; default: from _name_or_path or the file name"),
               seq_length: Optional[int] = typer.Option(None, "--seq-length",
-                                                       help="training context length [max_position_embeddings]"),
+                                                       help="training context length; default: max_position_embeddings"),
               overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
     Qwen2/3, Gemma, GPT-2, GPT-NeoX. What the cost model cannot express is refused; what it prices

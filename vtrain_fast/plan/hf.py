@@ -324,7 +324,7 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
         if key.startswith(MOE_PREFIX) and v not in (None, 0, False, "", [], {}):
             raise InputError(where, key, v, "absent or null for " + _MOE[0], _MOE[1])
     mt = cfg.get("model_type")
-    if mt not in ARCHITECTURES:
+    if not isinstance(mt, str) or mt not in ARCHITECTURES:
         allowed = "one of " + ", ".join(SUPPORTED)
         if mt is None:
             raise InputError(where, "model_type", None, allowed, "a Hugging Face config.json names its model_type")
@@ -369,8 +369,10 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
         if cfg.get(key) is not None and cfg[key] != h // a:
             raise InputError(where, key, cfg[key], f"null or hidden_size / num_attention_heads = {h} / {a} = {h // a} "
                              "(the cost model has no kv_channels: its heads are hidden_size / num_attention_heads wide)",
-                             f"attention {a} heads x {cfg[key]} = {_json(a * cfg[key])} channels wide against a "
-                             f"hidden_size of {h} cannot be priced until the model has kv_channels; leave this model out")
+                             (f"its attention is {a} heads x {cfg[key]} = {a * cfg[key]} channels wide, not "
+                              f"hidden_size = {h}; " if isinstance(cfg[key], int) and not isinstance(cfg[key], bool)
+                              else "") + "such a model cannot be priced until the cost model has kv_channels; "
+                             "leave it out")
     if seq_length is not None:
         check_seq_length(seq_length)
         shape["seq_length"] = seq_length
