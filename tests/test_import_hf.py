@@ -443,3 +443,21 @@ def test_any_value_of_any_key_is_imported_or_refused_as_input():
         models_from_tables({"m": table}, "m")          # what it returns, a spec reads
         tomllib.loads(model_file_text("m", table, notes, "config.json"))
     check()
+
+
+def test_evaluate_reads_imported_models_with_models(tmp_path, cli):
+    res = cli("import-hf", HF / "qwen2-7b.json", "-o", tmp_path / "qwen.toml", "--seq-length", 4096)
+    assert res.exit_code == 0, res.output
+    csv = tmp_path / "plans.csv"
+    csv.write_text("model,global_batch_size,micro_batch_size,tp,pp,dp,gpu\nqwen2-7b,64,1,4,2,1,h100-sxm-80gb\n")
+    res = cli("evaluate", csv, "-o", tmp_path / "out.csv")
+    assert res.exit_code == 2 and "--models FILE" in flat(res.output)          # not a preset
+    res = cli("evaluate", csv, "-o", tmp_path / "out.csv", "--models", tmp_path / "qwen.toml")
+    assert res.exit_code == 0, res.output
+    import polars as pl
+    row = pl.read_csv(tmp_path / "out.csv").row(0, named=True)
+    shape = models_from_tables(tomllib.loads((tmp_path / "qwen.toml").read_text())["models"], "q")["qwen2-7b"]
+    assert (row["num_layers"], row["ffn_hidden_size"], row["gated_mlp"], row["num_query_groups"]) == (28, 18944, True, 4)
+    assert row["num_parameters"] == pytest.approx(shape_params(shape))
+    res = cli("evaluate", csv, "-o", tmp_path / "out2.csv", "--models", tmp_path / "none.toml")
+    assert res.exit_code == 2 and "none.toml" in res.output and not (tmp_path / "out2.csv").exists()

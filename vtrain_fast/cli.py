@@ -424,12 +424,17 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
              calibration: Optional[Path] = CalibrationOpt,
              gpus: Optional[Path] = GpusOpt,
              breakdown: bool = typer.Option(False, "--breakdown",
-                                            help="also show where each plan's iteration time goes")):
+                                            help="also show where each plan's iteration time goes"),
+             models: Optional[List[Path]] = typer.Option(None, "--models",
+                                                         help="model file (repeat): \\[models.<name>] tables the "
+                                                              "model column may name, e.g. written by import-hf")):
     """Evaluate explicit configurations from a CSV or Parquet file."""
     from .analysis.evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
     from .analysis.report import print_frame
     from .model.step import OUTPUT_NAMES
+    from .plan.spec import load_models
     check_table_path(output)
+    own_models = load_models(models) if models else None      # a bad model file fails before the CSV is read
     plans = read_csv(csv)
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
     # recomputed; a few output names among the inputs stay an error (evaluate_frame)
@@ -440,7 +445,7 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                       "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
                       "calibration given here (--calibration: a sweep's calibration file is not in the file)",
                       style="yellow", markup=False)
-    df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus))
+    df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus), own_models)
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
     from .analysis.query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS

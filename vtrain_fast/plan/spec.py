@@ -647,6 +647,20 @@ def spec_models(where: str, table, files=()) -> dict:
     return {**MODEL_PRESETS, **own}
 
 
+def load_models(paths) -> dict:
+    """The models an evaluate CSV's ``model`` column may name: the presets and the
+    ``[models.<name>]`` tables of the model files ``paths`` (``--models``; paths as given, or
+    relative to the working folder), read as a spec's ``model_files`` (:func:`read_model_files`,
+    :func:`spec_models`).
+
+    Raises
+    ------
+    InputError
+        As :func:`read_model_files` and :func:`spec_models`.
+    """
+    return spec_models("command line", None, read_model_files("command line", [str(p) for p in paths]))
+
+
 def spec_gpus(where: str, table, known: dict | None = None) -> dict:
     """The GPUs a spec can name: the presets, changed or joined by its ``[gpus.<name>]`` tables
     (:func:`vtrain_fast.hardware.gpus.gpu_from_table`: a preset's name changes its fields; a new name
