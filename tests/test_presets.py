@@ -28,3 +28,13 @@ def test_llama_presets_use_grouped_query_attention_where_published():
     assert MODEL_PRESETS["llama2-7b"].num_query_groups == 32       # multi-head attention
     for name in ("llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b"):
         assert MODEL_PRESETS[name].num_query_groups == 8
+
+
+def test_the_presets_listing_counts_the_gated_mlp(cli, wide_console):
+    """`presets` counts a gated MLP's third matrix: llama2-7b is listed near 6.74 B, not the 5.3 B of
+    a two-matrix MLP of the same width (the slip of an intermediate_size taken for a GeLU MLP's)."""
+    res = cli("presets")
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if " llama2-7b " in line)
+    billions = float(row.split()[-2].replace(",", ""))
+    assert billions == pytest.approx(PUBLISHED_BILLIONS["llama2-7b"], rel=0.005), row

@@ -226,6 +226,14 @@ def unvalidated_settings(spec) -> list[str]:
 HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 
+def shape_params(m) -> float:
+    """Parameters of the model shape ``m`` (a :class:`~vtrain_fast.plan.models.ModelShape`) as the
+    cost model counts them (:func:`vtrain_fast.model.memory.model_params`, its gated MLP included)."""
+    from .model.memory import model_params
+    return model_params(m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size,
+                        m.vocab_size, m.seq_length, float(m.gated_mlp))
+
+
 @app.command()
 @_user_errors
 def presets(gpus_file: Optional[Path] = GpusOpt):
@@ -234,17 +242,13 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
     import polars as pl
 
     from .hardware.gpus import PRESETS
-    from .model.memory import model_params
     from .plan.models import MODEL_PRESETS
     from .analysis.report import print_frame
     models = pl.DataFrame([dict(model=m.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
                                 num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
                                 ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length,
                                 vocab_size=m.vocab_size,
-                                params_billion=round(model_params(m.num_layers, m.hidden_size,
-                                                                  m.num_attention_heads, m.num_query_groups,
-                                                                  m.ffn_hidden_size, m.vocab_size,
-                                                                  m.seq_length) / 1e9, 2))
+                                gated_mlp=m.gated_mlp, params_billion=round(shape_params(m) / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml)",
                 console=console, keep=("model",))
@@ -258,6 +262,48 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
     print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; one file each, with the source and date of every "
                 "number, in vtrain_fast/data/gpus/; \\[cluster] keys or a \\[gpus.<name>] table change them)",
                 console=console, keep=("gpu",))
+
+
+@app.command("import-hf")
+@_user_errors
+def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"),
+              output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                    help="model file to write (TOML); default: print it"),
+              name: Optional[str] = typer.Option(None, "--name",
+                                                 help="model name; default: from _name_or_path or the file name"),
+              seq_length: Optional[int] = typer.Option(None, "--seq-length",
+                                                       help="training context length; default: max_position_embeddings"),
+              overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
+    """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
+    Qwen2/3, Gemma, GPT-2, GPT-NeoX. What the cost model cannot express is refused; what it prices
+    differently is noted (stderr, and comments in the file). A spec reads the file with
+    model_files = ["FILE.toml"]."""
+    from .io.errors import check_output_file, file_exists_error, write_atomically
+    from .plan.hf import check_seq_length, model_file_text, model_name, read_config, shape_from_config
+    from .plan.models import models_from_tables
+    check_seq_length(seq_length)
+    if output is not None:            # before any work, as every command with -o
+        check_output_file(output)
+        if not overwrite and os.path.lexists(output):
+            raise file_exists_error(output)
+    cfg = read_config(config)
+    table, notes = shape_from_config(cfg, str(config), seq_length)
+    name = model_name(cfg, config, name)
+    shape = models_from_tables({name: table}, str(config))[name]     # as a spec will read it
+    text = model_file_text(name, table, notes, config)
+    for note in notes:
+        err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+    err.print(f"{name}: {shape_params(shape) / 1e9:.3f} B parameters as the cost model counts them ("
+              + ", ".join(f"{k} = {str(v).lower()}" for k, v in table.items() if k != "source") + ")",
+              markup=False, highlight=False)
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "model file",
+                     replace=overwrite)
+    err.print(f"wrote {output}: use it in a spec with model_files = [\"{output}\"] (relative to the spec) and "
+              f"model.presets = [\"{name}\"]", markup=False, highlight=False)
 
 
 @app.command()
@@ -378,12 +424,17 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
              calibration: Optional[Path] = CalibrationOpt,
              gpus: Optional[Path] = GpusOpt,
              breakdown: bool = typer.Option(False, "--breakdown",
-                                            help="also show where each plan's iteration time goes")):
+                                            help="also show where each plan's iteration time goes"),
+             models: Optional[List[Path]] = typer.Option(None, "--models",
+                                                         help="model file (repeat): \\[models.<name>] tables the "
+                                                              "model column may name, e.g. written by import-hf")):
     """Evaluate explicit configurations from a CSV or Parquet file."""
     from .analysis.evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
     from .analysis.report import print_frame
     from .model.step import OUTPUT_NAMES
+    from .plan.spec import load_models
     check_table_path(output)
+    own_models = load_models(models) if models else None      # a bad model file fails before the CSV is read
     plans = read_csv(csv)
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
     # recomputed; a few output names among the inputs stay an error (evaluate_frame)
@@ -394,7 +445,7 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                       "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
                       "calibration given here (--calibration: a sweep's calibration file is not in the file)",
                       style="yellow", markup=False)
-    df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus))
+    df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus), own_models)
     write_table_atomic(df, output)
     counts = dict(df["status"].value_counts().sort("status").rows())
     from .analysis.query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS

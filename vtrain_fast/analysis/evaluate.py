@@ -182,7 +182,7 @@ def check_column_names(columns, where: str) -> None:
 
 
 def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None,
-                   gpus: dict | None = None) -> pl.DataFrame:
+                   gpus: dict | None = None, models: dict | None = None) -> pl.DataFrame:
     """Evaluate every row of ``df`` (columns as in the ``evaluate`` command).
 
     Parameters
@@ -197,6 +197,9 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         GPU preset name -> Calibration.
     gpus : dict, optional
         GPU name -> GPUPreset the ``gpu`` column may name (default: the presets; ``--gpus``).
+    models : dict, optional
+        Model name -> ModelShape the ``model`` column may name (default: the presets;
+        ``--models``: :func:`vtrain_fast.plan.spec.load_models`).
 
     Returns
     -------
@@ -216,14 +219,16 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
                          "each column once", "remove the repeated column from the header")
     check_column_names(df.columns, where)
-    df = with_model_shapes(df)
+    models = models or MODEL_PRESETS
+    df = with_model_shapes(df, models)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         fix = "add the missing column(s) to the header"
         if "model" in df.columns and set(missing) & set(MODEL_FIELDS):
-            unknown = sorted({str(m) for m in df["model"].to_list() if m not in MODEL_PRESETS})
+            unknown = sorted({str(m) for m in df["model"].to_list() if m not in models})
             fix = (f"add them, or name a model preset in the model column ({unknown[0]!r} is none: "
-                   + did_you_mean(unknown[0], MODEL_PRESETS, "vtrain-fast presets lists them") + ")") if unknown else fix
+                   + did_you_mean(unknown[0], models, "vtrain-fast presets lists them; --models FILE adds a model "
+                                  "file's") + ")") if unknown else fix
         raise InputError(where, "missing column(s)", ", ".join(missing),
                          "a header with the required columns " + ", ".join(REQUIRED) + " (the shape columns, or a "
                          "model column naming a model preset)", fix)
@@ -355,16 +360,17 @@ def check_row_requirements(preset, sizes_are_1: dict, where: str, row: int) -> N
                          f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {row}")
 
 
-def with_model_shapes(df: pl.DataFrame) -> pl.DataFrame:
-    """``df`` with the shape of each row whose ``model`` cell names a model preset
-    (:data:`~vtrain_fast.plan.models.MODEL_PRESETS`, ``vtrain-fast presets``) filled into its
-    empty or missing shape cells (num_layers, hidden_size, num_attention_heads, num_query_groups,
-    ffn_hidden_size, vocab_size, seq_length); a cell the row gives overrides the preset's. Other
-    ``model`` values stay labels."""
+def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFrame:
+    """``df`` with the shape of each row whose ``model`` cell names a model of ``models`` (default:
+    the presets, :data:`~vtrain_fast.plan.models.MODEL_PRESETS`, ``vtrain-fast presets``) filled
+    into its empty or missing shape cells (num_layers, hidden_size, num_attention_heads,
+    num_query_groups, ffn_hidden_size, vocab_size, seq_length, gated_mlp); a cell the row gives
+    overrides the model's. Other ``model`` values stay labels."""
     if "model" not in df.columns:
         return df
+    models = models or MODEL_PRESETS
     names = df["model"].cast(pl.String).to_list()
-    shapes = {n: MODEL_PRESETS[n].resolved() for n in set(names) if n in MODEL_PRESETS}
+    shapes = {n: models[n].resolved() for n in set(names) if n in models}
     if not shapes:
         return df
     for col in MODEL_FIELDS:

@@ -5,6 +5,7 @@ shards of one). Terms (chunk, batch, keep): :mod:`vtrain_fast.engine.chunks`.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,7 +42,14 @@ def sweep_key(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan) -> str:
     from ..model._jit import _kernel_source_hash
     doc = {"spec": spec.source, "hw": grid.hw_table.tolist(), "keep": keep.label,
            "plan": plan.as_dict(), "version": __version__, "kernels": _kernel_source_hash()}
+    if spec.model_files:        # shapes read from other files than the spec: a changed file is another sweep
+        doc["model_files"] = _model_file_shapes(spec)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _model_file_shapes(spec: SweepSpec) -> dict:
+    """The spec's model files and the shapes of the sweep, for the key and the manifest."""
+    return {"files": list(spec.model_files), "models": [dataclasses.asdict(m) for m in spec.models]}
 
 
 def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
@@ -54,6 +62,7 @@ def _header(spec: SweepSpec, grid: Grid, keep: Keep, plan: Plan, shard) -> dict:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "spec_path": spec.path,
         "spec": spec.source,
+        **({"model_files": _model_file_shapes(spec)} if spec.model_files else {}),
         "num_points": grid.num_points,
         "keep": keep.label,
         "objectives": list(keep.objectives),
@@ -160,7 +169,8 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                              f"it holds a different, finished sweep ({old.get('name')}); pass --overwrite "
                              "to replace it, or choose another -o")
         if old.get("sweep_key") != header["sweep_key"]:
-            differs = [what for what, key in (("spec text", "spec"), ("--keep", "keep"), ("chunking", "plan"),
+            differs = [what for what, key in (("spec text", "spec"), ("model files", "model_files"),
+                                              ("--keep", "keep"), ("chunking", "plan"),
                                               ("package version", "version")) if old.get(key) != header.get(key)]
             raise InputError(str(path), "sweep", old.get("name"),
                              "the same spec, calibration, --keep and chunking as the interrupted run",

@@ -166,24 +166,37 @@ def check_output_folder(path) -> None:
                          f"it is a file; choose another -o, e.g. {p.with_name(p.name + '-results')}")
 
 
-def write_atomically(path, write, what: str = "output file", fsync: bool = False, check: bool = True) -> None:
+def file_exists_error(path, what: str = "output file") -> InputError:
+    """The :class:`InputError` for an output file that is there already and may not be replaced."""
+    return InputError(str(path), what, str(path), "a file that does not exist yet",
+                      "pass --overwrite to replace it, or choose another -o")
+
+
+def write_atomically(path, write, what: str = "output file", fsync: bool = False, check: bool = True,
+                     replace: bool = True) -> None:
     """Create ``path`` through a temporary name and an atomic rename: ``write(tmp_path)``
     writes the content, so that an interrupted run leaves no half-written file that looks
     complete (``fsync``: flushed to disk before the rename). The one atomic-write helper: every
     file but the streamed Parquet parts (:class:`vtrain_fast.io.writer.PartWriter`) is written
-    through it.
+    through it. With ``replace`` false an existing ``path`` is never replaced, not even one
+    that appears while the content is written (the finished file is hard-linked to its name,
+    which fails if the name is taken; where the file system has no hard links, it is renamed
+    after a last check).
 
     Raises
     ------
     InputError
-        If ``path`` is a folder or lies under a file (:func:`check_output_file`), or the write
-        fails (disk full, file-size limit, unwritable place: the message names the path, the
-        system's reason and the free space; the temporary file is removed).
+        If ``path`` is a folder or lies under a file (:func:`check_output_file`), exists and
+        ``replace`` is false (:func:`file_exists_error`), or the write fails (disk full,
+        file-size limit, unwritable place: the message names the path, the system's reason and
+        the free space; the temporary file is removed).
     """
     from pathlib import Path
     if check:          # (the sweep's own files skip the user-output checks)
         check_output_file(path)
     p = Path(path)
+    if not replace and os.path.lexists(p):
+        raise file_exists_error(p, what)
     tmp = p.with_name(p.name + ".tmp")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +204,21 @@ def write_atomically(path, write, what: str = "output file", fsync: bool = False
         if fsync:            # on disk before the rename makes it the file (manifests)
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
-        os.replace(tmp, p)
+        if replace:
+            os.replace(tmp, p)
+        else:
+            try:
+                os.link(tmp, p)
+            except FileExistsError:
+                tmp.unlink()
+                raise file_exists_error(p, what) from None
+            except OSError:          # no hard links here (FAT, some network file systems)
+                if os.path.lexists(p):
+                    tmp.unlink()
+                    raise file_exists_error(p, what) from None
+                os.replace(tmp, p)
+            else:
+                tmp.unlink()
     except OSError as e:
         try:
             tmp.unlink()

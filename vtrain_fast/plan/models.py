@@ -1,7 +1,9 @@
 """Model presets: dense decoder-only transformers (GPT-2/3 style layer: LayerNorm, GeLU MLP,
 learned position embedding, untied output layer); Llama 2/3 shapes with their SwiGLU MLP as an
 equivalent 1.5x-wide GeLU MLP. The shapes and their sources are data:
-``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables.
+``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables, in the spec
+or in model files it names (``model_files``; ``vtrain-fast import-hf`` writes them from Hugging Face
+configs, :mod:`vtrain_fast.plan.hf`).
 
 Names follow Megatron-LM's arguments. ``ffn_hidden_size`` defaults to ``4 * hidden_size``,
 ``num_query_groups`` to ``num_attention_heads`` (multi-head attention) and ``vocab_size`` to

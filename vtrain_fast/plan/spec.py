@@ -47,8 +47,16 @@ argument names; quote a name with a dot: ``[models."my-1.5b"]``)::
     num_attention_heads = 32
     seq_length = 4096
 
-The training settings (the registry's, :mod:`vtrain_fast.model.settings`: ``vpp`` in
-``[parallel]``, ``zero_stage`` and the switches of :data:`TRAINING_FLAGS` in ``[training]``) ride on the GPU axis:
+Such tables may also live in model files the spec names, paths relative to its folder
+(:func:`read_model_files`; ``vtrain-fast import-hf`` writes one from a Hugging Face config)::
+
+    model_files = ["llama-3-8b.toml"]
+    [model]
+    presets = ["llama-3-8b"]
+
+The training settings (the registry's, :mod:`vtrain_fast.model.settings`: ``vpp`` and the
+pipeline-split settings in ``[parallel]``, ``zero_stage`` and the other switches of
+:data:`TRAINING_FLAGS` in ``[training]``) ride on the GPU axis:
 a list of values makes a setting an axis, and each GPU preset becomes one machine per combination
 of their values (:func:`machine_variants`).
 """
@@ -92,7 +100,7 @@ _TABLES = {
     "parallel": {"tp", "pp", *(st.name for st in SETTINGS if st.table == "parallel")},
     "output": {"chunk_size"},
 }
-_TOP = {"name", "description", "gpus", "models", *_TABLES}
+_TOP = {"name", "description", "gpus", "models", "model_files", *_TABLES}
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,8 @@ class SweepSpec:
     settings : tuple of (str, tuple)
         Each training setting (the registry's) with the values the sweep
         takes; more than one value makes it an axis (carried by the gpu axis).
+    model_files : tuple of str
+        The model files the spec reads (``model_files``, :func:`read_model_files`), as paths.
     """
 
     name: str
@@ -142,6 +152,7 @@ class SweepSpec:
     path: str
     notes: tuple = ()
     settings: tuple = ()
+    model_files: tuple = ()
 
     @property
     def setting_axes(self) -> tuple:
@@ -572,25 +583,92 @@ def load_gpus(path: str | Path | None) -> dict:
     return known
 
 
-def spec_models(where: str, table) -> dict:
-    """The model shapes a spec can name in ``model.presets``: the presets and its own
-    ``[models.<name>]`` tables (:func:`vtrain_fast.plan.models.models_from_tables`; a preset's name
-    is refused, so a name always means one shape).
+def read_model_files(where: str, value) -> list[tuple[str, dict]]:
+    """The ``[models.<name>]`` tables of a spec's ``model_files`` (a path or a list of paths of
+    TOML files, relative to the spec's folder; ``vtrain-fast import-hf`` writes such files).
+
+    Returns
+    -------
+    list
+        ``(path, tables)`` per file, in the order given (a file given twice is read once).
 
     Raises
     ------
     InputError
-        A bad table (see ``models_from_tables``), a name that is a preset or not a plain name.
+        ``model_files`` not a non-empty list of paths; a file that cannot be read
+        (:func:`~vtrain_fast.io.inputs.read_toml`), holds a key other than ``models`` or no
+        ``[models.<name>]`` table.
     """
-    if table is None:
+    files = value if isinstance(value, list) else [value]
+    if not files or not all(isinstance(f, str) and f for f in files):
+        raise InputError(where, "model_files", value, "a non-empty list of paths of model files (TOML), relative "
+                         "to the spec", 'e.g. model_files = ["llama-3-8b.toml"], written by vtrain-fast import-hf')
+    out = []
+    for f in dict.fromkeys(files):
+        path = Path(where).parent / f
+        doc = read_toml(path, "model file")
+        for k, v in doc.items():
+            if k != "models":
+                raise InputError(str(path), k, v, "[models.<name>] tables only (a model file)",
+                                 "put other keys in the spec; a model file holds model shapes")
+        if not doc.get("models"):
+            raise InputError(str(path), "[models.<name>]", None, "one or more [models.<name>] tables",
+                             "write a model file with vtrain-fast import-hf, or tables as in vtrain_fast/data/models.toml")
+        out.append((str(path), doc["models"]))
+    return out
+
+
+def spec_models(where: str, table, files=()) -> dict:
+    """The model shapes a spec can name in ``model.presets``: the presets, its own
+    ``[models.<name>]`` tables and those of its model files
+    (:func:`vtrain_fast.plan.models.models_from_tables`; a preset's name is refused, and so is a
+    name defined twice, so a name always means one shape).
+
+    Parameters
+    ----------
+    where : str
+        The spec file.
+    table : dict or None
+        The spec's ``[models]`` tables.
+    files : sequence of (str, dict)
+        ``(path, tables)`` of its model files (:func:`read_model_files`).
+
+    Raises
+    ------
+    InputError
+        A bad table (see ``models_from_tables``), a name that is a preset or not a plain name,
+        or one defined in two places (naming both).
+    """
+    sources = ([(where, table)] if table is not None else []) + list(files)
+    if not sources:
         return MODEL_PRESETS
-    own = models_from_tables(table, where)
-    for name in own:
-        check_name(where, name)
-        if name in MODEL_PRESETS:
-            raise InputError(f"{where}: [models.{name}]", "name", name, "a name that is not a model preset",
-                             f"name your shape differently, e.g. my-{name}")
+    own, origin = {}, {}
+    for src, tables in sources:
+        for name, shape in models_from_tables(tables, src).items():
+            check_name(src, name)
+            if name in MODEL_PRESETS:
+                raise InputError(f"{src}: [models.{name}]", "name", name, "a name that is not a model preset",
+                                 f"name your shape differently, e.g. my-{name}")
+            if name in origin:
+                raise InputError(f"{src}: [models.{name}]", "name", name, "a name defined once among the spec's "
+                                 "[models] tables and its model_files", f"it is also defined in {origin[name]}; "
+                                 "rename one of them (vtrain-fast import-hf --name)")
+            origin[name], own[name] = src, shape
     return {**MODEL_PRESETS, **own}
+
+
+def load_models(paths) -> dict:
+    """The models an evaluate CSV's ``model`` column may name: the presets and the
+    ``[models.<name>]`` tables of the model files ``paths`` (``--models``; paths as given, or
+    relative to the working folder), read as a spec's ``model_files`` (:func:`read_model_files`,
+    :func:`spec_models`).
+
+    Raises
+    ------
+    InputError
+        As :func:`read_model_files` and :func:`spec_models`.
+    """
+    return spec_models("command line", None, read_model_files("command line", [str(p) for p in paths]))
 
 
 def spec_gpus(where: str, table, known: dict | None = None) -> dict:
@@ -704,10 +782,11 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
         raise InputError(path, "output.chunk_size", chunk, f"an integer from 1 to {1 << 24}")
     name = doc.get("name", Path(path).stem)
     check_name(path, name)
+    files = read_model_files(path, doc["model_files"]) if "model_files" in doc else []
     return SweepSpec(
         name=name,
         description=_description(path, doc.get("description", "")),
-        models=_models(path, doc["model"], spec_models(path, doc.get("models"))),
+        models=_models(path, doc["model"], spec_models(path, doc.get("models"), files)),
         num_tokens=_floats(path, "training.num_tokens", tr["num_tokens"], 1.0, 1e16),
         gpus=gpus,
         cluster_sizes=_ints(path, size_key, cl[size_key], "cluster"),
@@ -722,6 +801,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
         path=path,
         notes=notes,
         settings=tuple(settings.items()),
+        model_files=tuple(f for f, _ in files),
     )
 
 
