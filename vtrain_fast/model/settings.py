@@ -29,8 +29,9 @@ class Setting:
         Spec key, column, ``GPUPreset`` field and machine-vector field (Megatron-LM's argument
         name).
     kind : type
-        ``bool`` (a switch) or ``int`` (``vpp``).
-    default : bool or int
+        ``bool`` (a switch), ``int`` (``vpp``) or ``str`` (a choice among :attr:`choices`:
+        ``precision``).
+    default : bool, int or str
         Value when a spec or CSV row leaves it out.
     label : str
         Readable name for notes.
@@ -55,6 +56,9 @@ class Setting:
     validated : bool
         True when measurements the project validates against use it (none today: vTrain's runs
         use none of these settings).
+    choices : tuple of str
+        The values of a ``str`` setting (empty for the others); its machine-vector field holds
+        the index of the value in this tuple (:meth:`encode`), its column the text.
     """
 
     name: str
@@ -68,6 +72,18 @@ class Setting:
     requires: tuple[tuple[str, bool], ...] = ()
     off_at: tuple[str, ...] = ()
     validated: bool = False
+    choices: tuple[str, ...] = ()
+
+    def encode(self, value) -> float:
+        """The machine-vector value of ``value``: the index of a choice (``str`` settings), 1.0 /
+        0.0 for a switch, the number itself for ``vpp``."""
+        return float(self.choices.index(value)) if self.kind is str else float(value)
+
+    def decode(self, code: float):
+        """The setting's value of a machine-vector value (the inverse of :meth:`encode`)."""
+        if self.kind is str:
+            return self.choices[int(code)]
+        return code != 0.0 if self.kind is bool else int(code)
 
     def has_no_effect(self, sizes_are_1: dict, values: dict) -> bool:
         """Whether the setting changes no cost of a plan whose parallel sizes equal 1 where
@@ -112,10 +128,17 @@ SETTINGS: tuple[Setting, ...] = (
             "overlap_grad_reduce)",
             "--overlap-param-gather", inert_at=("dp",),
             requires=(("distributed_optimizer", True), ("overlap_grad_reduce", True))),
+    Setting("precision", str, "bf16", "FP8 training (Transformer Engine)",
+            "bf16 (16-bit mixed precision), or fp8: the linear layers' GEMMs in FP8 through Transformer "
+            "Engine (hybrid E4M3/E5M2, delayed scaling), attention core, embeddings and LM head in bf16 "
+            "(Megatron-LM --bf16 --fp8-format hybrid; needs a GPU with FP8 tensor cores)",
+            "--fp8-format", choices=("bf16", "fp8")),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
 SWITCHES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is bool)
+# The choice (str) settings, in axis order.
+CHOICES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is str)
 
 
 def unmet_requirements(values: dict, sizes_are_1: dict | None = None) -> list[tuple[Setting, str, bool]]:
@@ -141,5 +164,6 @@ def rules_markdown() -> str:
         parts += [f"Megatron-LM switches it off at {' or '.join(f'{k} = 1' for k in st.off_at)}"] if st.off_at else []
         parts += [f"no effect with {k} = {val(v)}" for k, v in st.inert_with]
         parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
-        lines.append(f"- `{st.name}` ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
+        values = f" [{' | '.join(st.choices)}]" if st.choices else ""
+        lines.append(f"- `{st.name}`{values} ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
     return "\n".join(lines) + "\n"

@@ -63,7 +63,7 @@ from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
-from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
+from ..model.settings import BY_NAME, CHOICES, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
 VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
@@ -71,6 +71,9 @@ VPP_RANGE = (1, 64)     # model chunks per device of the interleaved schedule
 # The training switches a spec takes under [training] (key -> what true does): the registry's
 # bool settings (vtrain_fast.model.settings), in the order of the machine axis.
 TRAINING_FLAGS = {s.name: s.doc for s in SWITCHES}
+# The choice settings a spec takes under [training] (key -> what each value does): the registry's
+# str settings, one value or a list of them (then an axis).
+TRAINING_CHOICES = {s.name: s.doc for s in CHOICES}
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
 RECOMPUTE_DEFAULT = "none"
@@ -85,7 +88,8 @@ INT_RANGES = {
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "seq_length", "vocab_size", "gated_mlp"},
-    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", *TRAINING_FLAGS},
+    "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute", *TRAINING_FLAGS,
+                 *TRAINING_CHOICES},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
     "parallel": {"tp", "pp", "vpp"},
     "output": {"chunk_size"},
@@ -224,6 +228,23 @@ def _flags(where, key, value, meaning, table="training"):
     return tuple(dict.fromkeys(out))
 
 
+def _choices(where, st, value):
+    """A ``str`` setting of ``[training]`` (:data:`TRAINING_CHOICES`): one of its choices, or a
+    list of them (then an axis)."""
+    key = f"training.{st.name}"
+    allowed = ", ".join(f'"{c}"' for c in st.choices)
+    out = []
+    for v in _as_list(where, key, value, allowed):
+        if not isinstance(v, str) or v.strip().lower() not in st.choices:
+            fix = did_you_mean(str(v), st.choices, f"write {st.name} = \"{st.default}\" or a list, e.g. "
+                               f"{st.name} = [" + ", ".join(f'"{c}"' for c in st.choices) + "]")
+            if st.name == "precision" and str(v).strip().lower() == "fp16":
+                fix = "write precision = \"bf16\": fp16 and bf16 cost the same here (same tensor-core peak, 2-byte operands)"
+            raise InputError(where, key, v, f"one of {allowed}, or a list of them ({st.doc})", fix)
+        out.append(v.strip().lower())
+    return tuple(dict.fromkeys(out))
+
+
 def _vpps(where, value):
     """``parallel.vpp``: model chunks per device, one integer or a list (then an axis)."""
     lo, hi = VPP_RANGE
@@ -276,9 +297,11 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     ------
     InputError
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
-        (:func:`check_flash_attention`).
+        (:func:`check_flash_attention`); ``precision = "fp8"`` (only) for a GPU without FP8
+        tensor cores (:func:`check_fp8`; with another precision in the list, its fp8 machines are
+        left out with a note).
     """
-    presets, skipped, unmet = [], [], {}
+    presets, skipped, skipped_fp8, unmet = [], [], [], {}
     for name in names:
         for combo in itertools.product(*settings.values()):
             values = dict(zip(settings, combo))
@@ -294,10 +317,17 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                     skipped.append(name)
                 continue
             check_flash_attention(g, where, "training.use_flash_attn")
+            if g.precision == "fp8" and len(settings["precision"]) > 1 and not has_fp8(g):
+                if name not in skipped_fp8:
+                    skipped_fp8.append(name)
+                continue
+            check_fp8(g, where, "training.precision")
             if g not in presets:            # a switched-off setting may repeat a machine exactly
                 presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
+    notes += tuple(f"{name} has no FP8 tensor cores (peak_fp8_tflops or fp8_gemm_efficiency 0): its precision = "
+                   "fp8 machines are left out" for name in skipped_fp8)
     notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
                    f"refuses it otherwise): the {other} = {str(not value).lower()} machines run with {st} = false"
                    for st, other, value in unmet)
@@ -337,7 +367,7 @@ def check_requirements(path, settings: dict) -> None:
 
 def _toml_value(values: tuple) -> str:
     """``values`` (one or a list) as TOML writes them."""
-    text = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    text = [str(v).lower() if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else str(v) for v in values]
     return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
 
 
@@ -444,6 +474,30 @@ def check_flash_attention(preset, where: str, key: str) -> None:
                          f"drop {preset.name} or set use_flash_attn = false, or give {preset.name} a "
                          "positive flash_attention_efficiency (a [gpus." + preset.name + "] table: calibration = "
                          "{ flash_attention_efficiency = 0.5 }, or a calibration file for a preset)")
+
+
+def has_fp8(preset) -> bool:
+    """Whether ``preset`` can train in FP8: FP8 tensor cores (``peak_fp8_tflops > 0``) and an FP8
+    GEMM efficiency (``fp8_gemm_efficiency > 0``). The A100 and V100 have neither (FP8 tensor
+    cores arrived with Hopper and Ada)."""
+    return preset.peak_fp8_tflops > 0.0 and preset.calibration.fp8_gemm_efficiency > 0.0
+
+
+def check_fp8(preset, where: str, key: str) -> None:
+    """Refuse ``precision = fp8`` for a GPU preset without FP8 tensor cores (:func:`has_fp8`).
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, ``key``, the GPU and the fix.
+    """
+    if preset.precision == "fp8" and not has_fp8(preset):
+        raise InputError(where, key, "fp8", f"bf16 for {preset.name}, which has no FP8 tensor cores "
+                         f"(peak_fp8_tflops {preset.peak_fp8_tflops:g}, fp8_gemm_efficiency "
+                         f"{preset.calibration.fp8_gemm_efficiency:g}; Transformer Engine's FP8 needs a Hopper, "
+                         "Ada or newer GPU)",
+                         f"drop {preset.name} or set precision = \"bf16\", or give {preset.name} a positive "
+                         "peak_fp8_tflops and calibration fp8_gemm_efficiency (a [gpus." + preset.name + "] table)")
 
 
 def _check_keys(where, table_name, table, allowed):
@@ -671,7 +725,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
                        else did_you_mean(k, names, "remove the table, or name it after a GPU of cluster.gpu"))
                 raise InputError(path, "cluster table", f"[cluster.{k}]", "a table named after a GPU of cluster.gpu: "
                                  + ", ".join(names), fix)
-            settings_here = [key for key in v if key in TRAINING_FLAGS or key == "vpp"]
+            settings_here = [key for key in v if key in TRAINING_FLAGS or key in TRAINING_CHOICES or key == "vpp"]
             if settings_here:
                 raise InputError(path, f"cluster.{k}.{settings_here[0]}", v[settings_here[0]],
                                  "cluster keys: " + ", ".join(sorted(OVERRIDE_RANGES)),
@@ -687,6 +741,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
                        else f"gpus.{g}.reserved_GiB (or hbm_GiB)")
     # in registry order: the machine axis's order (the last setting fastest)
     settings = {st.name: _vpps(path, pa_.get("vpp", 1)) if st.name == "vpp"
+                else _choices(path, st, tr.get(st.name, st.default)) if st.kind is str
                 else _flags(path, st.name, tr.get(st.name, False), st.doc) for st in SETTINGS}
     check_requirements(path, settings)
     gpus, notes = machine_variants(names, settings, overrides, calibration or {}, path, per_gpu, known)
