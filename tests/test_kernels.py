@@ -46,6 +46,7 @@ HW_RANGES = {
     "intra_node_step_latency_s": (0.0, 1e-5), "inter_node_step_latency_s": (0.0, 2e-5),
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
     "flash_attention_efficiency": (0.05, 1.0),
+    "peak_fp8_flops": (1e13, 4e15), "fp8_gemm_efficiency": (0.05, 1.0),
     # the training settings: switches 0/1 (the two DP ones also as fractions), vpp from a set
     **{s.name: None for s in SETTINGS},
     "overlap_grad_reduce": (0.0, 1.0), "distributed_optimizer": (0.0, 1.0),
@@ -53,7 +54,7 @@ HW_RANGES = {
 }
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
 SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCHES},
-           "vpp": (1.0, 1.0, 2.0, 3.0, 4.0),
+           "vpp": (1.0, 1.0, 2.0, 3.0, 4.0), "precision": (0.0, 1.0),     # bf16, fp8
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
