@@ -81,6 +81,28 @@ def gemm_time_s(m, n, k, batch, hw):
     return max(compute_s, memory_s) + hw_get(hw, "kernel_overhead_s")
 
 
+def _fp8(hw):
+    """``precision`` = fp8 (the index of "fp8" among the registry's choices bf16, fp8)."""
+    return hw_get(hw, "precision") == 1.0
+
+
+def fp8_gemm_time_s(m, n, k, hw):
+    """One FP8 GEMM (Transformer Engine linear): FLOPs at the FP8 peak times the FP8 GEMM
+    efficiency (same SM-occupancy rule), FP8 (1-byte) A and B, a bf16 C."""
+    flops = 2.0 * m * n * k
+    nbytes = 1.0 * m * k + 1.0 * k * n + BYTES_FP16 * m * n
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    busy_fraction = min(1.0, tiles / hw_get(hw, "num_sms"))
+    compute_s = flops / (hw_get(hw, "peak_fp8_flops") * hw_get(hw, "fp8_gemm_efficiency") * busy_fraction)
+    memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
+    return max(compute_s, memory_s) + hw_get(hw, "kernel_overhead_s")
+
+
+def linear_gemm_s(m, n, k, hw):
+    """A linear layer's GEMM: FP8 under precision = fp8, else bf16."""
+    return fp8_gemm_time_s(m, n, k, hw) if _fp8(hw) else gemm_time_s(m, n, k, 1.0, hw)
+
+
 def memory_bound_time_s(nbytes, num_kernels, hw):
     """Streaming kernels: bytes at achievable HBM bandwidth plus one overhead per launch."""
     return (nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
@@ -192,8 +214,10 @@ def flash_attention_backward_s(b, s, h, a, g, t, hw):
 
 def _layer_phase_s(gemms, streaming_bytes, memory_launches, flash_s, flash_launches, hw):
     """A layer phase: its GEMMs, the fused attention kernels (``flash_s``, 0 when unfused) and
-    its memory-bound kernels, with the host-launch floor over all of their launches."""
-    time_s = sum(gemm_time_s(m, n, k, batch, hw) for m, n, k, batch in gemms) + flash_s
+    its memory-bound kernels, with the host-launch floor over all of their launches. The first
+    GEMMs of the list with ``batch`` None are the linears' (FP8 under precision = fp8)."""
+    time_s = sum(linear_gemm_s(m, n, k, hw) if batch is None else gemm_time_s(m, n, k, batch, hw)
+                 for m, n, k, batch in gemms) + flash_s
     gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), memory_launches, hw)
     return phase_s(gpu_s, len(gemms) + memory_launches + flash_launches, hw)
 
@@ -203,11 +227,11 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
     flash = _flash_on(hw)
-    gemms = [                                   # (m, n, k, batch)
-        (tokens, qkv_cols, h, 1.0),             # QKV projection (column parallel)
-        (tokens, h, h / t, 1.0),                # output projection (row parallel)
-        (tokens, (1.0 + gated) * f / t, h, 1.0),   # FC1 (column parallel; gate and up when gated)
-        (tokens, h, f / t, 1.0),                # FC2 (row parallel)
+    gemms = [                                   # (m, n, k, batch); None: a linear (FP8 or bf16)
+        (tokens, qkv_cols, h, None),            # QKV projection (column parallel)
+        (tokens, h, h / t, None),               # output projection (row parallel)
+        (tokens, (1.0 + gated) * f / t, h, None),  # FC1 (column parallel; gate and up when gated)
+        (tokens, h, f / t, None),               # FC2 (row parallel)
     ]
     sp = _seq_split(t, hw)
     streaming_bytes = [
@@ -217,6 +241,11 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
         (2.0 * (1.0 + gated) + 2.0) * tokens * f / t,   # bias-GeLU (SwiGLU: read gate and up, write f)
     ]
     launches = LAYER_FWD_MEMORY_BOUND_LAUNCHES
+    if _fp8(hw):
+        # TE cast-transpose of each linear's input (read 2, write FP8 1 + FP8 transpose 1)
+        linear_inputs = [tokens * h, tokens * h / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
+        streaming_bytes += [4.0 * x for x in linear_inputs]
+        launches += len(linear_inputs)
     if not flash:
         gemms += [(s, s, head_dim, attn_batch),         # scores Q K^T
                   (s, head_dim, s, attn_batch)]         # context softmax(QK^T) V
@@ -237,11 +266,11 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
     flash = _flash_on(hw)
-    gemms = [
-        (tokens, h, qkv_cols, 1.0), (h, qkv_cols, tokens, 1.0),      # QKV: dX, dW
-        (tokens, h / t, h, 1.0), (h / t, h, tokens, 1.0),            # output projection
-        (tokens, h, (1.0 + gated) * f / t, 1.0), (h, (1.0 + gated) * f / t, tokens, 1.0),   # FC1
-        (tokens, f / t, h, 1.0), (f / t, h, tokens, 1.0),            # FC2
+    gemms = [                                                         # None: a linear's GEMM
+        (tokens, h, qkv_cols, None), (h, qkv_cols, tokens, None),    # QKV: dX, dW
+        (tokens, h / t, h, None), (h / t, h, tokens, None),          # output projection
+        (tokens, h, (1.0 + gated) * f / t, None), (h, (1.0 + gated) * f / t, tokens, None),   # FC1
+        (tokens, f / t, h, None), (f / t, h, tokens, None),          # FC2
     ]
     sp = _seq_split(t, hw)
     streaming_bytes = [
@@ -252,6 +281,11 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
         (2.0 * (1.0 + gated) + 2.0 + 2.0 * (1.0 + gated)) * tokens * f / t,   # act backward: x, dy -> dx
     ]
     launches = LAYER_BWD_MEMORY_BOUND_LAUNCHES
+    if _fp8(hw):
+        # TE cast-transpose (+ bias gradient) of each linear's output gradient
+        output_grads = [tokens * qkv_cols, tokens * h, tokens * (1.0 + gated) * f / t, tokens * h]
+        streaming_bytes += [4.0 * x for x in output_grads]
+        launches += len(output_grads)
     if not flash:
         gemms += [(s, head_dim, s, attn_batch), (head_dim, s, s, attn_batch),  # scores: dQ, dK
                   (s, s, head_dim, attn_batch), (s, head_dim, s, attn_batch)]  # context: dP, dV
@@ -463,6 +497,19 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
     return s * b * h * (outside + tp_split / t) + attention_core
 
 
+def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp):
+    """TE saves the FP8 (1-byte) copy of a linear's input for its weight gradient: 1 byte fewer
+    per element of the QKV and FC1 inputs (1/t with sequence parallelism), FC2's input (f/t) and,
+    unless FlashAttention keeps it as its output, the projection's (h/t)."""
+    elements = 2.0 * s * b * h / (t if sp else 1.0) + s * b * f / t + (0.0 if flash else s * b * h / t)
+    return (2.0 - 1.0) * elements
+
+
+def linear_weights(h, a, g, f, t, gated=0.0):
+    """Weights of one layer's four linears on one TP rank (no biases)."""
+    return (h * _qkv_cols(h, a, g) + h * h + (2.0 + gated) * h * f) / t
+
+
 def attention_core_bytes(b, s, a, t, flash):
     """What only the attention core keeps: softmax output (fp16, fp32 when unfused), dropout mask
     and dropout output per score element; with FlashAttention the fp32 log-sum-exp per row."""
@@ -472,11 +519,15 @@ def attention_core_bytes(b, s, a, t, flash):
     return (softmax_out + 1.0 + 2.0) * a * s * s * b / t
 
 
-def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0):
+def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0,
+                           fp8=False):
     """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
     fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
-    selective recompute (code 2) keeps everything but the attention core's tensors."""
+    selective recompute (code 2) keeps everything but the attention core's tensors; FP8 layers
+    keep their linears' inputs in FP8 (:func:`fp8_saved_bytes_fewer`)."""
     per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated)
+    if fp8:
+        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp)
     if recompute == 2:
         core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
         return in_flight * layers_on_stage * (per_layer - core) + core
@@ -606,7 +657,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         for cols in (qkv_cols, (1.0 + gated) * f / t):
-            layer_tp -= min(hideable, gemm_time_s(h, cols, b * s, 1.0, hw))
+            layer_tp -= min(hideable, linear_gemm_s(h, cols, b * s, hw))
     if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
         # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
         # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
@@ -614,7 +665,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
         tokens = b * s
         for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
-            layer_tp -= min(allreduce_act / 2.0, gemm_time_s(tokens, n_out, k_in, 1.0, hw))
+            layer_tp -= min(allreduce_act / 2.0, linear_gemm_s(tokens, n_out, k_in, hw))
     emb_compute = embedding_s(b, s, h, v, t, hw)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)
@@ -688,14 +739,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
-                                         seq_par, gated)
+                                         seq_par, gated, _fp8(hw))
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
             # holds one more; a chunk is the stage's layers / vpp of one micro-batch
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
-                                         flash, seq_par, gated)
+                                         flash, seq_par, gated, _fp8(hw))
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -709,6 +760,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         states = params * (weight + grad + adam)
         if zero >= 3 and d > 1:
             states += 2.0 * layer_on_rank * 4.0
+        if _fp8(hw):
+            # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
+            # cast once per iteration (read 2, write 1 + 1; one kernel per linear), spread over m
+            weights = n * linear_weights(h, a, g, f, t, gated)
+            states += 2.0 * weights
+            compute += n * memory_bound_time_s(4.0 * linear_weights(h, a, g, f, t, gated), 4.0, hw) / m
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)

@@ -46,6 +46,7 @@ HW_RANGES = {
     "intra_node_step_latency_s": (0.0, 1e-5), "inter_node_step_latency_s": (0.0, 2e-5),
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
     "flash_attention_efficiency": (0.05, 1.0),
+    "peak_fp8_flops": (1e13, 4e15), "fp8_gemm_efficiency": (0.05, 1.0),
     # the training settings: switches 0/1 (overlap_grad_reduce also as a fraction), vpp and
     # zero_stage from a set
     **{s.name: None for s in SETTINGS},
@@ -55,6 +56,7 @@ HW_RANGES = {
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
 SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCHES},
            "vpp": (1.0, 1.0, 2.0, 3.0, 4.0), "zero_stage": (0.0, 0.0, 1.0, 2.0, 3.0),
+           "precision": (0.0, 1.0),     # bf16, fp8
            "first_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
            "last_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
@@ -549,7 +551,13 @@ def test_utilisation_is_at_most_one():
     configs = valid_configs(np.random.default_rng(11), 300)
     status, out = run_rows(configs)
     mfu, hfu = out[step.O_MFU], out[step.O_HFU]
-    assert (mfu > 0).all() and (mfu <= hfu).all() and (hfu <= 1.0).all()
+    # utilisation is against the bf16 peak; FP8 GEMMs may run up to the FP8 peak
+    hw = np.array([c[14] for c in configs])
+    fp8 = hw[:, HW_FIELDS.index("precision")] != 0.0
+    ceiling = np.where(fp8, np.maximum(1.0, hw[:, HW_FIELDS.index("peak_fp8_flops")] / hw[:, HW_FIELDS.index("peak_flops")]),
+                       1.0)
+    assert (mfu > 0).all() and (mfu <= hfu).all() and (hfu <= ceiling).all()
+    assert (~fp8).sum() > 100
     rc = np.array([c[12] for c in configs])
     assert (hfu[rc == 1] > mfu[rc == 1]).all() and (hfu[rc == 0] == mfu[rc == 0]).all()
 

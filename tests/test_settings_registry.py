@@ -23,8 +23,11 @@ def test_every_setting_is_complete_and_reaches_every_table(st):
     assert st.name in SCHEMA.names and st.label and st.doc and st.megatron.startswith("--")
     assert (st.name in TRAINING_FLAGS) == (st.kind is bool)
     # the machine vector carries the setting's value in its field
-    p = dataclasses.replace(PRESETS["a100-sxm4-80gb"], **{st.name: 2 if st.kind is int else True})
+    value = 2 if st.kind is int else st.choices[-1] if st.kind is str else True
+    p = dataclasses.replace(PRESETS["h100-sxm-80gb"], **{st.name: value})
     assert machine_vector(p)[HW_FIELDS.index(st.name)] == (2.0 if st.kind is int else 1.0)
+    assert st.decode(st.encode(value)) == value
+    assert (st.kind is str) == bool(st.choices) and (st.kind is not str or st.default in st.choices)
 
 
 def test_the_registry_order_is_the_sweep_axis_order():

@@ -23,7 +23,7 @@ from ..model.settings import BY_NAME, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, unme
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
-                   check_reserved)
+                   check_fp8, check_reserved)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
@@ -67,7 +67,10 @@ UNMODELLED = {
     "recompute_num_layers": "partial (block) recomputation is not modelled; recompute is none, selective or full",
     "recompute_method": "partial (block or uniform) recomputation is not modelled; "
                         "recompute is none, selective or full",
-    "fp8": "FP8 training is not modelled", "fp8_format": "FP8 training is not modelled",
+    "fp8": "use the column precision = fp8",
+    "fp8_format": "use the column precision = fp8 (Transformer Engine's hybrid E4M3/E5M2 format with delayed "
+                  "scaling is what is modelled)",
+    "fp8_recipe": "FP8 recipes are not modelled apart: precision = fp8 is Transformer Engine's delayed scaling",
     "swiglu": "use the column gated_mlp = true (a gated, SwiGLU MLP), with ffn_hidden_size as published",
     "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
     "sp": "use the column sequence_parallel (true or false)",
@@ -77,7 +80,10 @@ UNMODELLED = {
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
                   **{st.name: st.int_range for st in INT_SETTINGS}}
-PRECISIONS = ("fp16", "bf16")
+# The precision column: the registry's choices, plus fp16, priced as bf16 (the same tensor-core peak
+# on every preset that has both, and 2-byte operands; loss scaling is not modelled) and written
+# back as given.
+PRECISIONS = ("fp16", *BY_NAME["precision"].choices)
 DEFAULT_NUM_TOKENS = 300e9
 
 
@@ -249,7 +255,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     gated = np.array([v in ("true", "1") for v in _str_column(df, "gated_mlp", where, ("true", "false", "1", "0"),
                                                                "false")], dtype=np.int64)
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
-    _str_column(df, "precision", where, PRECISIONS, "bf16")
+    precision = _str_column(df, "precision", where, PRECISIONS, BY_NAME["precision"].default)
     known = gpus or PRESETS
     gpu = _str_column(df, "gpu", where, tuple(known), "")
     gpn = _int_column(df, "gpus_per_node", where, 0)
@@ -268,11 +274,14 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
         values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
         row_ints = {k: int(v[i]) for k, v in int_settings.items()}
-        key = (gpu[i], int(gpn[i]), *values.values(), *row_ints.values(), *row_flags.values())
+        row_precision = "bf16" if precision[i] == "fp16" else precision[i]
+        key = (gpu[i], int(gpn[i]), *values.values(), *row_ints.values(), *row_flags.values(), row_precision)
         if key not in cache:
-            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_ints, **row_flags)
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_ints, **row_flags,
+                      precision=row_precision)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
+            check_fp8(preset, where, f"row {i + 2}, column precision")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
         sizes_are_1 = {k: int(ints[k][i]) == 1 for k in LAYOUT_SIZES}
@@ -323,13 +332,14 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 recompute=recompute)
     for col in SETTING_COLUMNS:
         used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(col)])
+    used["precision"] = precision           # as given: fp16 is priced as bf16
     # a cluster column the file gives shows the value used in every row (an empty cell: the preset's)
     given = {c: pl.Series(c, [getattr(p, c) for p in row_presets], dtype=pl.Float64 if c != "gpus_per_node" else pl.Int64)
              for c in CLUSTER_COLUMNS if c in df.columns}
     df = df.with_columns(*given.values()) if given else df
     names = [c.name for c in INPUT_COLUMNS if c.name in used]
     used_df = pl.DataFrame({k: used[k] for k in names},
-                           schema={k: pl.String if k in ("gpu", "recompute")
+                           schema={k: pl.String if k in ("gpu", "recompute") or BY_NAME.get(k, BY_NAME["vpp"]).kind is str
                                    else pl.Float64 if k == "num_tokens"
                                    else pl.Boolean if k in TRAINING_FLAGS or k == "gated_mlp"
                                    else pl.Int64

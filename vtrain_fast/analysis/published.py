@@ -356,11 +356,6 @@ def _r_gpu(row):
         return f"GPU {row.get('gpu')!r}: no preset"
 
 
-def _r_fp8(row):
-    if _precision(row) == "fp8":
-        return "precision fp8 not modelled"
-
-
 def _r_precision_other(row):
     p = _precision(row)
     if p is not None and p not in ("fp16", "bf16", "fp8"):
@@ -458,7 +453,7 @@ def _r_metric(row):
 # model lacks first, then what the source does not state, then the metric. Delete a rule when the
 # model learns its feature.
 RULES: tuple[Callable[[dict], str | None], ...] = (
-    _r_gpu, _r_fp8, _r_precision_other, _r_context_parallel, _r_recompute_kind, _r_uneven_stages,
+    _r_gpu, _r_precision_other, _r_context_parallel, _r_recompute_kind, _r_uneven_stages,
     _r_world_size,
     _r_layout_unstated, _r_batch_unstated, _r_shape_unstated, _r_precision_unstated, _r_recompute_unstated,
     _r_sp_unstated, _r_vpp_unstated,

@@ -37,7 +37,7 @@ from ..model import sweep as ks
 from ..model.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from ..model.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from ..model.params import HW_FIELDS
-from ..io.schema import INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, resolve_objectives, setting_values
+from ..io.schema import INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, resolve_objectives, setting_array
 from ..plan.spec import RECOMPUTE_VALUES
 from ..io.writer import (PartWriter,
                      candidate_name, part_name, storage_schema)
@@ -312,8 +312,7 @@ class _ArrowBuilder:
         self.gpu_names_differ = not np.array_equal(grid.gpu_name_codes, np.arange(len(grid.gpu_name_codes)))
         self.input_rows = {name: k for k, name in enumerate(INPUT_NAMES)}
         # training settings per gpu-axis value (carried by the machine vectors)
-        self.settings = {col: setting_values(col, grid.hw_table[grid.gpus, HW_FIELDS.index(col)])
-                         for col in SETTING_COLUMNS}
+        self.settings = {col: grid.hw_table[grid.gpus, HW_FIELDS.index(col)] for col in SETTING_COLUMNS}
 
     def batch(self, b: RowBuffers, n: int, index: np.ndarray | None = None) -> pa.RecordBatch:
         codes = b.codes
@@ -322,7 +321,7 @@ class _ArrowBuilder:
         np.copyto(codes[2, :n], b.inputs[ks.I_RECOMPUTE, :n], casting="unsafe")
         np.copyto(codes[3, :n], b.status[:n], casting="unsafe")
         # settings by gpu-axis value, then the axis value -> its GPU name's code
-        settings = {col: pa.array(per_gpu[codes[1, :n]]) for col, per_gpu in self.settings.items()}
+        settings = {col: setting_array(col, per_gpu, codes[1, :n]) for col, per_gpu in self.settings.items()}
         if self.gpu_names_differ:
             np.take(self.gpu_name_codes, codes[1, :n], out=codes[1, :n])
         arrays = {

@@ -56,6 +56,10 @@ class Calibration:
         Achievable fraction of the dense tensor-core peak of the fused FlashAttention kernels,
         forward and backward together, [0, 1]; 0 means the GPU has no such kernel, and
         ``use_flash_attn`` is refused for it.
+    fp8_gemm_efficiency : float
+        Achievable fraction of the dense FP8 tensor-core peak (``peak_fp8_tflops``) for large FP8
+        GEMMs (Transformer Engine's per-tensor-scaled cuBLASLt GEMMs), [0, 1]; 0 means no FP8
+        GEMMs, and ``precision = fp8`` is refused for the GPU.
     """
 
     gemm_efficiency: float = 0.70
@@ -71,6 +75,7 @@ class Calibration:
     iteration_overhead_s: float = 0.0
     p2p_overhead_s: float = 0.0
     flash_attention_efficiency: float = 0.0
+    fp8_gemm_efficiency: float = 0.0
 
 
 def _with_settings(cls):
@@ -354,6 +359,7 @@ CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
     "iteration_overhead_s": (0.0, 10.0),
     "p2p_overhead_s": (0.0, 0.1),
     "flash_attention_efficiency": (0.0, 1.0),
+    "fp8_gemm_efficiency": (0.0, 1.0),
 }
 
 
@@ -383,6 +389,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
     c = preset.calibration
     values = {
         "peak_flops": preset.peak_tflops * 1e12,
+        "peak_fp8_flops": preset.peak_fp8_tflops * 1e12,
         "hbm_bytes": preset.hbm_GiB * GiB,
         "hbm_Bps": preset.hbm_GBps * 1e9,
         "intra_node_Bps": preset.intra_node_GBps * 1e9,
@@ -397,7 +404,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "refused_cases": 0.0,   # likewise
     }
     for st in SETTINGS:         # the training settings, each in its field (vtrain_fast.model.settings)
-        values[st.name] = float(getattr(preset, st.name))
+        values[st.name] = st.encode(getattr(preset, st.name))
     for name in CALIBRATION_FIELDS:
         values[name] = float(getattr(c, name))
     vec = np.empty(NUM_HW_FIELDS, dtype=np.float64)

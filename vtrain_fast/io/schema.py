@@ -48,7 +48,8 @@ INPUT_COLUMNS = (
     Column("global_batch_size", pa.int64(), "sequences", "global batch size B"),
     Column("recompute", _dict, "", "activation recomputation: none | full | selective"),
     # the training settings, from their registry (vtrain_fast.model.settings), in its order
-    *(Column(st.name, pa.int64() if st.kind is int else pa.bool_(), "", st.doc) for st in SETTINGS),
+    *(Column(st.name, pa.int64() if st.kind is int else _dict if st.kind is str else pa.bool_(), "",
+             st.doc + (" (" + " | ".join(st.choices) + ")" if st.choices else "")) for st in SETTINGS),
 )
 # Training-setting columns (a value or a list per sweep, stored with each gpu-axis machine, whose
 # machine-vector field of the same name carries it), in registry order. Sweeps and evaluate write
@@ -61,8 +62,24 @@ SETTING_COLUMNS = tuple(st.name for st in SETTINGS)
 
 def setting_values(column: str, field_values):
     """A setting column's values from its machine-vector field's (``float64`` array): ``int64``
-    for the integer settings (``vpp``, ``zero_stage``), ``bool`` (non-zero) for the switches."""
-    return field_values.astype("int64") if BY_NAME[column].kind is int else field_values != 0.0
+    for the integer settings (``vpp``, ``zero_stage``, ...), ``bool`` (non-zero) for the switches, the choices' text (a list of ``str``) for
+    a ``str`` setting (:meth:`~vtrain_fast.model.settings.Setting.decode`)."""
+    st = BY_NAME[column]
+    if st.kind is str:
+        return [st.decode(v) for v in field_values]
+    return field_values.astype("int64") if st.kind is int else field_values != 0.0
+
+
+def setting_array(column: str, field_values, rows) -> pa.Array:
+    """The Arrow column of setting ``column`` for sweep rows whose gpu-axis values are ``rows``
+    (``int`` array), from the per-machine field values ``field_values`` (``float64``, one per
+    gpu-axis value): a dictionary over the choices for a ``str`` setting (its codes are the
+    field values), else :func:`setting_values` taken at ``rows``."""
+    st = BY_NAME[column]
+    if st.kind is str:
+        codes = field_values.astype("int32")[rows]
+        return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(st.choices, pa.string()), safe=False)
+    return pa.array(setting_values(column, field_values)[rows])
 
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
                  "out_of_memory", "repeat", "refused")

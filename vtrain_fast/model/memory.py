@@ -132,3 +132,44 @@ def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full,
     if recompute:
         return in_flight * layers_on_stage * 2.0 * s * b * h + full
     return in_flight * layers_on_stage * full
+
+
+# FP8 (Transformer Engine): bytes per element of an FP8 tensor, and of the FP8 weight copies
+# TE keeps per linear weight between micro-batches (the FP8 weight and its FP8 transpose for the
+# data-gradient GEMM, Hopper's FP8 GEMMs taking only the TN layout).
+FP8_BYTES = 1.0
+FP8_WEIGHT_COPY_BYTES_PER_PARAM = 2.0
+
+
+@jit
+def linear_weights_per_rank(h, a, g, f, t, gated=0.0):
+    """Weights (no biases) of one layer's four linears held by one tensor-parallel rank:
+    QKV ``h (h + 2hg/a)``, projection ``h^2``, FC1 and FC2 ``(2 + gated) h f``, over ``t``."""
+    return (h * (h + 2.0 * h * g / a) + h * h + (2.0 + gated) * h * f) / t
+
+
+@jit
+def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0):
+    """Bytes of one layer's FP8 weight copies on one TP rank with ``fp8`` non-zero: 2 bytes per
+    linear weight (:data:`FP8_WEIGHT_COPY_BYTES_PER_PARAM`: the FP8 weight and its transpose,
+    cached by Transformer Engine across the micro-batches of a step) on top of the bf16 weights
+    and fp32 states; 0.0 otherwise. Embeddings and the LM head have none (not TE layers)."""
+    if fp8 == 0.0:
+        return 0.0
+    return FP8_WEIGHT_COPY_BYTES_PER_PARAM * linear_weights_per_rank(h, a, g, f, t, gated)
+
+
+@jit
+def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8):
+    """Bytes fewer that one layer stores for backward, one micro-batch, with ``fp8`` non-zero:
+    Transformer Engine saves the FP8 (1-byte) copy of a linear's input for its weight-gradient
+    GEMM instead of the bf16 one (:func:`layer_activation_bytes` counts 2 bytes). Saved inputs
+    that nothing else needs: QKV's and FC1's (the layer-norm outputs, ``s b h`` each; split over
+    ``t`` with sequence parallelism), FC2's (the activation output, ``s b f / t``) and, without
+    FlashAttention, the projection's (the context, ``s b h / t``; FlashAttention keeps it in bf16
+    as its output for its own backward). 0.0 otherwise."""
+    if fp8 == 0.0:
+        return 0.0
+    outside = 2.0 / t if sp != 0.0 else 2.0       # the QKV and FC1 inputs
+    proj = 0.0 if flash != 0.0 else h / t
+    return (2.0 - FP8_BYTES) * s * b * (outside * h + f / t + proj)

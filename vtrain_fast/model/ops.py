@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 
 from ._jit import jit
-from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF, H_HOST_LAUNCH_S,
-                     H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_SEQ_PAR)
+from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF,
+                     H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
+                     H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -59,6 +60,13 @@ UNFUSED_SOFTMAX_EXTRA_KERNELS = 4.0
 ATTENTION_CORE_MEMORY_KERNELS = 3.0
 EMBEDDING_KERNELS = 3.0 + 4.0
 HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
+# FP8 (machine-vector field ``precision`` = fp8, Transformer Engine): bytes per element of a
+# linear's quantized operand written by TE's fused cast-transpose kernel (read bf16 2, write the
+# FP8 copy 1 and its FP8 transpose 1; the amax of delayed scaling is taken in the same pass), and
+# per element of a GEMM's FP8 operands. Four linears per layer (QKV, projection, FC1, FC2).
+FP8_CAST_TRANSPOSE_BYTES = 4.0
+FP8_BYTES_PER_ELEMENT = 1.0
+FP8_LINEARS = 4.0
 
 
 @jit
@@ -96,6 +104,77 @@ def gemm_time_s(m, n, k, batch, hw):
     t_compute = flops * (1.0 / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
     t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
     return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def fp8_gemm_time_s(m, n, k, hw):
+    """Seconds for one GEMM ``(m x k) @ (k x n)`` with FP8 operands and a bf16 result, as
+    Transformer Engine runs a linear layer's forward, data-gradient and weight-gradient GEMMs
+    under ``precision = fp8`` (cuBLASLt FP8 GEMMs with per-tensor scales; Micikevicius et al. 2022,
+    "FP8 Formats for Deep Learning", arXiv:2209.05433).
+
+    Roofline as :func:`gemm_time_s`, with ``2*m*n*k`` FLOPs at ``peak_fp8_flops *
+    fp8_gemm_efficiency`` times the same SM utilisation (``min(1, tiles / num_sms)``, 128 x 128
+    output tiles), and ``(m*k + k*n) * 1 + m*n * 2`` bytes (FP8 A and B, bf16 C), plus one kernel
+    overhead."""
+    flops = 2.0 * m * n * k
+    nbytes = FP8_BYTES_PER_ELEMENT * (m * k + k * n) + BYTES_PER_ELEMENT * m * n
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    t_compute = flops * (1.0 / (hw[H_PEAK_FP8_FLOPS] * hw[H_FP8_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
+    t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
+    return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
+
+
+@jit
+def fp8_on(hw):
+    """Whether the machine vector trains the linear layers in FP8 (``precision`` = fp8)."""
+    return hw[H_PRECISION] == PRECISION_FP8
+
+
+@jit
+def linear_gemm_time_s(m, n, k, hw):
+    """Seconds of one GEMM of a transformer layer's linear (QKV, projection, FC1, FC2: forward,
+    data or weight gradient): :func:`fp8_gemm_time_s` with ``precision`` = fp8, else
+    :func:`gemm_time_s` (bf16). Attention-core GEMMs, the LM head and the embeddings stay bf16
+    (:func:`gemm_time_s`): Megatron-LM's output layer is not a Transformer Engine layer, and TE
+    runs the attention core in bf16 unless FP8 attention is asked for (not modelled)."""
+    if hw[H_PRECISION] == PRECISION_FP8:
+        return fp8_gemm_time_s(m, n, k, hw)
+    return gemm_time_s(m, n, k, 1.0, hw)
+
+
+@jit
+def fp8_cast_forward(b, s, h, f, t, hw):
+    """``(bytes, kernels)`` of one layer's FP8 quantization in forward, one micro-batch, one TP
+    rank: Transformer Engine casts the input of each of the four linears to FP8 and writes its
+    transpose for the weight-gradient GEMM in one fused cast-transpose kernel
+    (:data:`FP8_CAST_TRANSPOSE_BYTES` = 4 bytes per element: read 2, write 1 + 1; delayed scaling
+    records the amax in the same pass). Inputs: QKV and FC1 ``b s h`` (the all-gathered input with
+    sequence parallelism), projection ``b s h/t``, FC2 ``b s f/t``. ``(0, 0)`` in bf16.
+
+    The per-iteration amax-history and scale update (one fused kernel per micro-batch per
+    autocast region) and the amax all-reduce over the data- and tensor-parallel group are not
+    charged."""
+    if hw[H_PRECISION] != PRECISION_FP8:
+        return 0.0, 0.0
+    tokens = b * s
+    elems = tokens * (2.0 * h + h / t + f / t)
+    return FP8_CAST_TRANSPOSE_BYTES * elems, FP8_LINEARS
+
+
+@jit
+def fp8_cast_backward(b, s, h, a, g, f, t, hw, gated=0.0):
+    """``(bytes, kernels)`` of one layer's FP8 quantization in backward, one micro-batch, one TP
+    rank: each linear's output gradient is cast to FP8 (E5M2 in the hybrid format) with its
+    transpose for the weight-gradient GEMM (TE's cast-transpose, fused with the bias gradient:
+    4 bytes per element). Output gradients: QKV ``b s (h + 2hg/a)/t``, projection ``b s h``,
+    FC1 ``b s (1 + gated) f/t``, FC2 ``b s h``. ``(0, 0)`` in bf16."""
+    if hw[H_PRECISION] != PRECISION_FP8:
+        return 0.0, 0.0
+    tokens = b * s
+    qkv_out = (h + 2.0 * h * g / a) / t
+    elems = tokens * (qkv_out + h + (1.0 + gated) * f / t + h)
+    return FP8_CAST_TRANSPOSE_BYTES * elems, FP8_LINEARS
 
 
 @jit
@@ -191,7 +270,9 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. A gated MLP (``gated`` 1: SwiGLU, Shazeer 2020,
     as Llama's and Megatron-LM's ``--swiglu``) has FC1 of width ``2f`` (gate and up, one fused
     GEMM) and its activation reads ``2f`` and writes ``f`` per token. With ``flash_attn`` set in ``hw`` the scores,
-    softmax, dropout and context are one :func:`flash_attention_forward_s`. Tensor-parallel
+    softmax, dropout and context are one :func:`flash_attention_forward_s`. With ``precision`` =
+    fp8 the four linears' GEMMs run in FP8 (:func:`linear_gemm_time_s`) and their inputs are
+    quantized first (:func:`fp8_cast_forward`); the attention core stays bf16. Tensor-parallel
     communication is not included (see :mod:`vtrain_fast.model.comm`).
 
     Returns
@@ -201,24 +282,25 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     """
     tokens = b * s
     qkv_out = (h + 2.0 * h * g / a) / t
-    time = gemm_time_s(tokens, qkv_out, h, 1.0, hw)
-    time += gemm_time_s(tokens, h, h / t, 1.0, hw)           # output projection
-    time += gemm_time_s(tokens, (1.0 + gated) * f / t, h, 1.0, hw)   # FC1 (gate and up when gated)
-    time += gemm_time_s(tokens, h, f / t, 1.0, hw)           # FC2
+    time = linear_gemm_time_s(tokens, qkv_out, h, hw)
+    time += linear_gemm_time_s(tokens, h, h / t, hw)           # output projection
+    time += linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw)   # FC1 (gate and up when gated)
+    time += linear_gemm_time_s(tokens, h, f / t, hw)           # FC2
     sp = sequence_split(t, hw)
+    cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw)   # (0, 0) in bf16
     nbytes = (
         2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
         + 4.0 * tokens * h / t          # context permute copy
         + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
         + (4.0 + 2.0 * gated) * tokens * f / t   # bias-GeLU (SwiGLU: reads 2f, writes f)
-    )
+    ) + cast_bytes
     if hw[H_FLASH_ATTN] != 0.0:
         time += flash_attention_forward_s(b, s, h, a, g, t, hw)
-        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS, hw),
-                       FLASH_LAYER_FORWARD_KERNELS, hw)
+        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS + cast_kernels, hw),
+                       FLASH_LAYER_FORWARD_KERNELS + cast_kernels, hw)
     core_s, core_bytes, extra = attention_scores_forward(b, s, h, a, t, hw)
-    memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra, hw)
-    return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra, hw)
+    memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra + cast_kernels, hw)
+    return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra + cast_kernels, hw)
 
 
 @jit
@@ -228,7 +310,9 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     Each forward GEMM becomes a data-gradient and a weight-gradient GEMM of the same FLOPs;
     memory-bound kernels read the saved input and the incoming gradient and write the outgoing
     one (a gated MLP: FC1 of width ``2f``; its activation backward reads gate, up and ``dy`` and
-    writes both gradients); with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`.
+    writes both gradients); with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`;
+    with ``precision`` = fp8 the eight linear GEMMs run in FP8 and the output gradients are
+    quantized first (:func:`fp8_cast_backward`).
     Recomputation is added by the caller. TP communication is not included.
 
     Returns
@@ -240,30 +324,31 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     heads = a / t
     qkv_out = (h + 2.0 * h * g / a) / t
     score_elems = b * heads * s * s
-    time = gemm_time_s(tokens, h, qkv_out, 1.0, hw) + gemm_time_s(h, qkv_out, tokens, 1.0, hw)
-    time += gemm_time_s(tokens, h / t, h, 1.0, hw) + gemm_time_s(h / t, h, tokens, 1.0, hw)
+    time = linear_gemm_time_s(tokens, h, qkv_out, hw) + linear_gemm_time_s(h, qkv_out, tokens, hw)
+    time += linear_gemm_time_s(tokens, h / t, h, hw) + linear_gemm_time_s(h / t, h, tokens, hw)
     fc1 = (1.0 + gated) * f / t                                # FC1 width (gate and up when gated)
-    time += gemm_time_s(tokens, h, fc1, 1.0, hw) + gemm_time_s(h, fc1, tokens, 1.0, hw)
-    time += gemm_time_s(tokens, f / t, h, 1.0, hw) + gemm_time_s(f / t, h, tokens, 1.0, hw)
+    time += linear_gemm_time_s(tokens, h, fc1, hw) + linear_gemm_time_s(h, fc1, tokens, hw)
+    time += linear_gemm_time_s(tokens, f / t, h, hw) + linear_gemm_time_s(f / t, h, tokens, hw)
     sp = sequence_split(t, hw)
+    cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated)   # (0, 0) in bf16
     nbytes = (
         2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx
         + 4.0 * tokens * h / t          # context permute copy
         + 2.0 * 5.0 * tokens * h / sp   # two bias-dropout-add backwards: dy, mask -> dx
         + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
         + (6.0 + 4.0 * gated) * tokens * f / t   # bias-GeLU backward: x, dy -> dx (SwiGLU: 2f, f -> 2f)
-    )                                   # (+ 2 bias-gradient reductions: launches, bytes negligible)
+    ) + cast_bytes                      # (+ 2 bias-gradient reductions: launches, bytes negligible)
     if hw[H_FLASH_ATTN] != 0.0:
         time += flash_attention_backward_s(b, s, h, a, g, t, hw)
-        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS, hw),
-                       FLASH_LAYER_BACKWARD_KERNELS, hw)
+        return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS + cast_kernels, hw),
+                       FLASH_LAYER_BACKWARD_KERNELS + cast_kernels, hw)
     time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
     time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
     _, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
-    return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra, hw),
-                   LAYER_BACKWARD_KERNELS + extra, hw)
+    return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra + cast_kernels, hw),
+                   LAYER_BACKWARD_KERNELS + extra + cast_kernels, hw)
 
 
 @jit

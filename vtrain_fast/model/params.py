@@ -8,10 +8,11 @@ Field meanings, units and sources live in :mod:`vtrain_fast.hardware.gpus`.
 """
 from __future__ import annotations
 
-from .settings import SETTINGS
+from .settings import BY_NAME, SETTINGS
 
 # Hardware, price and calibration fields, then one field per training setting (its registry name,
-# vtrain_fast.model.settings, in registry order: 1.0/0.0 for a switch, the value of vpp), then the
+# vtrain_fast.model.settings, in registry order: 1.0/0.0 for a switch, the value of vpp, the index
+# of the value among its choices for a str setting: Setting.encode), then the
 # sweep's bookkeeping.
 HARDWARE_FIELDS = (
     "peak_flops",             # dense fp16/bf16 tensor-core FLOP/s
@@ -38,6 +39,8 @@ HARDWARE_FIELDS = (
     "iteration_overhead_s",   # fixed host time per iteration (loss scaling, clipping, logging), s
     "p2p_overhead_s",         # host/synchronisation time of one pipeline send or receive, s
     "flash_attention_efficiency",  # achievable fraction of peak_flops of the FlashAttention kernels
+    "peak_fp8_flops",         # dense fp8 tensor-core FLOP/s (0: no FP8 tensor cores)
+    "fp8_gemm_efficiency",    # achievable fraction of peak_fp8_flops for large FP8 GEMMs (0: none)
 )
 HW_FIELDS = (
     *HARDWARE_FIELDS,
@@ -64,7 +67,8 @@ def hw_index(name: str) -> int:
 (H_PEAK_FLOPS, H_HBM_BYTES, H_HBM_BPS, H_INTRA_BPS, H_INTER_BPS, H_GPUS_PER_NODE, H_NUM_SMS,
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
- H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF) = range(len(HARDWARE_FIELDS))
+ H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF, H_PEAK_FP8_FLOPS,
+ H_FP8_GEMM_EFF) = range(len(HARDWARE_FIELDS))
 # The settings the cost formulas read (a new setting's formula takes its own hw_index)
 H_DP_OVERLAP = hw_index("overlap_grad_reduce")        # 1: DP all-reduce hidden behind backward
 H_OPT_SHARD = hw_index("distributed_optimizer")       # 1: Adam states sharded over DP (ZeRO-1)
@@ -73,6 +77,8 @@ H_SEQ_PAR = hw_index("sequence_parallel")             # 1: Megatron sequence par
 H_TP_OVERLAP = hw_index("async_tensor_model_parallel_allreduce")  # 1: backward TP exchange overlapped
 H_VPP = hw_index("vpp")                               # virtual pipeline stages per device
 H_ZERO_STAGE = hw_index("zero_stage")                 # 0-3: what is sharded over DP (ZeRO stage)
+H_PRECISION = hw_index("precision")                   # index of the precision among its choices
+PRECISION_FP8 = BY_NAME["precision"].encode("fp8")    # H_PRECISION's value for fp8 (Transformer Engine)
 H_REPEAT_CASES = hw_index("repeat_cases")
 H_REFUSED_CASES = hw_index("refused_cases")
 
@@ -81,7 +87,7 @@ CALIBRATION_FIELDS = (
     "gemm_efficiency", "hbm_efficiency", "kernel_overhead_s", "intra_node_efficiency",
     "inter_node_efficiency", "intra_node_latency_s", "inter_node_latency_s",
     "intra_node_step_latency_s", "inter_node_step_latency_s", "host_launch_s",
-    "iteration_overhead_s", "p2p_overhead_s", "flash_attention_efficiency",
+    "iteration_overhead_s", "p2p_overhead_s", "flash_attention_efficiency", "fp8_gemm_efficiency",
 )
 
 

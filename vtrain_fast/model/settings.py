@@ -29,8 +29,9 @@ class Setting:
         Spec key, column, ``GPUPreset`` field and machine-vector field (Megatron-LM's argument
         name).
     kind : type
-        ``bool`` (a switch) or ``int`` (``vpp``, ``zero_stage``).
-    default : bool or int
+        ``bool`` (a switch), ``int`` (``vpp``, ``zero_stage``, the pipeline-split counts) or ``str``
+        (a choice among :attr:`choices`: ``precision``).
+    default : bool, int or str
         Value when a spec or CSV row leaves it out.
     label : str
         Readable name for notes.
@@ -61,6 +62,9 @@ class Setting:
         Allowed values of an ``int`` setting, both ends included (spec keys and evaluate columns).
     example : str
         For an ``int`` setting, what a fix shows (``vpp = 2 or vpp = [1, 2, 4]``).
+    choices : tuple of str
+        The values of a ``str`` setting (empty for the others); its machine-vector field holds
+        the index of the value in this tuple (:meth:`encode`), its column the text.
     """
 
     name: str
@@ -77,6 +81,18 @@ class Setting:
     table: str = "training"
     int_range: tuple[int, int] = (0, 0)
     example: str = ""
+    choices: tuple[str, ...] = ()
+
+    def encode(self, value) -> float:
+        """The machine-vector value of ``value``: the index of a choice (``str`` settings), 1.0 /
+        0.0 for a switch, the number itself for ``vpp``."""
+        return float(self.choices.index(value)) if self.kind is str else float(value)
+
+    def decode(self, code: float):
+        """The setting's value of a machine-vector value (the inverse of :meth:`encode`)."""
+        if self.kind is str:
+            return self.choices[int(code)]
+        return code != 0.0 if self.kind is bool else int(code)
 
     def has_no_effect(self, sizes_are_1: dict, values: dict) -> bool:
         """Whether the setting changes no cost of a plan whose parallel sizes equal 1 where
@@ -158,12 +174,19 @@ SETTINGS: tuple[Setting, ...] = (
             "(num_layers + 2) / pp each, one fewer on the first and last stage: BLOOM's 70 layers over 12 stages)",
             "--account-for-loss-in-pipeline-split", inert_at=("pp",), table="parallel",
             requires=(("first_pipeline_num_layers", 0), ("last_pipeline_num_layers", 0))),
+    Setting("precision", str, "bf16", "FP8 training (Transformer Engine)",
+            "bf16 (16-bit mixed precision), or fp8: the linear layers' GEMMs in FP8 through Transformer "
+            "Engine (hybrid E4M3/E5M2, delayed scaling), attention core, embeddings and LM head in bf16 "
+            "(Megatron-LM --bf16 --fp8-format hybrid; needs a GPU with FP8 tensor cores)",
+            "--fp8-format", choices=("bf16", "fp8")),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
 SWITCHES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is bool)
 # The integer settings (vpp, zero_stage), in axis order.
 INT_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is int)
+# The choice (str) settings, in axis order.
+CHOICES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is str)
 
 
 def unmet_requirements(values: dict, sizes_are_1: dict | None = None) -> list[tuple[Setting, str, bool]]:
@@ -192,5 +215,6 @@ def rules_markdown() -> str:
             with_values.setdefault(k, []).append(val(v))
         parts += [f"no effect with {k} = {' or '.join(vs)}" for k, vs in with_values.items()]
         parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
-        lines.append(f"- `{st.name}` ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
+        values = f" [{' | '.join(st.choices)}]" if st.choices else ""
+        lines.append(f"- `{st.name}`{values} ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
     return "\n".join(lines) + "\n"

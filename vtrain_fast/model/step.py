@@ -62,11 +62,11 @@ MICRO_NAMES = (
     "layer_forward_s", "layer_backward_s", "tp_allreduce_activation_s", "tp_allreduce_ce_s",
     "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
     "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
-    "tp_backward_hidden_s",
+    "tp_backward_hidden_s", "fp8_weight_cast_s", "fp8_weight_bytes",
 )
 NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
- M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN) = range(NUM_MICRO)
+ M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
@@ -124,7 +124,8 @@ def stage_layers(L, p, hw):
     if e + lo > 0.0:
         total = L + e + lo
         per = total / p
-        return per - e, per, per - lo, math.floor(per) == per and per - e >= 1.0 and per - lo >= 1.0
+        mid = per if p > 2.0 else min(per - e, per - lo)
+        return per - e, mid, per - lo, math.floor(per) == per and per - e >= 1.0 and per - lo >= 1.0
     if first <= 0.0 and last <= 0.0:
         per = L / p
         return per, per, per, math.floor(per) == per and per >= 1.0
@@ -274,9 +275,14 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
         reruns and drops), and the TP exchange seconds that asynchronous communication hides
         (:func:`tp_backward_hidden_s`, 0 unless ``async_tensor_model_parallel_allreduce`` or
         sequence parallelism is set; plus :func:`tp_comm_overlap_hidden_s` with
-        ``tp_comm_overlap`` and sequence parallelism).
+        ``tp_comm_overlap`` and sequence parallelism), and with ``precision`` = fp8 the
+        once-per-iteration FP8 weight cast of one layer (:func:`fp8_weight_cast_s`) and the bytes
+        of one layer's FP8 weight copies (:func:`~vtrain_fast.model.memory.fp8_weight_copy_bytes`),
+        both 0.0 in bf16; the layer's activation bytes are then the FP8 ones
+        (:func:`~vtrain_fast.model.memory.fp8_activation_saving_bytes` fewer).
     """
     sbh2 = 2.0 * b * s * h
+    fp8 = 1.0 if ops.fp8_on(hw) else 0.0
     if hw[H_SEQ_PAR] != 0.0:
         # the activation between stages is already split over the TP ranks: each sends its
         # 1/t and no all-gather follows
@@ -294,7 +300,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
             gather,
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated)
+            - memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8),
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw),
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
@@ -302,7 +309,9 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
                                   gated)
              if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
             + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated)
-               if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0))
+               if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0),
+            fp8_weight_cast_s(h, a, g, f, t, hw, gated),
+            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated))
 
 
 @jit
@@ -323,8 +332,8 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0):
         return 0.0
     tokens = b * s
     qkv_out = (h + 2.0 * h * g / a) / t
-    return (min(exchange_s, ops.gemm_time_s(h, qkv_out, tokens, 1.0, hw))
-            + min(exchange_s, ops.gemm_time_s(h, (1.0 + gated) * f / t, tokens, 1.0, hw)))
+    return (min(exchange_s, ops.linear_gemm_time_s(h, qkv_out, tokens, hw))
+            + min(exchange_s, ops.linear_gemm_time_s(h, (1.0 + gated) * f / t, tokens, hw)))
 
 
 @jit
@@ -348,12 +357,31 @@ def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw, gated=0.0):
         return 0.0
     tokens = b * s
     qkv_out = (h + 2.0 * h * g / a) / t
-    return (min(half_s, ops.gemm_time_s(tokens, qkv_out, h, 1.0, hw))        # AG -> QKV
-            + min(half_s, ops.gemm_time_s(tokens, h, h / t, 1.0, hw))      # projection -> RS
-            + min(half_s, ops.gemm_time_s(tokens, (1.0 + gated) * f / t, h, 1.0, hw))   # AG -> FC1
-            + min(half_s, ops.gemm_time_s(tokens, h, f / t, 1.0, hw))      # FC2 -> RS
-            + min(half_s, ops.gemm_time_s(tokens, h / t, h, 1.0, hw))      # AG -> projection dgrad
-            + min(half_s, ops.gemm_time_s(tokens, f / t, h, 1.0, hw)))     # AG -> FC2 dgrad
+    return (min(half_s, ops.linear_gemm_time_s(tokens, qkv_out, h, hw))        # AG -> QKV
+            + min(half_s, ops.linear_gemm_time_s(tokens, h, h / t, hw))      # projection -> RS
+            + min(half_s, ops.linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw))   # AG -> FC1
+            + min(half_s, ops.linear_gemm_time_s(tokens, h, f / t, hw))      # FC2 -> RS
+            + min(half_s, ops.linear_gemm_time_s(tokens, h / t, h, hw))      # AG -> projection dgrad
+            + min(half_s, ops.linear_gemm_time_s(tokens, f / t, h, hw)))     # AG -> FC2 dgrad
+
+
+# FP8 weight cast: bytes per weight (read bf16 2, write the FP8 weight 1 and its transpose 1) and
+# kernels (one per linear) of Transformer Engine's cast-transpose.
+FP8_WEIGHT_CAST_BYTES_PER_PARAM = 4.0
+FP8_WEIGHT_CAST_KERNELS = 4.0
+
+
+@jit
+def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0):
+    """Seconds of casting one layer's linear weights (one TP rank's shard,
+    :func:`~vtrain_fast.model.memory.linear_weights_per_rank`) to FP8 with their transposes, once
+    per iteration: Transformer Engine caches the FP8 weights over the micro-batches of a step
+    (Megatron-LM passes ``is_first_microbatch``), so :func:`schedule` spreads it over the ``m``
+    micro-batches. 4 bytes per weight at ``hbm_Bps * hbm_efficiency``, four kernels; 0.0 in bf16."""
+    if not ops.fp8_on(hw):
+        return 0.0
+    weights = memory.linear_weights_per_rank(h, a, g, f, t, gated)
+    return ops.memory_bound_time_s(FP8_WEIGHT_CAST_BYTES_PER_PARAM * weights, FP8_WEIGHT_CAST_KERNELS, hw)
 
 
 @jit
@@ -501,9 +529,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter),
     # spread over the m micro-batches
     acc = (m - 1.0) / m
-    first_compute += acc * split[S_ACC_FIRST]
-    mid_compute += acc * split[S_ACC_BODY]
-    last_compute += acc * split[S_ACC_LAST]
+    first_compute += acc * split[S_ACC_FIRST] + l_first * mb[M_FP8_CAST] / m   # + FP8 weight cast (0 in bf16)
+    mid_compute += acc * split[S_ACC_BODY] + l_mid * mb[M_FP8_CAST] / m
+    last_compute += acc * split[S_ACC_LAST] + l_last * mb[M_FP8_CAST] / m
     emb_compute += acc * split[S_ACC_EMB]
     head_compute += acc * split[S_ACC_HEAD]
 
@@ -636,8 +664,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
             act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, s, hs, full, rc) + rebuilt
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
-    state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED]
-    state_last = memory.model_state_bytes(p_last, d, zero) + split[S_GATHERED]
+    # FP8 weight copies of a stage's layers (0 in bf16)
+    state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED] + l_first * mb[M_FP8_WEIGHTS]
+    state_last = memory.model_state_bytes(p_last, d, zero) + split[S_GATHERED] + l_last * mb[M_FP8_WEIGHTS]
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
@@ -645,7 +674,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         states, act = state_last, act_last
     if act_mid > 0.0:
-        state_mid = memory.model_state_bytes(split[S_P_MID], d, zero) + split[S_GATHERED]
+        state_mid = memory.model_state_bytes(split[S_P_MID], d, zero) + split[S_GATHERED] + l_mid * mb[M_FP8_WEIGHTS]
         if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]

@@ -128,7 +128,7 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 14 or NUM_SPLIT != 18 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
+if NUM_MICRO != 16 or NUM_SPLIT != 18 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point is out of date with model.step's tuple layouts")
 
 
@@ -221,7 +221,7 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
         micro_ok[db] = 1
     mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
           micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
-          micro[db, 12], micro[db, 13])
+          micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15])
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10],
                    ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17]), (ctx[18], ctx[19], ctx[20]),

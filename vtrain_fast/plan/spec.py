@@ -73,13 +73,16 @@ from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
-from ..model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
+from ..model.settings import BY_NAME, CHOICES, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
 # The training switches a spec takes under [training] (key -> what true does): the registry's
 # bool settings (vtrain_fast.model.settings), in the order of the machine axis.
 TRAINING_FLAGS = {s.name: s.doc for s in SWITCHES}
+# The choice settings a spec takes under [training] (key -> what each value does): the registry's
+# str settings, one value or a list of them (then an axis).
+TRAINING_CHOICES = {s.name: s.doc for s in CHOICES}
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
 RECOMPUTE_DEFAULT = "none"
@@ -237,6 +240,23 @@ def _flags(where, key, value, meaning, table="training"):
     return tuple(dict.fromkeys(out))
 
 
+def _choices(where, st, value):
+    """A ``str`` setting (:data:`TRAINING_CHOICES`) in its table: one of its choices, or a list of
+    them (then an axis)."""
+    key = f"{st.table}.{st.name}"
+    allowed = ", ".join(f'"{c}"' for c in st.choices)
+    out = []
+    for v in _as_list(where, key, value, allowed):
+        if not isinstance(v, str) or v.strip().lower() not in st.choices:
+            fix = did_you_mean(str(v), st.choices, f"write {st.name} = \"{st.default}\" or a list, e.g. "
+                               f"{st.name} = [" + ", ".join(f'"{c}"' for c in st.choices) + "]")
+            if st.name == "precision" and str(v).strip().lower() == "fp16":
+                fix = "write precision = \"bf16\": fp16 and bf16 cost the same here (same tensor-core peak, 2-byte operands)"
+            raise InputError(where, key, v, f"one of {allowed}, or a list of them ({st.doc})", fix)
+        out.append(v.strip().lower())
+    return tuple(dict.fromkeys(out))
+
+
 def _int_setting(where, st, value):
     """An integer setting (``vpp``, ``zero_stage``; its registry record ``st``) in its table: one
     integer of ``st.int_range`` or a list of them (then an axis)."""
@@ -255,7 +275,11 @@ def setting_values_of(where, tables: dict, st):
     """The values a spec gives setting ``st`` (registry record) in its table of ``tables`` (name ->
     dict), its default when left out, as a tuple."""
     value = tables.get(st.table, {}).get(st.name, st.default)
-    return _int_setting(where, st, value) if st.kind is int else _flags(where, st.name, value, st.doc, st.table)
+    if st.kind is int:
+        return _int_setting(where, st, value)
+    if st.kind is str:
+        return _choices(where, st, value)
+    return _flags(where, st.name, value, st.doc, st.table)
 
 
 def machine_variants(names, settings: dict, overrides: dict, calibration: dict, where: str,
@@ -296,9 +320,11 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     ------
     InputError
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
-        (:func:`check_flash_attention`).
+        (:func:`check_flash_attention`); ``precision = "fp8"`` (only) for a GPU without FP8
+        tensor cores (:func:`check_fp8`; with another precision in the list, its fp8 machines are
+        left out with a note).
     """
-    presets, skipped, unmet = [], [], {}
+    presets, skipped, skipped_fp8, unmet = [], [], [], {}
     for name in names:
         for combo in itertools.product(*settings.values()):
             values = dict(zip(settings, combo))
@@ -314,10 +340,17 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                     skipped.append(name)
                 continue
             check_flash_attention(g, where, "training.use_flash_attn")
+            if g.precision == "fp8" and len(settings["precision"]) > 1 and not has_fp8(g):
+                if name not in skipped_fp8:
+                    skipped_fp8.append(name)
+                continue
+            check_fp8(g, where, "training.precision")
             if g not in presets:            # a switched-off setting may repeat a machine exactly
                 presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
+    notes += tuple(f"{name} has no FP8 tensor cores (peak_fp8_tflops or fp8_gemm_efficiency 0): its precision = "
+                   "fp8 machines are left out" for name in skipped_fp8)
     notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
                    f"refuses it otherwise): the {other} = {str(not value).lower()} machines run with {st} = false"
                    for st, other, value in unmet)
@@ -357,7 +390,7 @@ def check_requirements(path, settings: dict) -> None:
 
 def _toml_value(values: tuple) -> str:
     """``values`` (one or a list) as TOML writes them."""
-    text = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    text = [str(v).lower() if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else str(v) for v in values]
     return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
 
 
@@ -464,6 +497,30 @@ def check_flash_attention(preset, where: str, key: str) -> None:
                          f"drop {preset.name} or set use_flash_attn = false, or give {preset.name} a "
                          "positive flash_attention_efficiency (a [gpus." + preset.name + "] table: calibration = "
                          "{ flash_attention_efficiency = 0.5 }, or a calibration file for a preset)")
+
+
+def has_fp8(preset) -> bool:
+    """Whether ``preset`` can train in FP8: FP8 tensor cores (``peak_fp8_tflops > 0``) and an FP8
+    GEMM efficiency (``fp8_gemm_efficiency > 0``). The A100 and V100 have neither (FP8 tensor
+    cores arrived with Hopper and Ada)."""
+    return preset.peak_fp8_tflops > 0.0 and preset.calibration.fp8_gemm_efficiency > 0.0
+
+
+def check_fp8(preset, where: str, key: str) -> None:
+    """Refuse ``precision = fp8`` for a GPU preset without FP8 tensor cores (:func:`has_fp8`).
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, ``key``, the GPU and the fix.
+    """
+    if preset.precision == "fp8" and not has_fp8(preset):
+        raise InputError(where, key, "fp8", f"bf16 for {preset.name}, which has no FP8 tensor cores "
+                         f"(peak_fp8_tflops {preset.peak_fp8_tflops:g}, fp8_gemm_efficiency "
+                         f"{preset.calibration.fp8_gemm_efficiency:g}; Transformer Engine's FP8 needs a Hopper, "
+                         "Ada or newer GPU)",
+                         f"drop {preset.name} or set precision = \"bf16\", or give {preset.name} a positive "
+                         "peak_fp8_tflops and calibration fp8_gemm_efficiency (a [gpus." + preset.name + "] table)")
 
 
 def _check_keys(where, table_name, table, allowed):
