@@ -22,6 +22,7 @@ Conventions
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 from vtrain_fast.model.params import HW_FIELDS
 
@@ -31,6 +32,27 @@ _FIELD_INDEX = {name: k for k, name in enumerate(HW_FIELDS)}
 def hw_get(hw, name: str) -> float:
     """Field ``name`` of machine vector ``hw`` (see ``model.params.HW_FIELDS``)."""
     return float(hw[_FIELD_INDEX[name]])
+
+
+# Model flags (restated: codes of vtrain_fast.model.arch). A model's flags are either a float, its
+# gated_mlp on Megatron-LM's GPT layer, or a record with these fields.
+RMSNORM, LEARNED, ROPE = 1.0, 0.0, 1.0      # normalization 1: RMSNorm; position 0: learned, 1: rope, 2: none
+
+
+ModelFlags = namedtuple("ModelFlags", ("gated_mlp", "normalization", "position_embedding_type", "add_bias_linear",
+                                       "untie_embeddings_and_output_weights"))
+
+
+def flags(arch) -> dict:
+    """The architecture flags of ``arch`` by name (a float: ``gated_mlp`` with Megatron-LM's defaults)."""
+    if isinstance(arch, (int, float)):
+        return dict(gated_mlp=float(arch), normalization=0.0, position_embedding_type=LEARNED, add_bias_linear=1.0,
+                    untie_embeddings_and_output_weights=0.0)
+    return {k: float(v) for k, v in arch._asdict().items()}
+
+
+def _rope(arch) -> bool:
+    return flags(arch)["position_embedding_type"] == ROPE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +69,8 @@ OUTPUT_NAMES = (
 )
 INPUT_NAMES = (
     "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
-    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "num_gpus", "num_nodes",
+    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "normalization",
+    "position_embedding_type", "add_bias_linear", "untie_embeddings_and_output_weights", "num_gpus", "num_nodes",
     "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
@@ -222,8 +245,9 @@ def _layer_phase_s(gemms, streaming_bytes, memory_launches, flash_s, flash_launc
     return phase_s(gpu_s, len(gemms) + memory_launches + flash_launches, hw)
 
 
-def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
+def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     """Forward of one transformer layer, one micro-batch, one TP rank (no TP communication)."""
+    gated = flags(arch)["gated_mlp"]
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
     flash = _flash_on(hw)
@@ -246,6 +270,10 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
         linear_inputs = [tokens * h, tokens * h / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
         streaming_bytes += [4.0 * x for x in linear_inputs]
         launches += len(linear_inputs)
+    if _rope(arch):
+        # fused rotary embedding on q and on k (the k columns of qkv_cols include v's half): read, write
+        streaming_bytes += [(2.0 + 2.0) * tokens * heads * head_dim, (2.0 + 2.0) * tokens * (qkv_cols - heads * head_dim) / 2.0]
+        launches += 2.0
     if not flash:
         gemms += [(s, s, head_dim, attn_batch),         # scores Q K^T
                   (s, head_dim, s, attn_batch)]         # context softmax(QK^T) V
@@ -261,8 +289,9 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
 
-def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
+def layer_backward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     """Backward of one layer: every forward GEMM becomes a data- and a weight-gradient GEMM."""
+    gated = flags(arch)["gated_mlp"]
     tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
     attn_batch = b * heads
     flash = _flash_on(hw)
@@ -286,6 +315,9 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
         output_grads = [tokens * qkv_cols, tokens * h, tokens * (1.0 + gated) * f / t, tokens * h]
         streaming_bytes += [4.0 * x for x in output_grads]
         launches += len(output_grads)
+    if _rope(arch):                             # the rotary embedding's backward on dq and dk
+        streaming_bytes += [(2.0 + 2.0) * tokens * heads * head_dim, (2.0 + 2.0) * tokens * (qkv_cols - heads * head_dim) / 2.0]
+        launches += 2.0
     if not flash:
         gemms += [(s, head_dim, s, attn_batch), (head_dim, s, s, attn_batch),  # scores: dQ, dK
                   (s, s, head_dim, attn_batch), (s, head_dim, s, attn_batch)]  # context: dP, dV
@@ -316,15 +348,18 @@ def attention_core_forward_s(b, s, h, a, g, t, hw):
     return _layer_phase_s(gemms, streaming, len(softmax_fwd) + 2.0, 0.0, 0.0, hw)
 
 
-def embedding_forward_s(b, s, h, hw):
-    """Word + position lookup (2 + 2 bytes read), sum written (2), dropout (5); 3 launches."""
-    return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
+def embedding_forward_s(b, s, h, hw, arch=0.0):
+    """Word lookup (2 bytes read), a learned position lookup (2 more), sum written (2), dropout
+    (5); 3 launches."""
+    learned = flags(arch)["position_embedding_type"] == LEARNED
+    return memory_bound_time_s(b * s * h * (2.0 + (2.0 if learned else 0.0) + 2.0 + 5.0), 3.0, hw)
 
 
-def embedding_backward_s(b, s, h, v, t, hw):
-    """Dropout backward (5), two scatter-adds (6 + 6) per token element, and zeroing the
-    ``v/t x h`` fp16 word-embedding gradient; 4 launches."""
-    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0) + BYTES_FP16 * v * h / t, 4.0, hw)
+def embedding_backward_s(b, s, h, v, t, hw, arch=0.0):
+    """Dropout backward (5), the scatter-adds into the word and a learned position table (6 + 6)
+    per token element, and zeroing the ``v/t x h`` fp16 word-embedding gradient; 4 launches."""
+    learned = flags(arch)["position_embedding_type"] == LEARNED
+    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + (6.0 if learned else 0.0)) + BYTES_FP16 * v * h / t, 4.0, hw)
 
 
 def head_forward_s(b, s, h, v, t, hw):
@@ -351,9 +386,9 @@ EMBEDDING_LAUNCHES = 3.0 + 4.0          # forward + backward memory-bound kernel
 HEAD_LAUNCHES = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
 
 
-def embedding_s(b, s, h, v, t, hw):
+def embedding_s(b, s, h, v, t, hw, arch=0.0):
     """Embedding forward + backward, with the host-launch floor."""
-    gpu_s = embedding_forward_s(b, s, h, hw) + embedding_backward_s(b, s, h, v, t, hw)
+    gpu_s = embedding_forward_s(b, s, h, hw, arch) + embedding_backward_s(b, s, h, v, t, hw, arch)
     return phase_s(gpu_s, EMBEDDING_LAUNCHES, hw)
 
 
@@ -464,24 +499,39 @@ def _qkv_cols(h, a, g):
     return h + 2.0 * h * g / a
 
 
-def layer_params(h, a, g, f, gated=0.0):
+def _norm(h, arch):
+    """A LayerNorm's weight and bias, or an RMSNorm's weight."""
+    return h if flags(arch)["normalization"] == RMSNORM else 2.0 * h
+
+
+def layer_params(h, a, g, f, arch=0.0):
     """QKV weight+bias, projection weight+bias, FC1 weight+bias (gate and up when gated), FC2
-    weight+bias, 2 LNs."""
+    weight+bias (no biases without add_bias_linear), 2 norms."""
+    fl = flags(arch)
+    gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
     q = _qkv_cols(h, a, g)
-    return (h * q + q) + (h * h + h) + (h * f + f) * (1.0 + gated) + (f * h + h) + 2.0 * (2.0 * h)
+    return (h * q + bias * q) + (h * h + bias * h) + (h * f + bias * f) * (1.0 + gated) + (f * h + bias * h) + 2.0 * _norm(h, arch)
 
 
-def layer_params_per_rank(h, a, g, f, t, gated=0.0):
+def layer_params_per_rank(h, a, g, f, t, arch=0.0):
     """Split by t: QKV weight+bias, projection weight, FC1 weight+bias, FC2 weight.
-    Replicated: the row-parallel biases (projection, FC2) and the two layer norms."""
+    Replicated: the row-parallel biases (projection, FC2) and the two norms."""
+    fl = flags(arch)
+    gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
     q = _qkv_cols(h, a, g)
-    split = h * q + q + h * h + (h * f + f) * (1.0 + gated) + f * h
-    return split / t + h + h + 2.0 * (2.0 * h)
+    split = h * q + bias * q + h * h + (h * f + bias * f) * (1.0 + gated) + f * h
+    return split / t + bias * (h + h) + 2.0 * _norm(h, arch)
 
 
-def model_params(num_layers, h, a, g, f, v, s, gated=0.0):
-    """Layers + word embedding + position embedding + final LN + untied LM head."""
-    return num_layers * layer_params(h, a, g, f, gated) + v * h + s * h + 2.0 * h + v * h
+def position_params(s, h, arch=0.0):
+    """A learned s x h position table; none with RoPE or no position embedding."""
+    return s * h if flags(arch)["position_embedding_type"] == LEARNED else 0.0
+
+
+def model_params(num_layers, h, a, g, f, v, s, arch=0.0):
+    """Layers + word embedding + position embedding + final norm + the LM head when untied."""
+    head = v * h if flags(arch)["untie_embeddings_and_output_weights"] else 0.0
+    return num_layers * layer_params(h, a, g, f, arch) + v * h + position_params(s, h, arch) + _norm(h, arch) + head
 
 
 def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
@@ -604,7 +654,7 @@ def nan_outputs() -> dict:
     return {name: math.nan for name in OUTPUT_NAMES}
 
 
-def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.0):
+def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0):
     """One configuration. Returns ``(status, outputs)``, outputs keyed by :data:`OUTPUT_NAMES`
     (all NaN for a shape error).
 
@@ -638,8 +688,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     sbh = s * b * h
 
     # --- one micro-batch on one layer / embedding / head
-    fwd = layer_forward_s(b, s, h, a, g, f, t, hw, gated)
-    bwd = layer_backward_s(b, s, h, a, g, f, t, hw, gated)
+    fl = flags(arch)
+    gated = fl["gated_mlp"]
+    fwd = layer_forward_s(b, s, h, a, g, f, t, hw, arch)
+    bwd = layer_backward_s(b, s, h, a, g, f, t, hw, arch)
     allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
     if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
         allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
@@ -666,7 +718,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         tokens = b * s
         for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
             layer_tp -= min(allreduce_act / 2.0, linear_gemm_s(tokens, n_out, k_in, hw))
-    emb_compute = embedding_s(b, s, h, v, t, hw)
+    emb_compute = embedding_s(b, s, h, v, t, hw, arch)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)
     head_tp = allreduce_act + 3.0 * allreduce_ce            # LM head dX + CE max / sum / target
@@ -685,18 +737,21 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     # --- ZeRO stage: 1 shards the Adam states (the distributed optimizer is stage 1), 2 also the
     # gradients, 3 also the weights (ZeRO paper, Figure 1)
     zero = max(hw_get(hw, "zero_stage"), hw_get(hw, "distributed_optimizer"))
-    layer_on_rank = layer_params_per_rank(h, a, g, f, t, gated)
-    embedding_params = v * h / t + s * h
-    head_params = v * h / t + 2.0 * h
+    layer_on_rank = layer_params_per_rank(h, a, g, f, t, arch)
+    tied = not fl["untie_embeddings_and_output_weights"]
+    embedding_params = v * h / t + position_params(s, h, arch)
+    head_params = v * h / t + _norm(h, arch)
     backward_window = fewest * (bwd + rc * fwd + core_again)   # the shortest stage's backward
 
     def stage_params(i):
         first, last = i == 0, i == p_stages - 1
         params = stage_layers[i] * layer_on_rank
         if first:
-            params += v * h / t + s * h            # word embedding shard + position embedding
+            params += embedding_params             # word embedding shard + learned positions
         if last:
-            params += v * h / t + 2.0 * h          # LM head shard + final layer norm
+            params += head_params                  # LM head shard (own copy when tied) + final norm
+        if first and last and tied:
+            params -= v * h / t                    # one stage: the head is the word embedding
         return params
 
     def dp_group_exchange(nbytes):
@@ -805,6 +860,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
         dp_comm_s = reduce_scatter + all_gather
     else:
         dp_comm_s -= hw_get(hw, "overlap_grad_reduce") * min(dp_comm_s, backward_window)
+    if tied and p_stages > 1:
+        # the first and the last stage each hold the shared word embedding and all-reduce its
+        # gradient after the backward (2 ranks, (p - 1) pipeline strides apart), exposed
+        dp_comm_s += group_allreduce_s(BYTES_FP16 * v * h / t, 2, (p - 1) * t * d, hw)
     adam_s = optimizer_s(max(st["params"] for st in stages) / (d if zero >= 1 else 1.0), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s
@@ -814,7 +873,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, gated=0.
     if mem_total > hw_get(hw, "hbm_bytes"):
         status = OUT_OF_MEMORY
 
-    n_params = model_params(L, h, a, g, f, v, s, gated)
+    n_params = model_params(L, h, a, g, f, v, s, arch)
     tokens_per_iter = B * s
     fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated)
     model_flops = 3.0 * tokens_per_iter * fwd_flops
@@ -895,7 +954,7 @@ def sweep_point(index: int, grid):
     num_tokens = float(grid.tokens[digit["num_tokens"]])
     if num_gpus % (t * p) != 0 or d <= 0:
         return inputs, num_tokens, BAD_NUM_GPUS, nan_outputs()
-    L, h, a, g, f, v, s, gated = model
+    L, h, a, g, f, v, s = model[:7]
     status, out = step(L, h, a, g, f, v, s, inputs["global_batch_size"], inputs["micro_batch_size"],
-                       t, p, d, inputs["recompute"], num_tokens, hw, float(gated))
+                       t, p, d, inputs["recompute"], num_tokens, hw, ModelFlags(*map(float, model[7:])))
     return inputs, num_tokens, status, out

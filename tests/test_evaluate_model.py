@@ -11,7 +11,8 @@ from vtrain_fast.plan.models import MODEL_PRESETS
 
 PLAN = dict(global_batch_size=512, micro_batch_size=1, tp=2, pp=2, dp=2, gpu="h100-sxm-80gb")
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-         "vocab_size", "seq_length", "gated_mlp")
+         "vocab_size", "seq_length", "gated_mlp", "normalization", "position_embedding_type", "add_bias_linear",
+         "untie_embeddings_and_output_weights")
 
 
 def test_a_preset_name_gives_the_preset_shape():

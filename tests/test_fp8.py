@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+
+from vtrain_fast.model.arch import DEFAULT_ARCH
 import polars as pl
 import pytest
 
@@ -124,7 +126,7 @@ def test_step_with_fp8_matches_twin(seed):
         b, t = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2, 4, 8]))
         p, d = int(rng.choice([1, 3, 4])), int(rng.choice([1, 2, 8]))
         cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 4096])), d * b * 8 * p, b, t, p, d,
-               int(rng.integers(0, 3)), 1e12, hw, float(rng.integers(0, 2)))
+               int(rng.integers(0, 3)), 1e12, hw, DEFAULT_ARCH._replace(gated_mlp=float(rng.integers(0, 2))))
         out = np.empty((step.NUM_OUTPUTS, 1))
         code = step.step(*[float(x) for x in cfg[:9]], step.Layout(cfg[9], 1, cfg[11], cfg[10]), cfg[12], cfg[13],
                          cfg[14], out, 0, cfg[15])

@@ -281,11 +281,15 @@ PRESET_SHAPES = [m.as_row() for m in MODEL_PRESETS.values()]
 
 def random_config(rng, invalid_fraction=0.4):
     """One configuration ``(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw,
-    gated)``, valid by construction, then (with probability ``invalid_fraction``) one size
-    broken."""
-    gated = 1 if rng.random() < 0.3 else 0         # a gated (SwiGLU) MLP
+    flags)``, valid by construction, then (with probability ``invalid_fraction``) one size
+    broken; ``flags``: the architecture flags' codes (``ref.ModelFlags``, floats)."""
+    # gated MLP, RMSNorm, position embedding (learned, rope, none), biases, untied head
+    flags = ref.ModelFlags(float(rng.random() < 0.3), float(rng.random() < 0.5), float(rng.integers(0, 3)),
+                           float(rng.random() < 0.5), float(rng.random() < 0.5))
     if rng.random() < 0.3:
-        L0, h, a, g, f, v, s, gated = PRESET_SHAPES[rng.integers(len(PRESET_SHAPES))]
+        row = PRESET_SHAPES[rng.integers(len(PRESET_SHAPES))]
+        L0, h, a, g, f, v, s = row[:7]
+        flags = ref.ModelFlags(*map(float, row[7:]))
     else:
         a = int(rng.choice([1, 2, 4, 8, 12, 16, 32, 48, 64, 96]))
         h = a * int(rng.choice([16, 32, 64, 128]))
@@ -311,15 +315,15 @@ def random_config(rng, invalid_fraction=0.4):
         vals = {n: (float(rng.choice(SAMPLED[n])) if r is None else float(rng.uniform(*r)))
                 for n, r in HW_RANGES.items()}
         hw = _vec(vals)
-    return (*sizes, rc, tokens, hw, gated)
+    return (*sizes, rc, tokens, hw, flags)
 
 
 def run_rows(configs):
     """Evaluate configurations with ``model.sweep.evaluate_rows``; returns (status, out)."""
     n = len(configs)
-    # (model, B, b, t, p, d, recompute, ..., gated) -> the kernel's row layout (ROW_FIELDS: the model
-    # with gated_mlp, B, b, tp, cp = 1, pp, dp, recompute)
-    cols = np.ascontiguousarray(np.array([(*c[:7], c[15], c[7], c[8], c[9], 1, c[10], c[11], c[12]) for c in configs],
+    # (model, B, b, t, p, d, recompute, ..., flags) -> the kernel's row layout (ROW_FIELDS: the model
+    # with its flags' codes, B, b, tp, cp = 1, pp, dp, recompute)
+    cols = np.ascontiguousarray(np.array([(*c[:7], *c[15], c[7], c[8], c[9], 1, c[10], c[11], c[12]) for c in configs],
                                          dtype=np.int64).T)
     tokens = np.array([c[13] for c in configs], dtype=np.float64)
     hw_rows = np.ascontiguousarray(np.stack([c[14] for c in configs]))
@@ -363,7 +367,7 @@ def test_step_rejects_nonpositive_sizes():
         for bad in (0, -1):
             sizes = list(base)
             sizes[k] = bad
-            configs.append((*sizes, 1, 1e9, hw, 0))
+            configs.append((*sizes, 1, 1e9, hw, ref.ModelFlags(0.0, 0.0, 0.0, 1.0, 0.0)))
     status, out = run_rows(configs)
     assert (status == step.BAD_INPUT).all()
     assert np.isnan(out).all()
@@ -540,7 +544,7 @@ def valid_configs(rng, n):
 
 
 def _replace(c, **kw):
-    names = ("L", "h", "a", "g", "f", "v", "s", "B", "b", "t", "p", "d", "rc", "tokens", "hw", "gated")
+    names = ("L", "h", "a", "g", "f", "v", "s", "B", "b", "t", "p", "d", "rc", "tokens", "hw", "flags")
     c = list(c)
     for k, v in kw.items():
         c[names.index(k)] = v

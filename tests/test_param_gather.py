@@ -69,7 +69,8 @@ def test_never_slower_over_many_plans():
 
 def test_no_effect_at_dp_1():
     off, on = rows(ON, dict(ON, overlap_param_gather="true"), dp=1, global_batch_size=32)
-    assert on["iteration_time_s"] == off["iteration_time_s"] and on["dp_comm_s"] == off["dp_comm_s"] == 0.0
+    # (dp_comm_s keeps the tied embedding's all-reduce between the first and last stage at pp > 1)
+    assert on["iteration_time_s"] == off["iteration_time_s"] and on["dp_comm_s"] == off["dp_comm_s"]
 
 
 def test_the_kernel_gives_it_no_effect_without_what_it_needs():

@@ -228,10 +228,19 @@ HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 def shape_params(m) -> float:
     """Parameters of the model shape ``m`` (a :class:`~vtrain_fast.plan.models.ModelShape`) as the
-    cost model counts them (:func:`vtrain_fast.model.memory.model_params`, its gated MLP included)."""
+    cost model counts them (:func:`vtrain_fast.model.memory.model_params`, with its architecture flags)."""
+    from .model.arch import arch_of
     from .model.memory import model_params
     return model_params(m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size,
-                        m.vocab_size, m.seq_length, float(m.gated_mlp))
+                        m.vocab_size, m.seq_length, arch_of(m.arch_values()))
+
+
+def shape_flags(m) -> str:
+    """The architecture flags of shape ``m`` that differ from Megatron-LM's defaults, as a shape
+    name spells them (``swiglu rmsnorm rope nobias untied``); ``gpt`` when none do."""
+    from .model.arch import ARCH_FLAGS
+    words = [fl.suffix or str(getattr(m, fl.name)).lower() for fl in ARCH_FLAGS if getattr(m, fl.name) != fl.default]
+    return " ".join(words) or "gpt"
 
 
 @app.command()
@@ -248,7 +257,7 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                                 num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
                                 ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length,
                                 vocab_size=m.vocab_size,
-                                gated_mlp=m.gated_mlp, params_billion=round(shape_params(m) / 1e9, 2))
+                                arch=shape_flags(m), params_billion=round(shape_params(m) / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml)",
                 console=console, keep=("model",))
@@ -294,7 +303,8 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
     for note in notes:
         err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     err.print(f"{name}: {shape_params(shape) / 1e9:.3f} B parameters as the cost model counts them ("
-              + ", ".join(f"{k} = {str(v).lower()}" for k, v in table.items() if k != "source") + ")",
+              + ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in table.items()
+                          if k != "source") + ")",
               markup=False, highlight=False)
     if output is None:
         sys.stdout.write(text)

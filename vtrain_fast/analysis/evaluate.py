@@ -17,6 +17,7 @@ from ..model.layout import Layout, world_size
 from ..model.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
 from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
+from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
 from ..model.settings import BY_NAME, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, unmet_requirements
@@ -28,7 +29,7 @@ from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, ch
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
-OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", "gated_mlp", "recompute", "precision",
+OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", *ARCH_NAMES, "recompute", "precision",
             *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS))
 # Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
@@ -137,6 +138,18 @@ def _str_column(df, name, where, allowed, default) -> list[str]:
                                                       "table" if name == "gpu" else f"write one of {', '.join(allowed)}"))
         out.append(v)
     return out
+
+
+def arch_column(df, fl, where) -> np.ndarray:
+    """The codes (``ArchFlag.encode``, ``int64``) of architecture flag ``fl``'s column: ``true`` /
+    ``false`` (or 1 / 0) for a bool flag, a choice (any case) for a str one; empty cells and a
+    missing column take the default."""
+    if fl.kind is bool:
+        vals = _str_column(df, fl.name, where, ("true", "false", "1", "0"), str(fl.default).lower())
+        return np.array([v in ("true", "1") for v in vals], dtype=np.int64)
+    low = tuple(c.lower() for c in fl.choices)
+    vals = _str_column(df, fl.name, where, low, fl.default.lower())
+    return np.array([low.index(v) for v in vals], dtype=np.int64)
 
 
 def _normalised(name: str) -> str:
@@ -252,8 +265,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     groups = _int_column(df, "num_query_groups", where, 0)
     groups = np.where(groups == 0, a, groups)
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
-    gated = np.array([v in ("true", "1") for v in _str_column(df, "gated_mlp", where, ("true", "false", "1", "0"),
-                                                               "false")], dtype=np.int64)
+    arch_codes = {fl.name: arch_column(df, fl, where) for fl in ARCH_FLAGS}
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     precision = _str_column(df, "precision", where, PRECISIONS, BY_NAME["precision"].default)
     known = gpus or PRESETS
@@ -314,7 +326,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                              f"{rule} = {int(value[i])}, or an empty cell",
                              f"fix {name} or tp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
     row = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
-               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], gated_mlp=gated,
+               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], **arch_codes,
                global_batch_size=ints["global_batch_size"], micro_batch_size=ints["micro_batch_size"], **sizes,
                recompute=np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64))
     cols = np.stack([row[k] for k in ROW_FIELDS])
@@ -325,7 +337,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     result = pl.from_arrow(pa.table(output_arrays(out, status)))
     result = result.with_columns(pl.col("status").cast(pl.String))
     used = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
-                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], gated_mlp=gated != 0,
+                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"],
+                **{k: ARCH_BY_NAME[k].decode_all(c) for k, c in arch_codes.items()},
                 num_tokens=tokens,
                 gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
@@ -341,7 +354,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute") or BY_NAME.get(k, BY_NAME["vpp"]).kind is str
                                    else pl.Float64 if k == "num_tokens"
-                                   else pl.Boolean if k in TRAINING_FLAGS or k == "gated_mlp"
+                                   else pl.Boolean if k in TRAINING_FLAGS or (k in ARCH_BY_NAME and ARCH_BY_NAME[k].kind is bool)
+                                   else pl.String if k in ARCH_BY_NAME
                                    else pl.Int64
                                    for k in names})
     labels = df.drop([c for c in df.columns if c in used or c in result.columns])
@@ -374,7 +388,7 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
     """``df`` with the shape of each row whose ``model`` cell names a model of ``models`` (default:
     the presets, :data:`~vtrain_fast.plan.models.MODEL_PRESETS`, ``vtrain-fast presets``) filled
     into its empty or missing shape cells (num_layers, hidden_size, num_attention_heads,
-    num_query_groups, ffn_hidden_size, vocab_size, seq_length, gated_mlp); a cell the row gives
+    num_query_groups, ffn_hidden_size, vocab_size, seq_length and the architecture flags); a cell the row gives
     overrides the model's. Other ``model`` values stay labels."""
     if "model" not in df.columns:
         return df
@@ -384,7 +398,15 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
     if not shapes:
         return df
     for col in MODEL_FIELDS:
-        preset = pl.Series(col, [int(getattr(shapes[n], col)) if n in shapes else None for n in names], dtype=pl.Int64)
+        fl = ARCH_BY_NAME.get(col)
+        values = [getattr(shapes[n], col) if n in shapes else None for n in names]
+        if fl is None:
+            preset = pl.Series(col, [None if v is None else int(v) for v in values], dtype=pl.Int64)
+        elif fl.kind is bool and col in df.columns and df.schema[col] == pl.Boolean:
+            preset = pl.Series(col, values, dtype=pl.Boolean)
+        else:       # text, as the column is read (true / false, a choice)
+            preset = pl.Series(col, [None if v is None else str(v).lower() if fl.kind is bool else v for v in values],
+                               dtype=pl.String)
         if col not in df.columns:
             df = df.with_columns(preset)
         else:

@@ -351,6 +351,22 @@ def _is_gated(row):
     return "llama" in (row.get("model") or "").lower()
 
 
+def _arch(row) -> dict:
+    """The architecture flags of a row's model (:mod:`vtrain_fast.model.arch`; the CSV has no
+    column for them), by family: Llama's layer (SwiGLU, RMSNorm, RoPE, no biases, untied head);
+    MPT's (llm-foundry's mpt yamls: no_bias, ALiBi, tied); BLOOM's (ALiBi, tied); GPT's otherwise
+    (Megatron-LM's defaults: GPT-3 and the Megatron papers' models tie the head)."""
+    model = (row.get("model") or "").lower()
+    if "llama" in model:
+        return dict(gated_mlp=True, normalization="RMSNorm", position_embedding_type="rope", add_bias_linear=False,
+                    untie_embeddings_and_output_weights=True)
+    if "mpt" in model:
+        return dict(position_embedding_type="none", add_bias_linear=False)
+    if "bloom" in model:
+        return dict(position_embedding_type="none")
+    return {}
+
+
 def _r_gpu(row):
     if gpu_preset(row.get("gpu")) is None:
         return f"GPU {row.get('gpu')!r}: no preset"
@@ -490,7 +506,8 @@ def plan_row(row: dict) -> tuple[dict, str]:
     plan = dict(
         id=row["id"], num_layers=row["num_layers"], hidden_size=row["hidden_size"],
         num_attention_heads=row["num_heads"], num_query_groups=row["num_kv_heads"], ffn_hidden_size=ffn,
-        vocab_size=row["vocab_size"], seq_length=row["seq_len"], gated_mlp=str(gated).lower(),
+        vocab_size=row["vocab_size"], seq_length=row["seq_len"],
+        **{k: str(v).lower() if isinstance(v, bool) else v for k, v in ({"gated_mlp": gated} | _arch(row)).items()},
         global_batch_size=row["global_batch_size"],
         micro_batch_size=row["micro_batch_size"], tp=row["tp"], pp=row["pp"], dp=row["dp"],
         num_gpus=row["num_gpus"], gpu=gm.preset, recompute=_recompute(row), precision=_precision(row),

@@ -37,7 +37,9 @@ from ..model import sweep as ks
 from ..model.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from ..model.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from ..model.params import HW_FIELDS
-from ..io.schema import INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, resolve_objectives, setting_array
+from ..io.schema import (INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, arch_array, resolve_objectives,
+                         setting_array)
+from ..model.arch import BY_NAME as ARCH_BY_NAME
 from ..plan.spec import RECOMPUTE_VALUES
 from ..io.writer import (PartWriter,
                      candidate_name, part_name, storage_schema)
@@ -347,7 +349,7 @@ class _ArrowBuilder:
             a = arrays.get(f.name)
             if a is None:
                 row = b.inputs[self.input_rows[f.name], :n]
-                a = pa.array(row != 0) if f.type == pa.bool_() else pa.array(row)   # gated_mlp: 0/1
+                a = arch_array(f.name, row) if f.name in ARCH_BY_NAME else pa.array(row)
             cols.append(a)
         schema = STORAGE_SCHEMA
         if index is not None:

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from .errors import InputError, did_you_mean
 from ..model import params as step     # the output layout; no Numba
+from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
 from ..model.settings import BY_NAME, SETTINGS
 
 
@@ -36,7 +37,10 @@ INPUT_COLUMNS = (
     Column("ffn_hidden_size", pa.int64(), "", "MLP inner width"),
     Column("vocab_size", pa.int64(), "", "vocabulary size"),
     Column("seq_length", pa.int64(), "tokens", "sequence length s"),
-    Column("gated_mlp", pa.bool_(), "", "gated (SwiGLU) MLP of three h x ffn_hidden_size matrices (Megatron --swiglu)"),
+    # the architecture flags, from their registry (vtrain_fast.model.arch), in its order
+    *(Column(fl.name, pa.bool_() if fl.kind is bool else _dict, "",
+             f"{fl.doc} (Megatron-LM {fl.megatron})" + (f": {' | '.join(fl.choices)}" if fl.choices else ""))
+      for fl in ARCH_FLAGS),
     Column("num_tokens", pa.float64(), "tokens", "tokens to train on"),
     Column("gpu", _dict, "", "GPU preset"),
     Column("num_gpus", pa.int64(), "", "GPUs in the job (tp x pp x dp)"),
@@ -68,6 +72,16 @@ def setting_values(column: str, field_values):
     if st.kind is str:
         return [st.decode(v) for v in field_values]
     return field_values.astype("int64") if st.kind is int else field_values != 0.0
+
+
+def arch_array(column: str, codes) -> pa.Array:
+    """The Arrow column of architecture flag ``column`` from its model-table codes (``int`` array,
+    ``ArchFlag.encode``): booleans, or a dictionary over a ``str`` flag's choices."""
+    fl = ARCH_BY_NAME[column]
+    if fl.kind is str:
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype("int32")), pa.array(fl.choices, pa.string()),
+                                              safe=False)
+    return pa.array(codes != 0)
 
 
 def setting_array(column: str, field_values, rows) -> pa.Array:
@@ -104,7 +118,7 @@ _OUT_DOCS = {
     "bubble_s": ("s", "pipeline fill and drain (1F1B)"),
     "optimizer_s": ("s", "Adam step"),
     "overhead_s": ("s", "fixed host time per iteration (fitted; 0 in the shipped A100 calibration)"),
-    "num_parameters": ("", "total parameters (untied embeddings)"),
+    "num_parameters": ("", "total parameters (a tied LM head counted once: model.memory.model_params)"),
     "num_micro_batches": ("", "micro-batches per pipeline per step"),
     "num_steps": ("", "optimizer steps to consume num_tokens"),
     "train_days": ("days", "wall-clock training time"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ._jit import jit
 from .ops import fused_softmax
+from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .params import H_OPT_SHARD, H_ZERO_STAGE
 
 STATE_BYTES_PER_PARAM = 16.0
@@ -62,26 +63,50 @@ def zero3_gathered_bytes(layer_params_on_rank, d, stage):
 
 
 @jit
-def layer_params(h, a, g, f, gated=0.0):
-    """Parameters of one transformer layer (weights and biases; 2 layer norms); a gated MLP
-    (``gated`` 1, SwiGLU) has three ``h x f`` matrices instead of two."""
-    qkv_out = h + 2.0 * h * g / a
-    return h * qkv_out + qkv_out + h * h + h + (2.0 + gated) * h * f + (1.0 + gated) * f + h + 4.0 * h
+def norm_params(h, arch):
+    """Parameters of one normalization over ``h``: weight and bias (``2h``) for LayerNorm, the
+    weight (``h``) for RMSNorm (``arch.normalization``, :mod:`vtrain_fast.model.arch`)."""
+    return h if arch.normalization == RMSNORM else 2.0 * h
 
 
 @jit
-def layer_params_per_rank(h, a, g, f, t, gated=0.0):
-    """Parameters of one layer held by one tensor-parallel rank (layer norms and row-parallel
-    biases are replicated; ``gated`` as :func:`layer_params`)."""
+def layer_params(h, a, g, f, arch=DEFAULT_ARCH):
+    """Parameters of one transformer layer: the four linears' weights (a gated MLP,
+    ``arch.gated_mlp`` 1, SwiGLU, has three ``h x f`` matrices instead of two), their biases
+    (``arch.add_bias_linear``) and two norms (:func:`norm_params`)."""
+    gated = arch.gated_mlp
     qkv_out = h + 2.0 * h * g / a
-    return (h * qkv_out + qkv_out + h * h + (2.0 + gated) * h * f + (1.0 + gated) * f) / t + h + h + 4.0 * h
+    weights = h * qkv_out + h * h + (2.0 + gated) * h * f
+    biases = arch.add_bias_linear * (qkv_out + h + (1.0 + gated) * f + h)
+    return weights + biases + 2.0 * norm_params(h, arch)
 
 
 @jit
-def model_params(num_layers, h, a, g, f, v, s, gated=0.0):
-    """Total parameters: layers (``gated`` as :func:`layer_params`), word embedding ``v*h``,
-    position embedding ``s*h``, final layer norm ``2h`` and an untied LM head ``v*h``."""
-    return num_layers * layer_params(h, a, g, f, gated) + 2.0 * v * h + s * h + 2.0 * h
+def layer_params_per_rank(h, a, g, f, t, arch=DEFAULT_ARCH):
+    """Parameters of one layer held by one tensor-parallel rank (:func:`layer_params`): the
+    weights and the column-parallel biases (QKV, FC1) over ``t``, the row-parallel biases
+    (projection, FC2) and the norms replicated."""
+    gated = arch.gated_mlp
+    qkv_out = h + 2.0 * h * g / a
+    split = h * qkv_out + h * h + (2.0 + gated) * h * f + arch.add_bias_linear * (qkv_out + (1.0 + gated) * f)
+    return split / t + arch.add_bias_linear * 2.0 * h + 2.0 * norm_params(h, arch)
+
+
+@jit
+def position_table_params(s, h, arch):
+    """Parameters of the position embedding: the learned ``s x h`` table, none with RoPE or none
+    (``arch.position_embedding_type``)."""
+    return s * h if arch.position_embedding_type == LEARNED_POSITIONS else 0.0
+
+
+@jit
+def model_params(num_layers, h, a, g, f, v, s, arch=DEFAULT_ARCH):
+    """Total parameters: layers (:func:`layer_params`), word embedding ``v h``, position embedding
+    (:func:`position_table_params`), final norm (:func:`norm_params`) and the LM head's ``v h``
+    unless it shares the word embedding (``arch.untie_embeddings_and_output_weights`` 0,
+    Megatron-LM's default, as GPT-3)."""
+    return (num_layers * layer_params(h, a, g, f, arch) + (1.0 + arch.untie_embeddings_and_output_weights) * v * h
+            + position_table_params(s, h, arch) + norm_params(h, arch))
 
 
 @jit

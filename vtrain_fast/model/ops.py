@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from ._jit import jit
+from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, ROPE
 from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF,
                      H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
                      H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
@@ -259,15 +260,33 @@ def sequence_split(t, hw):
     return t if hw[H_SEQ_PAR] != 0.0 else 1.0
 
 
+# Rotary position embedding (Megatron-core with Transformer Engine's fused RoPE): one kernel on q
+# and one on k each way, each reading and writing its 2-byte tensor.
+ROPE_KERNELS = 2.0
+
+
 @jit
-def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
+def rope_costs(b, s, h, a, g, t, arch):
+    """``(bytes, kernels)`` of the rotary embedding of one layer, one micro-batch, one TP rank, one
+    way (forward on q and k, backward on their gradients): ``2 x 2 x b s (h + h g/a) / t`` bytes
+    and :data:`ROPE_KERNELS` with ``arch.position_embedding_type`` rope, else ``(0, 0)``."""
+    if arch.position_embedding_type != ROPE:
+        return 0.0, 0.0
+    return 4.0 * b * s * (h + h * g / a) / t, ROPE_KERNELS
+
+
+@jit
+def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     """Forward compute seconds of one transformer layer for one micro-batch on one TP rank.
 
     Operators (Megatron-LM GPT layer, fused kernels as in Megatron-LM 2021): LN1, QKV GEMM,
     attention scores (batched GEMM), scale-mask-softmax (fused when Megatron's kernel accepts
     the shape, else five fp32 PyTorch kernels: :func:`fused_softmax`), attention dropout, context
     (batched GEMM), context permute copy, output projection GEMM, bias-dropout-add, LN2, FC1
-    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add. A gated MLP (``gated`` 1: SwiGLU, Shazeer 2020,
+    GEMM, bias-GeLU, FC2 GEMM, bias-dropout-add; with RoPE (``arch.position_embedding_type``) the
+    rotary kernels on q and k (:func:`rope_costs`). RMSNorm moves the bytes of a LayerNorm, and a
+    layer without biases (``arch.add_bias_linear`` 0) the same bytes (the bias adds are fused into
+    the GeLU and dropout-add kernels). A gated MLP (``arch.gated_mlp`` 1: SwiGLU, Shazeer 2020,
     as Llama's and Megatron-LM's ``--swiglu``) has FC1 of width ``2f`` (gate and up, one fused
     GEMM) and its activation reads ``2f`` and writes ``f`` per token. With ``flash_attn`` set in ``hw`` the scores,
     softmax, dropout and context are one :func:`flash_attention_forward_s`. With ``precision`` =
@@ -280,6 +299,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     float
         Seconds.
     """
+    gated = arch.gated_mlp
     tokens = b * s
     qkv_out = (h + 2.0 * h * g / a) / t
     time = linear_gemm_time_s(tokens, qkv_out, h, hw)
@@ -288,6 +308,9 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     time += linear_gemm_time_s(tokens, h, f / t, hw)           # FC2
     sp = sequence_split(t, hw)
     cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw)   # (0, 0) in bf16
+    rope_bytes, rope_kernels = rope_costs(b, s, h, a, g, t, arch)   # (0, 0) without RoPE
+    cast_bytes += rope_bytes
+    cast_kernels += rope_kernels
     nbytes = (
         2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
         + 4.0 * tokens * h / t          # context permute copy
@@ -304,7 +327,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, gated=0.0):
 
 
 @jit
-def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
+def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     """Backward compute seconds of one transformer layer for one micro-batch on one TP rank.
 
     Each forward GEMM becomes a data-gradient and a weight-gradient GEMM of the same FLOPs;
@@ -312,14 +335,15 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     one (a gated MLP: FC1 of width ``2f``; its activation backward reads gate, up and ``dy`` and
     writes both gradients); with ``flash_attn`` the attention core is :func:`flash_attention_backward_s`;
     with ``precision`` = fp8 the eight linear GEMMs run in FP8 and the output gradients are
-    quantized first (:func:`fp8_cast_backward`).
-    Recomputation is added by the caller. TP communication is not included.
+    quantized first (:func:`fp8_cast_backward`); with RoPE its kernels on the q and k gradients
+    (:func:`rope_costs`). Recomputation is added by the caller. TP communication is not included.
 
     Returns
     -------
     float
         Seconds.
     """
+    gated = arch.gated_mlp
     tokens = b * s
     heads = a / t
     qkv_out = (h + 2.0 * h * g / a) / t
@@ -331,6 +355,9 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, gated=0.0):
     time += linear_gemm_time_s(tokens, f / t, h, hw) + linear_gemm_time_s(f / t, h, tokens, hw)
     sp = sequence_split(t, hw)
     cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated)   # (0, 0) in bf16
+    rope_bytes, rope_kernels = rope_costs(b, s, h, a, g, t, arch)   # (0, 0) without RoPE
+    cast_bytes += rope_bytes
+    cast_kernels += rope_kernels
     nbytes = (
         2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx
         + 4.0 * tokens * h / t          # context permute copy
@@ -433,15 +460,24 @@ def flash_attention_backward_s(b, s, h, a, g, t, hw):
 
 
 @jit
-def embedding_forward_s(b, s, h, hw):
-    """Forward seconds of word + position embedding lookup, add and dropout (first stage)."""
-    return memory_bound_time_s(b * s * h * (2.0 + 2.0 + 2.0 + 5.0), 3.0, hw)
+def learned_positions(arch):
+    """1.0 when the model has a learned position table (``arch.position_embedding_type``
+    learned_absolute), else 0.0."""
+    return 1.0 if arch.position_embedding_type == LEARNED_POSITIONS else 0.0
 
 
 @jit
-def embedding_s(b, s, h, v, t, hw):
+def embedding_forward_s(b, s, h, hw, arch=DEFAULT_ARCH):
+    """Forward seconds of the word embedding lookup (read and write 2 bytes per element), the
+    position lookup and add (2 + 2 more, with a learned position table: :func:`learned_positions`)
+    and dropout (first stage)."""
+    return memory_bound_time_s(b * s * h * (2.0 + 2.0 * learned_positions(arch) + 2.0 + 5.0), 3.0, hw)
+
+
+@jit
+def embedding_s(b, s, h, v, t, hw, arch=DEFAULT_ARCH):
     """Forward plus backward seconds of the embeddings (a host-bound floor applies)."""
-    gpu = embedding_forward_s(b, s, h, hw) + embedding_backward_s(b, s, h, v, t, hw)
+    gpu = embedding_forward_s(b, s, h, hw, arch) + embedding_backward_s(b, s, h, v, t, hw, arch)
     return phase_s(gpu, EMBEDDING_KERNELS, hw)
 
 
@@ -453,11 +489,11 @@ def head_s(b, s, h, v, t, hw):
 
 
 @jit
-def embedding_backward_s(b, s, h, v, t, hw):
+def embedding_backward_s(b, s, h, v, t, hw, arch=DEFAULT_ARCH):
     """Backward seconds of the embeddings: dropout backward and scatter-add of gradients into
-    the (vocab-parallel) word and position embedding tables, including zeroing the dense
-    ``v/t x h`` gradient table."""
-    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0) + 2.0 * v * h / t, 4.0, hw)
+    the (vocab-parallel) word embedding table and, when learned (:func:`learned_positions`), the
+    position table, including zeroing the dense ``v/t x h`` gradient table."""
+    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0 * learned_positions(arch)) + 2.0 * v * h / t, 4.0, hw)
 
 
 @jit

@@ -8,6 +8,7 @@ Field meanings, units and sources live in :mod:`vtrain_fast.hardware.gpus`.
 """
 from __future__ import annotations
 
+from .arch import ARCH_NAMES
 from .settings import BY_NAME, SETTINGS
 
 # Hardware, price and calibration fields, then one field per training setting (its registry name,
@@ -91,16 +92,21 @@ CALIBRATION_FIELDS = (
 )
 
 
-# Model layout: column k of the int64 model table the sweep kernels read (one row per model;
-# gated_mlp 1 for a SwiGLU MLP, 0 for GPT's two-matrix MLP).
-MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp")
+# Model layout: column k of the int64 model table the sweep kernels read (one row per model): the
+# sizes, then one column per architecture flag (vtrain_fast.model.arch, its ArchFlag.encode code:
+# gated_mlp 1 for a SwiGLU MLP, normalization 1 for RMSNorm, ...), in registry order.
+MODEL_SIZES = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+               "ffn_hidden_size", "vocab_size", "seq_length")
+MODEL_FIELDS = MODEL_SIZES + ARCH_NAMES
 NUM_MODEL_FIELDS = len(MODEL_FIELDS)
-(MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ, MD_GATED) = range(NUM_MODEL_FIELDS)
+(MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ) = range(len(MODEL_SIZES))
+MD_ARCH = len(MODEL_SIZES)       # first architecture column (Arch(*row[MD_ARCH:]))
+NUM_ARCH = len(ARCH_NAMES)
 # Row layout of the explicit configurations evaluate_rows walks (int64 matrix, one column each).
 ROW_FIELDS = MODEL_FIELDS + ("global_batch_size", "micro_batch_size", "tp", "cp", "pp", "dp", "recompute")
-(R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GATED, R_GBS, R_MBS, R_TP, R_CP, R_PP, R_DP,
- R_RECOMPUTE) = range(len(ROW_FIELDS))
+(R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ) = range(len(MODEL_SIZES))
+R_ARCH = MD_ARCH
+(R_GBS, R_MBS, R_TP, R_CP, R_PP, R_DP, R_RECOMPUTE) = range(NUM_MODEL_FIELDS, len(ROW_FIELDS))
 
 
 # Output layout: row k of the float64 output matrix. vtrain_fast.io.schema describes each column.

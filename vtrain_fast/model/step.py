@@ -24,6 +24,7 @@ from . import comm, memory, ops
 from .layout import Layout, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401 (Layout: for callers)
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import hw_index
+from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
 H_PARAM_GATHER = hw_index("overlap_param_gather")  # 1: parameter all-gather behind the next forward
@@ -72,10 +73,10 @@ SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "cross
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
                "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes",
                "layers_first", "layers_middle", "layers_last", "params_middle", "accumulate_first_s",
-               "accumulate_last_s")
+               "accumulate_last_s", "embedding_sync_s")
 NUM_SPLIT = len(SPLIT_NAMES)
 (S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
- S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST) = range(NUM_SPLIT)
+ S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -249,7 +250,7 @@ def fill_nan(out, i):
 
 
 @jit
-def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
+def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH):
     """Costs of one micro-batch that depend only on the model, the machine, ``b`` and ``t``.
 
     Parameters
@@ -259,6 +260,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
         ffn_hidden_size, vocab_size, tp.
     hw : numpy.ndarray
         Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
+    arch : Arch
+        The model's architecture flags (:mod:`vtrain_fast.model.arch`).
 
     Returns
     -------
@@ -282,6 +285,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
         (:func:`~vtrain_fast.model.memory.fp8_activation_saving_bytes` fewer).
     """
     sbh2 = 2.0 * b * s * h
+    gated = arch.gated_mlp
     fp8 = 1.0 if ops.fp8_on(hw) else 0.0
     if hw[H_SEQ_PAR] != 0.0:
         # the activation between stages is already split over the TP ranks: each sends its
@@ -291,11 +295,11 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, gated=0.0):
     else:
         gather = comm.intra_allgather_s(sbh2, t, hw)
         tp_exchange = comm.group_allreduce_s(sbh2, t, 1.0, hw)
-    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw, gated),
-            ops.layer_backward_s(b, s, h, a, g, f, t, hw, gated),
+    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch),
+            ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch),
             tp_exchange,
             comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
-            ops.embedding_s(b, s, h, v, t, hw),
+            ops.embedding_s(b, s, h, v, t, hw, arch),
             ops.head_s(b, s, h, v, t, hw),
             gather,
             comm.p2p_s(sbh2 / t, False, hw),
@@ -385,7 +389,7 @@ def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0):
 
 
 @jit
-def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
+def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     """Costs that depend on the model, the machine and the parallel layout but not on the
     batch sizes or recomputation.
 
@@ -397,13 +401,16 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
         Parallel layout (:mod:`vtrain_fast.model.layout`).
     hw : numpy.ndarray
         Machine vector.
+    arch : Arch
+        The model's architecture flags (:mod:`vtrain_fast.model.arch`).
 
     Returns
     -------
     tuple of float
         ``NUM_SPLIT`` values laid out as :data:`SPLIT_NAMES`: parameters per GPU on the first
-        and the last stage (the first carries the word and position embeddings, the last the
-        LM head and final layer norm; one stage carries all), the data-parallel gradient
+        and the last stage (the first carries the word and the learned position embeddings, the
+        last the LM head and final norm, its own copy of the word embedding when they are tied;
+        one stage carries all, the shared table once when tied), the data-parallel gradient
         all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
         of the two stages), the Adam seconds of the larger
         stage, 1.0 when the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride`
@@ -413,23 +420,31 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
         (:func:`~vtrain_fast.model.memory.sharding_stage`) the seconds of one all-gather of a
         layer's, the embeddings' and the head's fp16 parameters over the data-parallel group and
         the bytes held gathered (:func:`~vtrain_fast.model.memory.zero3_gathered_bytes`), else 0.
-        With ZeRO 1-3 the exchange is a reduce-scatter plus an all-gather.
+        With ZeRO 1-3 the exchange is a reduce-scatter plus an all-gather. Last, the seconds of
+        the all-reduce of the tied word embedding's gradient between the first and the last
+        stage (Megatron-LM's embedding group, ``2 v h / t`` bytes, after the backward; 0 at
+        ``pp = 1`` or when untied).
     """
     t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
     dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
     zero = memory.sharding_stage(hw)
-    p_layer = memory.layer_params_per_rank(h, a, g, f, t, gated)
+    p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
     l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
     p_body = l_first * p_layer             # the first stage's layers (L / p each when even)
     p_body_last = l_last * p_layer
     p_mid = l_mid * p_layer
-    p_emb = v * h / t + s * h              # word embedding shard + position embedding
-    p_head = v * h / t + 2.0 * h           # LM head shard + final layer norm
-    p_first = p_body + v * h / t + s * h   # (summed in this order: golden results stay bit for bit)
-    p_last = p_body_last + v * h / t + 2.0 * h
+    untied = arch.untie_embeddings_and_output_weights
+    p_emb = v * h / t + memory.position_table_params(s, h, arch)   # word embedding shard + positions
+    p_head = v * h / t + memory.norm_params(h, arch)               # LM head shard + final norm
+    p_first = p_body + p_emb
+    p_last = p_body_last + p_head
+    emb_sync_s = 0.0
     if p == 1.0:
-        p_first = p_body + 2.0 * v * h / t + s * h + 2.0 * h
+        p_first = p_body + p_emb + p_head - (1.0 - untied) * v * h / t   # a tied head is the word embedding
         p_last = p_first
+    elif untied == 0.0:
+        # Megatron-LM keeps the tied table on both ends and all-reduces its gradient between them
+        emb_sync_s = comm.group_allreduce_s(2.0 * v * h / t, 2.0, (p - 1.0) * float(pp_stride(lay)), hw)
     if zero >= 1.0:
         # ZeRO: gradient reduce-scatter + parameter all-gather (per iteration at stage 1, the
         # reduce-scatter per micro-batch at stage 2, per layer at stage 3: see schedule)
@@ -456,19 +471,22 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, gated=0.0):
         ag_layer = comm.group_allgather_s(2.0 * p_layer, d, dp_apart, hw)
         ag_emb = comm.group_allgather_s(2.0 * p_emb, d, dp_apart, hw)
         ag_head = comm.group_allgather_s(2.0 * p_head, d, dp_apart, hw)
+    # one stage with a tied head: the shared table is accumulated once (with the embedding's)
+    acc_head = p_head - (1.0 - untied) * v * h / t if p == 1.0 else p_head
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_mid,
-            per_param * p_emb, per_param * p_head, ag_layer, ag_emb, ag_head,
+            per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
             memory.zero3_gathered_bytes(p_layer, d, zero), l_first, l_mid, l_last, p_mid,
-            per_param * p_body, per_param * p_body_last)
+            per_param * p_body, per_param * p_body_last, emb_sync_s)
 
 
 @jit
-def model_totals(L, h, a, g, f, v, s, num_tokens, gated=0.0):
-    """``(num_parameters, forward_flops_per_token, loss)`` of a model trained on
-    ``num_tokens`` tokens (:func:`~vtrain_fast.model.memory.model_params`,
+def model_totals(L, h, a, g, f, v, s, num_tokens, arch=DEFAULT_ARCH):
+    """``(num_parameters, forward_flops_per_token, loss)`` of a model (architecture flags ``arch``)
+    trained on ``num_tokens`` tokens (:func:`~vtrain_fast.model.memory.model_params`,
     :func:`forward_flops_per_token`, :func:`chinchilla_loss`); layout :data:`TOTAL_NAMES`."""
-    n_params = memory.model_params(L, h, a, g, f, v, s, gated)
-    return n_params, forward_flops_per_token(L, h, a, g, f, v, s, gated), chinchilla_loss(n_params, num_tokens)
+    n_params = memory.model_params(L, h, a, g, f, v, s, arch)
+    return (n_params, forward_flops_per_token(L, h, a, g, f, v, s, arch.gated_mlp),
+            chinchilla_loss(n_params, num_tokens))
 
 
 @jit
@@ -628,6 +646,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
                          + half - hw[H_PARAM_GATHER] * min(half, gather_window))
     else:
         dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
+    dp_comm_s += split[S_EMB_SYNC]          # the tied embedding's gradient (pp > 1), after the backward
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
@@ -721,7 +740,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
 
 
 @jit
-def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, gated=0.0):
+def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch=DEFAULT_ARCH):
     """Evaluate one configuration and write its outputs into column ``i`` of ``out``.
 
     Composition: :func:`validate_shape`, then :func:`micro_batch_costs`, :func:`split_costs`
@@ -749,8 +768,9 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, gate
         :data:`OUTPUT_NAMES`.
     i : int
         Column to write.
-    gated : float
-        1.0 for a gated (SwiGLU) MLP of three ``h x f`` matrices, 0.0 (default) for GPT's two.
+    arch : Arch
+        The model's architecture flags (:mod:`vtrain_fast.model.arch`; default: Megatron-LM's GPT
+        layer, a GeLU MLP, LayerNorm, learned positions, biases and a tied head).
 
     Returns
     -------
@@ -770,6 +790,6 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, gate
     L = float(L); h = float(h); a = float(a); g = float(g); f = float(f); v = float(v)
     s = float(s); B = float(B); b = float(b)
     return schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw,
-                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw, gated),
-                    split_costs(L, h, a, g, f, v, s, lay, hw, gated),
-                    model_totals(L, h, a, g, f, v, s, num_tokens, gated), out, i)
+                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw, arch),
+                    split_costs(L, h, a, g, f, v, s, lay, hw, arch),
+                    model_totals(L, h, a, g, f, v, s, num_tokens, arch), out, i)

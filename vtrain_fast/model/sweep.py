@@ -24,9 +24,10 @@ import numpy as np
 from numba import prange
 
 from ._jit import jit, pjit
+from .arch import NUM_FLAGS, Arch
 from .layout import Layout, split_world
-from .params import (H_GPUS_PER_NODE, MD_FFN, MD_GATED, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
-                     NUM_MODEL_FIELDS, ROW_FIELDS, R_CP, R_DP, R_FFN, R_GATED, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
+from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
+                     MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, stage_layers, step, validate_batch,
@@ -44,13 +45,12 @@ PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_PP)
 
 # Integer input columns written by the sweep kernel: rows of the int64 input matrix.
 INPUT_NAMES = (
-    "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
-    "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "num_gpus", "num_nodes",
+    "model_index", "gpu_index", *MODEL_FIELDS, "num_gpus", "num_nodes",
     "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
 NUM_INPUTS = len(INPUT_NAMES)
-(I_MODEL, I_GPU, I_LAYERS, I_HIDDEN, I_HEADS, I_GROUPS, I_FFN, I_VOCAB, I_SEQ, I_GATED, I_NUM_GPUS,
- I_NUM_NODES, I_TP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(NUM_INPUTS)
+(I_MODEL, I_GPU, I_LAYERS) = range(3)      # the model's columns follow, MODEL_FIELDS order
+(I_NUM_GPUS, I_NUM_NODES, I_TP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(2 + NUM_MODEL_FIELDS, NUM_INPUTS)
 
 # Points per prange iteration of the range drivers (one decode of the flat index each).
 BLOCK = 1024
@@ -119,6 +119,14 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
     return gi, num_gpus, (num_gpus + gpn - 1) // gpn, lay, ok
 
 
+@jit
+def model_arch(models, mi):
+    """The :data:`~vtrain_fast.model.arch.Arch` of row ``mi`` of the model table (its flag columns
+    from ``MD_ARCH`` on, as floats)."""
+    return Arch(float(models[mi, MD_ARCH]), float(models[mi, MD_ARCH + 1]), float(models[mi, MD_ARCH + 2]),
+                float(models[mi, MD_ARCH + 3]), float(models[mi, MD_ARCH + 4]))
+
+
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
 # budget, :func:`~vtrain_fast.model.step.split_costs` and
 # :func:`~vtrain_fast.model.step.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
@@ -128,8 +136,9 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 16 or NUM_SPLIT != 18 or NUM_TOTALS != 3:     # grid_point unpacks them by hand
-    raise ImportError("model.sweep.grid_point is out of date with model.step's tuple layouts")
+if NUM_MICRO != 16 or NUM_SPLIT != 19 or NUM_TOTALS != 3 or NUM_FLAGS != 5:     # grid_point unpacks them by hand
+    raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
+                      "or model.arch's flags")
 
 
 @jit
@@ -205,17 +214,17 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
     L, h, a = float(models[mi, MD_LAYERS]), float(models[mi, MD_HIDDEN]), float(models[mi, MD_HEADS])
     g, f = float(models[mi, MD_GROUPS]), float(models[mi, MD_FFN])
     v, s = float(models[mi, MD_VOCAB]), float(models[mi, MD_SEQ])
-    gm = float(models[mi, MD_GATED])
+    arch = model_arch(models, mi)
     if ctx[CTX_FILLED] == 0.0:
-        sc = split_costs(L, h, a, g, f, v, s, lay, hw, gm)
+        sc = split_costs(L, h, a, g, f, v, s, lay, hw, arch)
         for k in range(NUM_SPLIT):
             ctx[k] = sc[k]
-        mt = model_totals(L, h, a, g, f, v, s, tok, gm)
+        mt = model_totals(L, h, a, g, f, v, s, tok, arch)
         for k in range(NUM_TOTALS):
             ctx[NUM_SPLIT + k] = mt[k]
         ctx[CTX_FILLED] = 1.0
     if micro_ok[db] == 0:
-        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, gm)
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, arch)
         for k in range(NUM_MICRO):
             micro[db, k] = mc[k]
         micro_ok[db] = 1
@@ -224,7 +233,8 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
           micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15])
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10],
-                   ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17]), (ctx[18], ctx[19], ctx[20]),
+                   ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18]),
+                  (ctx[19], ctx[20], ctx[21]),
                   out, j)
     status[j] = st
     return st
@@ -644,7 +654,9 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
         lay = Layout(cols[R_TP, j], cols[R_CP, j], cols[R_DP, j], cols[R_PP, j])
         status[j] = step(cols[R_LAYERS, j], cols[R_HIDDEN, j], cols[R_HEADS, j], cols[R_GROUPS, j], cols[R_FFN, j],
                          cols[R_VOCAB, j], cols[R_SEQ, j], cols[R_GBS, j], cols[R_MBS, j], lay,
-                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j, float(cols[R_GATED, j]))
+                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j,
+                         Arch(float(cols[R_ARCH, j]), float(cols[R_ARCH + 1, j]), float(cols[R_ARCH + 2, j]),
+                              float(cols[R_ARCH + 3, j]), float(cols[R_ARCH + 4, j])))
 
 
 def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:

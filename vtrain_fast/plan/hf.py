@@ -233,13 +233,13 @@ class Feature:
 # untie_embeddings_and_output_weights, ...), set written=True in its row: the importer then
 # writes the value into the model table instead of a note.
 FEATURES: tuple[Feature, ...] = (
-    Feature("position_embedding_type", _position_value, lambda s: "learned_absolute", _position_note),
-    Feature("normalization", lambda c, a: a.normalization, lambda s: "LayerNorm", _norm_note),
-    Feature("add_bias_linear", _biases, lambda s: True, _bias_note),
+    Feature("position_embedding_type", _position_value, lambda s: "learned_absolute", _position_note, written=True),
+    Feature("normalization", lambda c, a: a.normalization, lambda s: "LayerNorm", _norm_note, written=True),
+    Feature("add_bias_linear", _biases, lambda s: True, _bias_note, written=True),
     Feature("add_qkv_bias", lambda c, a: a.qkv_bias, lambda s: False,
             lambda v, c, a, s: f"{a.label} has biases on the query, key and value projections only; the model "
                                "counts them with the other biases"),
-    Feature("untie_embeddings_and_output_weights", _tie_value, lambda s: True, _tie_note),
+    Feature("untie_embeddings_and_output_weights", _tie_value, lambda s: True, _tie_note, written=True),
     Feature("activation", _activation_value,
             lambda s: "silu" if s["gated_mlp"] else "gelu", _activation_note),
     Feature("qk_layernorm", lambda c, a: a.qk_layernorm, lambda s: False,

@@ -1,6 +1,7 @@
-"""Model presets: dense decoder-only transformers (GPT-2/3 style layer: LayerNorm, GeLU MLP,
-learned position embedding, untied output layer); Llama 2/3 shapes with their SwiGLU MLP as an
-equivalent 1.5x-wide GeLU MLP. The shapes and their sources are data:
+"""Model presets: dense decoder-only transformers. A shape is its sizes and its architecture flags
+(the registry :mod:`vtrain_fast.model.arch`: gated MLP, normalization, position embedding, linear
+biases, tied or untied output layer; Megatron-LM's GPT layer by default, the Llama presets set
+theirs). The shapes and their sources are data:
 ``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables, in the spec
 or in model files it names (``model_files``; ``vtrain-fast import-hf`` writes them from Hugging Face
 configs, :mod:`vtrain_fast.plan.hf`).
@@ -16,12 +17,27 @@ from pathlib import Path
 
 from ..io.errors import InputError, did_you_mean
 from ..io.inputs import read_toml
-from ..model.params import MODEL_FIELDS
+from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
+from ..model.params import MODEL_FIELDS, MODEL_SIZES
 
 DEFAULT_VOCAB_SIZE = 50257
 
 
-@dataclass(frozen=True)
+def _with_arch_flags(cls):
+    """``cls`` as a frozen dataclass with one field per architecture flag after its own (name,
+    kind and default from the registry, :data:`vtrain_fast.model.arch.ARCH_FLAGS`), ``source`` last."""
+    source = cls.__annotations__.pop("source")
+    default_source = cls.__dict__["source"]
+    delattr(cls, "source")
+    for fl in ARCH_FLAGS:
+        cls.__annotations__[fl.name] = fl.kind.__name__
+        setattr(cls, fl.name, fl.default)
+    cls.__annotations__["source"] = source
+    cls.source = default_source
+    return dataclass(frozen=True)(cls)
+
+
+@_with_arch_flags
 class ModelShape:
     """One transformer shape.
 
@@ -31,9 +47,9 @@ class ModelShape:
     num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
     vocab_size, seq_length : int
         Megatron-LM's arguments of the same names.
-    gated_mlp : bool
-        A gated (SwiGLU) MLP of three ``hidden_size x ffn_hidden_size`` matrices (Megatron-LM
-        ``--swiglu``; Llama), ``ffn_hidden_size`` as published (Hugging Face ``intermediate_size``).
+    gated_mlp, normalization, position_embedding_type, add_bias_linear, untie_embeddings_and_output_weights
+        The architecture flags (:data:`vtrain_fast.model.arch.ARCH_FLAGS`: their kinds, defaults
+        and meanings), fields added from the registry.
     source : str
         Paper and table the shape comes from.
     """
@@ -46,7 +62,6 @@ class ModelShape:
     num_query_groups: int = 0   # 0 -> num_attention_heads
     ffn_hidden_size: int = 0    # 0 -> 4 * hidden_size
     vocab_size: int = DEFAULT_VOCAB_SIZE
-    gated_mlp: bool = False
     source: str = ""
 
     def resolved(self) -> "ModelShape":
@@ -60,10 +75,15 @@ class ModelShape:
 
     def as_row(self) -> tuple[int, ...]:
         """Integers in the kernels' model order (:data:`~vtrain_fast.model.params.MODEL_FIELDS`:
-        num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
-        vocab_size, seq_length)."""
+        the sizes num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
+        vocab_size, seq_length, then each architecture flag's code, ``ArchFlag.encode``)."""
         r = self.resolved()
-        return tuple(int(getattr(r, k)) for k in MODEL_FIELDS)
+        return (tuple(int(getattr(r, k)) for k in MODEL_SIZES)
+                + tuple(fl.encode(getattr(r, fl.name)) for fl in ARCH_FLAGS))
+
+    def arch_values(self) -> dict:
+        """The architecture flags by name."""
+        return {fl.name: getattr(self, fl.name) for fl in ARCH_FLAGS}
 
 
 # ranges of the shape arguments (the spec's and evaluate's checks use them too)
@@ -91,7 +111,7 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise InputError(where, "models", tables, "[models.<name>] tables, one per model shape",
                          "e.g. [models.my-7b] with num_layers, hidden_size, num_attention_heads, seq_length")
-    allowed = set(MODEL_INT_RANGES) | {"gated_mlp", "source", "source_note"}
+    allowed = set(MODEL_INT_RANGES) | set(ARCH_BY_NAME) | {"source", "source_note"}
     out = {}
     for name, t in tables.items():
         here = f"{where}: [models.{name}]"
@@ -110,11 +130,7 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
                 if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                     raise InputError(here, k, v, f"a whole number from {lo:,} to {hi:,}")
                 kw[k] = v
-        if "gated_mlp" in t:
-            if not isinstance(t["gated_mlp"], bool):
-                raise InputError(here, "gated_mlp", t["gated_mlp"], "true or false",
-                                 "gated_mlp = true for a SwiGLU MLP (three h x f matrices, ffn_hidden_size as published)")
-            kw["gated_mlp"] = t["gated_mlp"]
+        kw.update(arch_flags_from_table(here, t))
         src = t.get("source", "")
         if not isinstance(src, str) or not isinstance(t.get("source_note", ""), str):
             raise InputError(here, "source", src, "a string")
@@ -123,6 +139,28 @@ def models_from_tables(tables: dict, where: str, sources: dict | None = None) ->
             text += f" ({t['source_note']})"
         out[name] = ModelShape(name=name, source=text, **kw).resolved()
     return out
+
+
+def arch_flag_value(where: str, key: str, fl, value):
+    """``value`` of architecture flag ``fl`` checked (its registry kind and choices) and in the
+    registry's spelling.
+
+    Raises
+    ------
+    InputError
+        Naming ``where`` and ``key``, the allowed values and an example.
+    """
+    if not fl.check(value):
+        example = ("true" if not fl.default else "false") if fl.kind is bool else f'"{fl.choices[-1]}"'
+        fix = (did_you_mean(value, fl.choices, f"e.g. {fl.name} = {example}") if isinstance(value, str) and fl.kind is str
+               else f"e.g. {fl.name} = {example}, without quotes" if fl.kind is bool else f"e.g. {fl.name} = {example}")
+        raise InputError(where, key, value, f"{fl.allowed()} ({fl.doc})", fix)
+    return fl.canonical(value)
+
+
+def arch_flags_from_table(where: str, table: dict) -> dict:
+    """The architecture flags a model table gives (:func:`arch_flag_value` each), by name."""
+    return {fl.name: arch_flag_value(where, fl.name, fl, table[fl.name]) for fl in ARCH_FLAGS if fl.name in table}
 
 
 def _load_presets() -> dict[str, ModelShape]:

@@ -72,7 +72,8 @@ from ..io.errors import InputError, check_plain_name, did_you_mean
 from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
-from .models import DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
+from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
+from .models import arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
 from ..model.settings import BY_NAME, CHOICES, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
@@ -96,7 +97,7 @@ INT_RANGES = {
 }
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-              "ffn_hidden_size", "seq_length", "vocab_size", "gated_mlp"},
+              "ffn_hidden_size", "seq_length", "vocab_size", *ARCH_BY_NAME},
     "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute",
                  *(st.name for st in SETTINGS if st.table == "training")},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
@@ -554,8 +555,16 @@ def shape_name(shape: dict, given=None) -> str:
         differ only in them get different names). Default: every key of ``shape``.
     """
     given = set(shape if given is None else given)
-    return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given]
-                    + (["swiglu"] if shape.get("gated_mlp") else []))
+    flags = [(fl.suffix or str(shape[fl.name]).lower()) for fl in ARCH_FLAGS
+             if fl.name in shape and shape[fl.name] != fl.default]
+    return "-".join(["custom"] + [f"{shape[k]}{tag}" for k, tag in _NAME_PARTS if k in given] + flags)
+
+
+def _arch_values(where, fl, value) -> tuple:
+    """``model.<flag>``: one value of architecture flag ``fl`` or a list (then an axis)."""
+    key = f"model.{fl.name}"
+    return tuple(dict.fromkeys(arch_flag_value(where, key, fl, v)
+                               for v in _as_list(where, key, value, fl.allowed())))
 
 
 def _models(where, t: dict, known: dict | None = None) -> tuple:
@@ -573,8 +582,8 @@ def _models(where, t: dict, known: dict | None = None) -> tuple:
             if k not in t:
                 raise InputError(where, f"model.{k}", None, "required when giving model shapes",
                                  f"add model.{k} (or use model.presets only)")
-        axes = {k: _flags(where, k, t[k], "a gated (SwiGLU) MLP: three h x f matrices", "model")
-                if k == "gated_mlp" else _ints(where, k, t[k], "model") for k in shape_keys}
+        axes = {k: _arch_values(where, ARCH_BY_NAME[k], t[k]) if k in ARCH_BY_NAME
+                else _ints(where, k, t[k], "model") for k in shape_keys}
         axes.setdefault("num_query_groups", (0,))
         axes.setdefault("ffn_hidden_size", (0,))
         axes.setdefault("vocab_size", (DEFAULT_VOCAB_SIZE,))
