@@ -671,7 +671,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if status in (OK, BAD_BATCH) and chunks > 1 and p == 2 and B > 0 and b > 0:
         status = REFUSED
     if status == OK and chunks > 1:
-        if any(n % chunks for n in stage_layer_counts(L, p, hw)):
+        counts = stage_layer_counts(L, p, hw)
+        # with the embedding / loss counted as layers, Megatron-core splits (L + e + l) / (p vpp)
+        # per chunk and takes one from the first / last chunk
+        counts[0] += int(hw_get(hw, "account_for_embedding_in_pipeline_split"))
+        counts[-1] += int(hw_get(hw, "account_for_loss_in_pipeline_split"))
+        if any(n % chunks for n in counts):
             status = BAD_LAYERS
         elif (B // (d * b)) % p:
             status = BAD_BATCH
@@ -780,7 +785,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         dp = 0.0
         if zero >= 3:
             gather = all_gather(layer_on_rank)
-            dp = gather + n * (max(0.0, gather - fwd)
+            # (first gathers of forward and backward, last reduce-scatter: three exchanges wait)
+            dp = 3.0 * gather + n * (max(0.0, gather - fwd)
                                               + max(0.0, 2.0 * gather - (bwd + rc * fwd + core_again)))
             if first:
                 dp += 3.0 * all_gather(embedding_params)
@@ -817,10 +823,13 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             states += 2.0 * layer_on_rank * 4.0
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
-            # cast once per iteration (read 2, write 1 + 1; one kernel per linear), spread over m
-            weights = n * linear_weights(h, a, g, f, t, gated)
-            states += 2.0 * weights
-            compute += n * memory_bound_time_s(4.0 * linear_weights(h, a, g, f, t, gated), 4.0, hw) / m
+            # cast once per iteration (read 2, write 1 + 1; one kernel per linear), spread over m.
+            # ZeRO-3 gathers the weights per use: FP8 copies of the two gathered layers only, and a
+            # cast at every gather (forward and backward) of every layer
+            cast = memory_bound_time_s(4.0 * linear_weights(h, a, g, f, t, gated), 4.0, hw)
+            regather = zero >= 3 and d > 1
+            states += 2.0 * (2.0 if regather else n) * linear_weights(h, a, g, f, t, gated)
+            compute += n * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)

@@ -20,7 +20,7 @@ from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
-from ..model.settings import BY_NAME, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, unmet_requirements
+from ..model.settings import BY_NAME, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
@@ -55,6 +55,12 @@ ALIASES = {
     "mbs": "micro_batch_size", "gbs": "global_batch_size", "train_tokens": "num_tokens",
     "recompute_granularity": "recompute", "recompute_activations": "recompute",
     "use_distributed_optimizer": "distributed_optimizer",
+    "zero_optimization_stage": "zero_stage",
+    "num_layers_in_first_pipeline_stage": "first_pipeline_num_layers",
+    "num_layers_in_last_pipeline_stage": "last_pipeline_num_layers",
+    "decoder_first_pipeline_num_layers": "first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers": "last_pipeline_num_layers",
+    "swiglu": "gated_mlp",
 }
 # Settings of Megatron-LM (argument names, dashes as underscores) and neighbouring tools that the
 # cost model does not have: a column with one of these names would pass through as a label and
@@ -72,7 +78,10 @@ UNMODELLED = {
     "fp8_format": "use the column precision = fp8 (Transformer Engine's hybrid E4M3/E5M2 format with delayed "
                   "scaling is what is modelled)",
     "fp8_recipe": "FP8 recipes are not modelled apart: precision = fp8 is Transformer Engine's delayed scaling",
-    "swiglu": "use the column gated_mlp = true (a gated, SwiGLU MLP), with ffn_hidden_size as published",
+    "data_parallel_sharding_strategy": "use the column zero_stage: no_shard 0, optim 1, optim_grads 2, "
+                                       "optim_grads_params 3",
+    "sharding_strategy": "use the column zero_stage: PyTorch FSDP FULL_SHARD is 3, SHARD_GRAD_OP 2, NO_SHARD 0 "
+                         "(HYBRID_SHARD is not modelled)",
     "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
     "sp": "use the column sequence_parallel (true or false)",
     "world_size": "use the column num_gpus (or leave it out: tp x pp x dp)",
@@ -285,12 +294,12 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     for i in range(n):
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
         values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
-        row_ints = {k: int(v[i]) for k, v in int_settings.items()}
+        # the settings in one spelling (zero_stage 1 is the distributed optimizer)
+        row_settings = canonical_values({**{k: int(v[i]) for k, v in int_settings.items()}, **row_flags})
         row_precision = "bf16" if precision[i] == "fp16" else precision[i]
-        key = (gpu[i], int(gpn[i]), *values.values(), *row_ints.values(), *row_flags.values(), row_precision)
+        key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), row_precision)
         if key not in cache:
-            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_ints, **row_flags,
-                      precision=row_precision)
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_settings, precision=row_precision)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_fp8(preset, where, f"row {i + 2}, column precision")

@@ -189,6 +189,24 @@ INT_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is int)
 CHOICES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is str)
 
 
+# Settings that spell one plan two ways: ZeRO stage 1 is Megatron-LM's distributed optimizer.
+SAME_PLAN = ("zero_stage", "distributed_optimizer")
+
+
+def canonical_values(values: dict) -> dict:
+    """``values`` (name -> value) with the settings of :data:`SAME_PLAN` in one spelling: a
+    ZeRO stage of 1 or more shards the Adam states, so it says ``distributed_optimizer = true``;
+    ``distributed_optimizer = true`` at stage 0 says ``zero_stage = 1``. Sweeps and evaluate
+    read every machine's settings through it, so the two spellings are one machine (priced once)
+    and what needs the distributed optimizer (``overlap_param_gather``) takes either."""
+    out = dict(values)
+    if out.get("zero_stage", 0) >= 1:
+        out["distributed_optimizer"] = True
+    elif out.get("distributed_optimizer", False):
+        out["zero_stage"] = 1
+    return out
+
+
 def unmet_requirements(values: dict, sizes_are_1: dict | None = None) -> list[tuple[Setting, str, bool]]:
     """``(setting, needed setting, needed value)`` for each switched-on setting of ``values``
     (name -> value, every setting) whose requirement (:attr:`Setting.requires`) is not met; with

@@ -141,6 +141,19 @@ def stage_layers(L, p, hw):
 
 
 @jit
+def chunks_split(L, p, vpp, hw):
+    """Whether the layers of each of ``p`` stages split into ``vpp`` model chunks, as Megatron-core
+    splits them (``get_num_layers_to_build``): every stage's layers (:func:`stage_layers`) divisible
+    by ``vpp``; with the embedding / loss counted as layers, ``(L + e + l) / (p vpp)`` per chunk,
+    one fewer in the first chunk of the first stage / the last chunk of the last stage."""
+    first, mid, last, _ = stage_layers(L, p, hw)
+    if hw[H_EMB_SPLIT] != 0.0 or hw[H_LOSS_SPLIT] != 0.0:
+        first += 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
+        last += 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    return first % vpp == 0.0 and (p <= 2.0 or mid % vpp == 0.0) and last % vpp == 0.0
+
+
+@jit
 def validate_split(L, h, a, g, f, v, s, lay, hw):
     """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
     (:data:`~vtrain_fast.model.layout.Layout`) on machine ``hw``: every size positive
@@ -189,8 +202,7 @@ def validate_interleaving(L, B, b, p, d, hw):
     vpp = virtual_stages(p, hw)
     if vpp <= 1.0:
         return OK
-    first, mid, last, _ = stage_layers(float(L), float(p), hw)
-    if first % vpp != 0.0 or mid % vpp != 0.0 or last % vpp != 0.0:
+    if not chunks_split(float(L), float(p), vpp, hw):
         return BAD_LAYERS
     if (B // (d * b)) % p != 0:
         return BAD_BATCH
@@ -547,9 +559,14 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter),
     # spread over the m micro-batches
     acc = (m - 1.0) / m
-    first_compute += acc * split[S_ACC_FIRST] + l_first * mb[M_FP8_CAST] / m   # + FP8 weight cast (0 in bf16)
-    mid_compute += acc * split[S_ACC_BODY] + l_mid * mb[M_FP8_CAST] / m
-    last_compute += acc * split[S_ACC_LAST] + l_last * mb[M_FP8_CAST] / m
+    # + the FP8 weight cast (0 in bf16): once per iteration, spread over the micro-batches; with
+    # ZeRO-3 the weights are gathered per use, so each layer is cast at its forward and backward gather
+    zero = memory.sharding_stage(hw)
+    regather = zero >= 3.0 and d > 1.0
+    cast = 2.0 * mb[M_FP8_CAST] if regather else mb[M_FP8_CAST] / m
+    first_compute += acc * split[S_ACC_FIRST] + l_first * cast
+    mid_compute += acc * split[S_ACC_BODY] + l_mid * cast
+    last_compute += acc * split[S_ACC_LAST] + l_last * cast
     emb_compute += acc * split[S_ACC_EMB]
     head_compute += acc * split[S_ACC_HEAD]
 
@@ -561,7 +578,6 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         pp_mb = 2.0 * vs * (send + mb[M_GATHER])   # each of the vs chunks sends and receives
 
     # ---- sharded data parallelism per micro-batch (ZeRO-2/3), exposed part per stage
-    zero = memory.sharding_stage(hw)
     # a stage's backward of one micro-batch (+ recompute); with uneven stages the shortest's
     window = l_min * (mb[M_BWD] + rc * fwd + core)
     first_dp = 0.0
@@ -573,15 +589,16 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         # ZeRO-3 / FSDP: each layer's parameters are all-gathered before its forward and again
         # before its backward, and its gradients reduce-scattered after it; the next layer's
         # gather is prefetched behind this layer's compute, so a layer exposes what its
-        # exchanges take beyond its compute, and the first gather of a pass waits (Rajbhandari
+        # exchanges take beyond its compute, and the first gather of the forward and of the
+        # backward and the last reduce-scatter wait, 3 exchanges of a layer (Rajbhandari
         # et al. 2020, Sec. 5.3; PyTorch FSDP forward/backward prefetch, Zhao et al. 2023,
         # "PyTorch FSDP", VLDB, Sec. 3.3). The embedding's exchanges have no compute to hide
         # behind; the head's hide behind the head.
         ag = split[S_AG_LAYER]
         layer_dp = max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb[M_BWD] + rc * fwd + core))
-        first_dp = l_first * layer_dp + ag
-        mid_dp = l_mid * layer_dp + ag
-        last_dp = l_last * layer_dp + ag
+        first_dp = l_first * layer_dp + 3.0 * ag
+        mid_dp = l_mid * layer_dp + 3.0 * ag
+        last_dp = l_last * layer_dp + 3.0 * ag
         emb_dp = 3.0 * split[S_AG_EMB]
         head_dp = max(0.0, 3.0 * split[S_AG_HEAD] - mb[M_HEAD])
     elif zero >= 2.0:
@@ -683,9 +700,12 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
             act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, s, hs, full, rc) + rebuilt
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
-    # FP8 weight copies of a stage's layers (0 in bf16)
-    state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED] + l_first * mb[M_FP8_WEIGHTS]
-    state_last = memory.model_state_bytes(p_last, d, zero) + split[S_GATHERED] + l_last * mb[M_FP8_WEIGHTS]
+    # FP8 weight copies of a stage's layers (0 in bf16); with ZeRO-3 of the layers held gathered
+    fp8_first = (memory.ZERO3_GATHERED_LAYERS if regather else l_first) * mb[M_FP8_WEIGHTS]
+    fp8_mid = (memory.ZERO3_GATHERED_LAYERS if regather else l_mid) * mb[M_FP8_WEIGHTS]
+    fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last) * mb[M_FP8_WEIGHTS]
+    state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED] + fp8_first
+    state_last = memory.model_state_bytes(p_last, d, zero) + split[S_GATHERED] + fp8_last
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
@@ -693,7 +713,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         states, act = state_last, act_last
     if act_mid > 0.0:
-        state_mid = memory.model_state_bytes(split[S_P_MID], d, zero) + split[S_GATHERED] + l_mid * mb[M_FP8_WEIGHTS]
+        state_mid = memory.model_state_bytes(split[S_P_MID], d, zero) + split[S_GATHERED] + fp8_mid
         if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]

@@ -30,7 +30,7 @@ from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_H
                      MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
-                   micro_batch_costs, model_totals, schedule, split_costs, stage_layers, step, validate_batch,
+                   micro_batch_costs, model_totals, schedule, split_costs, chunks_split, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
@@ -624,9 +624,7 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
                         if ok:
                             hw = hw_table[gpus[gd]]
                             vs = virtual_stages(float(lay.pp), hw)
-                            first, mid, last, _ = stage_layers(float(L), float(lay.pp), hw)
-                            ok = vs <= 1.0 or (lay.pp > 2 and first % vs == 0.0 and mid % vs == 0.0
-                                               and last % vs == 0.0)
+                            ok = vs <= 1.0 or (lay.pp > 2 and chunks_split(float(L), float(lay.pp), vs, hw))
                         table[r] = 1 if ok else 0
                         r += 1
 

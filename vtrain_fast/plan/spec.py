@@ -74,7 +74,8 @@ from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calib
                        with_overrides)
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
 from .models import arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
-from ..model.settings import BY_NAME, CHOICES, LAYOUT_SIZES, SETTINGS, SWITCHES, unmet_requirements
+from ..model.settings import (BY_NAME, CHOICES, LAYOUT_SIZES, SAME_PLAN, SETTINGS, SWITCHES, canonical_values,
+                              unmet_requirements)
 
 RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
@@ -328,7 +329,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     presets, skipped, skipped_fp8, unmet = [], [], [], {}
     for name in names:
         for combo in itertools.product(*settings.values()):
-            values = dict(zip(settings, combo))
+            values = canonical_values(dict(zip(settings, combo)))
             # a setting without what Megatron-LM requires for it runs switched off (and says so):
             # no row may carry a combination Megatron-LM refuses
             for st, other, value in unmet_requirements(values):
@@ -353,7 +354,9 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     notes += tuple(f"{name} has no FP8 tensor cores (peak_fp8_tflops or fp8_gemm_efficiency 0): its precision = "
                    "fp8 machines are left out" for name in skipped_fp8)
     notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
-                   f"refuses it otherwise): the {other} = {str(not value).lower()} machines run with {st} = false"
+                   f"refuses it otherwise): the {other} "
+                   + (f"!= {value}" if BY_NAME[other].kind is int else f"= {str(not value).lower()}")
+                   + f" machines run with {st} = false"
                    for st, other, value in unmet)
     # a machine whose settings change no plan beyond an earlier machine's (e.g. the asynchronous
     # TP all-reduce with sequence parallelism, which always overlaps) would only repeat its rows
@@ -378,15 +381,23 @@ def check_requirements(path, settings: dict) -> None:
     InputError
         Naming the setting, what it needs and how to fix the spec.
     """
+    # what each setting can be once the settings that spell one plan twice are read as one
+    possible = {k: set(v) for k, v in settings.items()}
+    for combo in itertools.product(*(settings[k] for k in SAME_PLAN)):
+        for k, v in canonical_values(dict(zip(SAME_PLAN, combo))).items():
+            possible[k].add(v)
     for st in SETTINGS:
         if st.default in settings[st.name]:
             continue
         for other, value in st.requires:
-            if value not in settings[other]:
-                raise InputError(path, f"training.{st.name}", _toml_value(settings[st.name]),
-                                 f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
-                                 f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)",
-                                 f"set [training] {other} = {_toml_value((value,))} or drop {st.name}")
+            if value not in possible[other]:
+                given = settings[st.name][0] if len(settings[st.name]) == 1 else list(settings[st.name])
+                needs = (f"{other} = {_toml_value((value,))} with it ({st.megatron} cannot be combined with "
+                         f"{BY_NAME[other].megatron})" if BY_NAME[other].kind is int else
+                         f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
+                         f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)")
+                raise InputError(path, f"{st.table}.{st.name}", given, needs,
+                                 f"set [{BY_NAME[other].table}] {other} = {_toml_value((value,))} or drop {st.name}")
 
 
 def _toml_value(values: tuple) -> str:

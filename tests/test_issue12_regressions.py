@@ -1,6 +1,7 @@
-"""Failing tests for the review of zero_stage, uneven pipeline stages, precision = fp8 and
-import-hf (branch review-findings). Each test states what should hold; the integrator fixes the
-library, not these tests."""
+"""Regression tests from a review of zero_stage, uneven pipeline stages, precision = fp8 and
+import-hf (issue 12): each failed on the code before its fix (ZeRO-3 with FP8 copies of every
+layer, the two spellings of ZeRO-1, Megatron-core's chunk rule with the split flags, error wording,
+columns under other tools' names, a stale README)."""
 from __future__ import annotations
 
 import polars as pl
