@@ -98,6 +98,39 @@ pp = [1, 2, 4, 8, 16]
 """
 
 
+# A sweep over today's dense-stack axes (issue 12): Llama 3 70B on H100 with ZeRO stages, FP8 and
+# the pipeline-split flags as machine axes, every point through the whole cost model where the
+# layers split.
+_STACK_AXES_TEXT = """\
+name = "bench-stack-axes"
+[model]
+presets = ["llama3-70b"]
+[training]
+num_tokens = [{tokens}]
+global_batch_size = [1024, 2048, 4096, 8192]
+micro_batch_size = [1, 2, 4, 8]
+recompute = ["none", "selective", "full"]
+use_flash_attn = true
+sequence_parallel = true
+distributed_optimizer = true
+zero_stage = [1, 2, 3]
+precision = ["bf16", "fp8"]
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = [256, 512, 1024]
+[parallel]
+tp = [1, 2, 4, 8]
+pp = [1, 2, 4, 8]
+account_for_embedding_in_pipeline_split = [false, true]
+account_for_loss_in_pipeline_split = [false, true]
+"""
+
+
+def stack_axes_spec_text(num_tokens: int = 16) -> str:
+    """Spec text of the sweep that varies the dense-stack axes (zero_stage, precision, split flags)."""
+    return _STACK_AXES_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
+
+
 def full_model_spec_text(num_tokens: int = 64) -> str:
     """Spec text of the sweep whose every point reaches the whole cost model."""
     return _FULL_MODEL_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
@@ -200,25 +233,8 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
 
     t_scan = _best_scan(grid, repeat)
 
-    # a sweep whose every point reaches the whole cost model: row and scan kernels
-    from .plan.grid import build_grid
-    from .plan.spec import parse_spec
-    fgrid = build_grid(parse_spec(full_model_spec_text(), "bench-full-model.toml"))
-    fn = fgrid.num_points
-    fargs = fgrid.kernel_args()
-    fstat = np.zeros(8, dtype=np.int64)
-
-    def full_rows(count=False):
-        for s in range(0, fn, batch):
-            m = min(batch, fn - s)
-            ks.sweep_chunk(s, m, *fargs, b.inputs, b.tokens, b.out, b.status)
-            if count:
-                fstat[:7] += np.bincount(b.status[:m], minlength=7)
-
-    full_rows(count=True)
-    reached = int(fstat[OK] + fstat[OUT_OF_MEMORY])
-    t_full_rows = _best(full_rows, repeat)
-    t_full_scan = _best_scan(fgrid, repeat)
+    full = bench_sweep(full_model_spec_text(), "bench-full-model.toml", threads, repeat, b, batch)
+    stack = bench_sweep(stack_axes_spec_text(), "bench-stack-axes.toml", threads, repeat, b, batch)
     return {
         "points": n, "threads": threads,
         "rows_per_s": n / t_rows,
@@ -228,13 +244,38 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
         "full_model_ns_core": t_full * threads / full_idx.size * 1e9,
         "scan_per_s": n / t_scan,
         "status_fractions": (statuses[:7] / n).round(4).tolist(),
-        "full_sweep_points": fn,
-        "full_sweep_reached": reached / fn,
-        "full_sweep_rows_per_s": fn / t_full_rows,
-        "full_sweep_rows_ns_core": t_full_rows * threads / fn * 1e9,
-        "full_sweep_scan_per_s": fn / t_full_scan,
-        "full_sweep_scan_ns_core": t_full_scan * threads / fn * 1e9,
+        **{f"full_sweep_{k}": v for k, v in full.items()},
+        **{f"stack_sweep_{k}": v for k, v in stack.items()},
     }
+
+
+def bench_sweep(text: str, name: str, threads: int, repeat: int, b, batch: int) -> dict:
+    """Row and scan kernel rates over the sweep of spec ``text`` (``b``: row buffers of ``batch``)."""
+    import numpy as np
+
+    from .model import sweep as ks
+    from .model.step import OK, OUT_OF_MEMORY
+    from .plan.grid import build_grid
+    from .plan.spec import parse_spec
+    grid = build_grid(parse_spec(text, name))
+    n = grid.num_points
+    args = grid.kernel_args()
+    stat = np.zeros(16, dtype=np.int64)
+
+    def rows(count=False):
+        for s in range(0, n, batch):
+            m = min(batch, n - s)
+            ks.sweep_chunk(s, m, *args, b.inputs, b.tokens, b.out, b.status)
+            if count:
+                stat[:] += np.bincount(b.status[:m], minlength=16)[:16]
+
+    rows(count=True)
+    reached = int(stat[OK] + stat[OUT_OF_MEMORY])
+    t_rows = _best(rows, repeat)
+    t_scan = _best_scan(grid, repeat)
+    return {"points": n, "reached": reached / n, "rows_per_s": n / t_rows,
+            "rows_ns_core": t_rows * threads / n * 1e9, "scan_per_s": n / t_scan,
+            "scan_ns_core": t_scan * threads / n * 1e9}
 
 
 def _best_scan(grid, repeat: int) -> float:
@@ -371,6 +412,12 @@ def main(argv=None) -> int:
           f"  ({k['full_sweep_rows_ns_core']:.0f} core-ns/point)")
     print(f"        scan kernel (--keep frontier):        {k['full_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
           f"  ({k['full_sweep_scan_ns_core']:.0f} core-ns/point)")
+    print(f"      dense-stack axes varied (llama3-70b, zero_stage x precision x pipeline-split flags), "
+          f"{k['stack_sweep_points']:,} points ({k['stack_sweep_reached']:.0%} reach the whole model):")
+    print(f"        row kernel (full rows):               {k['stack_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['stack_sweep_rows_ns_core']:.0f} core-ns/point)")
+    print(f"        scan kernel (--keep frontier):        {k['stack_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['stack_sweep_scan_ns_core']:.0f} core-ns/point)")
     print(f"      full cost model one configuration at a time (evaluate_rows on the "
           f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
           f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")
