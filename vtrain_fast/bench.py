@@ -98,6 +98,25 @@ pp = [1, 2, 4, 8, 16]
 """
 
 
+# The same sweep with the context-parallel axes varied: cp = [1, 2] and both exchanges (FlashAttention
+# on, which cp > 1 needs): 32 token budgets x 2 x 2 = 1,474,560 points; the all_gather machine's
+# cp = 1 rows repeat the p2p machine's (status repeat), and tp 8 x cp 2 x pp 16 does not divide 128
+# GPUs (bad_num_gpus).
+_FULL_MODEL_CP_EXTRA = """use_flash_attn = true
+[parallel]
+cp = [1, 2]
+cp_comm_type = ["p2p", "all_gather"]
+"""
+
+
+def full_model_cp_spec_text(num_tokens: int = 32) -> str:
+    """Spec text of the full-model sweep with ``cp`` and ``cp_comm_type`` as axes."""
+    text = full_model_spec_text(num_tokens).replace('name = "bench-full-model"', 'name = "bench-full-model-cp"')
+    head, parallel = text.split("[parallel]\n")
+    extra_training, extra_parallel = _FULL_MODEL_CP_EXTRA.split("[parallel]\n")
+    return head.replace("[cluster]\n", extra_training + "[cluster]\n") + "[parallel]\n" + parallel + extra_parallel
+
+
 def full_model_spec_text(num_tokens: int = 64) -> str:
     """Spec text of the sweep whose every point reaches the whole cost model."""
     return _FULL_MODEL_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
@@ -219,6 +238,24 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     reached = int(fstat[OK] + fstat[OUT_OF_MEMORY])
     t_full_rows = _best(full_rows, repeat)
     t_full_scan = _best_scan(fgrid, repeat)
+
+    # the same sweep with the context-parallel axes varied (cp, cp_comm_type)
+    from .model.step import NUM_STATUS
+    cgrid = build_grid(parse_spec(full_model_cp_spec_text(), "bench-full-model-cp.toml"))
+    cn = cgrid.num_points
+    cargs = cgrid.kernel_args()
+    cstat = np.zeros(NUM_STATUS, dtype=np.int64)
+
+    def cp_rows(count=False):
+        for s in range(0, cn, batch):
+            m = min(batch, cn - s)
+            ks.sweep_chunk(s, m, *cargs, b.inputs, b.tokens, b.out, b.status)
+            if count:
+                cstat[:] += np.bincount(b.status[:m], minlength=NUM_STATUS)
+
+    cp_rows(count=True)
+    c_reached = int(cstat[OK] + cstat[OUT_OF_MEMORY])
+    t_cp_rows = _best(cp_rows, repeat)
     return {
         "points": n, "threads": threads,
         "rows_per_s": n / t_rows,
@@ -234,6 +271,11 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
         "full_sweep_rows_ns_core": t_full_rows * threads / fn * 1e9,
         "full_sweep_scan_per_s": fn / t_full_scan,
         "full_sweep_scan_ns_core": t_full_scan * threads / fn * 1e9,
+        "cp_sweep_points": cn,
+        "cp_sweep_reached": c_reached / cn,
+        "cp_sweep_rows_per_s": cn / t_cp_rows,
+        "cp_sweep_reached_per_s": c_reached / t_cp_rows,
+        "cp_sweep_rows_ns_core": t_cp_rows * threads / cn * 1e9,
     }
 
 
@@ -371,6 +413,11 @@ def main(argv=None) -> int:
           f"  ({k['full_sweep_rows_ns_core']:.0f} core-ns/point)")
     print(f"        scan kernel (--keep frontier):        {k['full_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
           f"  ({k['full_sweep_scan_ns_core']:.0f} core-ns/point)")
+    print(f"      full cost model with cp = [1, 2] and cp_comm_type = [p2p, all_gather], {k['cp_sweep_points']:,} "
+          f"points ({k['cp_sweep_reached']:.0%} reach the whole model):")
+    print(f"        row kernel (full rows):               {k['cp_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['cp_sweep_rows_ns_core']:.0f} core-ns/point; {k['cp_sweep_reached_per_s'] / 1e6:.2f} M/s of "
+          "those that reach it)")
     print(f"      full cost model one configuration at a time (evaluate_rows on the "
           f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
           f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")
