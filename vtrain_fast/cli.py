@@ -456,7 +456,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
     labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
     settings = [c for c in SETTING_COLUMNS if c in df.columns and df[c].n_unique() > 1]
-    shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
+    layout = ("tp", "cp", "pp", "dp") if "cp" in df.columns and (df["cp"] > 1).any() else ("tp", "pp", "dp")
+    shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", *layout, "micro_batch_size",
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
         c for c in ("status",) + HEADLINE_COLUMNS + (BREAKDOWN_COLUMNS if breakdown else ()) if c in df.columns]
     print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console,

@@ -23,7 +23,7 @@ from ..io.writer import read_manifest, result_paths
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "cp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
                  "seq_length") + tuple(SETTING_COLUMNS)     # + vpp and the training switches
-CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "cp", "pp", "dp", "micro_batch_size",
+CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
                   "global_batch_size", "recompute", "num_tokens")
 # The outputs every printed table of plans shows.
 HEADLINE_COLUMNS = ("iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
@@ -411,20 +411,25 @@ def varying_setting_columns(folder: str | Path) -> list[str]:
     plans apart, also where the rows shown happen to share one value. Folders without that record
     (older versions) give the settings with more than one value in their rows.
 
+    The context-parallel size ``cp`` comes first when the sweep used context parallelism (a
+    ``cp`` above 1 in its rows): it is a parallel size, shown with tp, pp and dp only then.
+
     Returns
     -------
     list of str
-        Column names, in :data:`~vtrain_fast.io.schema.SETTING_COLUMNS` order.
+        Column names: ``cp`` where it applies, then in :data:`~vtrain_fast.io.schema.SETTING_COLUMNS` order.
     """
     lf = scan_results(folder)
-    cols = [c for c in SETTING_COLUMNS if c in lf.collect_schema().names()]
+    names = lf.collect_schema().names()
+    cp = ["cp"] if "cp" in names and (lf.select(pl.col("cp").max()).collect().item() or 1) > 1 else []
+    cols = [c for c in SETTING_COLUMNS if c in names]
     axes = read_manifest(folder).get("setting_axes")
     if axes is not None:
-        return [c for c in cols if c in axes]
+        return cp + [c for c in cols if c in axes]
     if not cols:
-        return []
+        return cp
     counts = lf.select([pl.col(c).n_unique() for c in cols]).collect().row(0)
-    return [c for c, n in zip(cols, counts) if n > 1]
+    return cp + [c for c, n in zip(cols, counts) if n > 1]
 
 
 def varying_job_columns(folder: str | Path, where=None) -> list[str]:
