@@ -58,22 +58,22 @@ def _rope(arch) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Status codes and output layout (restated; tests check them against model.step)
 # ---------------------------------------------------------------------------------------------
-OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY, REPEAT, REFUSED = range(9)
+OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY, REPEAT, REFUSED, BAD_SEQ_LENGTH = range(10)
 
 OUTPUT_NAMES = (
     "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu",
     "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
     "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
     "num_parameters", "num_micro_batches", "num_steps",
-    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
+    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss", "cp_comm_s",
 )
 INPUT_NAMES = (
     "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
     "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "normalization",
     "position_embedding_type", "add_bias_linear", "untie_embeddings_and_output_weights", "num_gpus", "num_nodes",
-    "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
+    "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
-AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
+AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "cp", "pp", "micro_batch_size",
         "global_batch_size", "recompute")
 
 GiB = 2.0 ** 30
@@ -637,14 +637,17 @@ def stage_layer_counts(L, p, hw=None):
     return counts if min(counts) >= 1 else None
 
 
-def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None):
-    """First failing Megatron-LM rule as a status code, ``OK`` if none fails."""
-    if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d)):
+def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1):
+    """First failing Megatron-LM rule as a status code, ``OK`` if none fails; context parallelism
+    cuts each sequence into 2 cp equal chunks, so seq_length must divide by 2 cp."""
+    if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d, cp)):
         return BAD_INPUT
     if a % t or g % t or h % a or a % g:
         return BAD_HEADS
     if stage_layer_counts(L, p, hw) is None:
         return BAD_LAYERS
+    if cp > 1 and s % (2 * cp):
+        return BAD_SEQ_LENGTH
     if B % (d * b):
         return BAD_BATCH
     return OK
@@ -654,7 +657,54 @@ def nan_outputs() -> dict:
     return {name: math.nan for name in OUTPUT_NAMES}
 
 
-def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0):
+def context_parallel_attention(b, sl, h, a, g, t, cp, hw):
+    """Context parallelism's attention on one rank holding ``sl = s / cp`` tokens of each sequence
+    (2 of the 2 cp chunks: the causal load balance), one layer, one micro-batch:
+    ``(extra forward compute, extra backward compute, exposed forward exchange, exposed backward
+    exchange)``, the compute beyond one local FlashAttention call of ``sl`` rows.
+
+    The rank's queries against all earlier keys are ``cp`` times the local causal block's FLOPs.
+    Ring (p2p): ``cp`` flash steps forward, each followed by an output correction (read the step's
+    output, read and write the running one: 6 bytes per element, one launch), and ``cp`` backward
+    steps, all but the first followed by the dQ and dK/dV accumulation (6 bytes per element, two
+    launches); K/V blocks (K and V of ``sl`` tokens, the rank's KV heads) travel to the next
+    rank: ``cp - 1`` transfers forward, ``cp`` backward (K/V, then K/V with the dK/dV so far, then
+    dK/dV alone), each hidden behind the block computed meanwhile; latency + bytes / link rate,
+    the NIC when the cp group (stride t) leaves the node. All-gather: the two local query chunks
+    as two kernels doing the same FLOPs over the gathered K/V, an output copy (4 bytes per
+    element), the all-gather of every rank's K/V before the forward and again before the backward,
+    and the reduce-scatter of dK/dV after it, all exposed."""
+    if cp <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    fwd_block = flash_attention_forward_s(b, sl, h, a, g, t, hw)
+    bwd_block = flash_attention_backward_s(b, sl, h, a, g, t, hw)
+    flops, q_bytes, kv_bytes, lse_bytes, heads = _flash_sizes(b, sl, h, a, g, t)
+    if hw_get(hw, "cp_comm_type") == 1.0:                # all_gather
+        fwd = _flash_kernels_s(cp * flops, q_bytes + cp * kv_bytes + q_bytes + lse_bytes, b, heads, sl, 2.0, hw)
+        fwd += memory_bound_time_s(4.0 * q_bytes / BYTES_FP16, 1.0, hw) - fwd_block
+        reads = q_bytes + cp * kv_bytes + q_bytes + q_bytes + lse_bytes
+        writes = q_bytes + cp * kv_bytes
+        bwd = _flash_kernels_s(2.5 * cp * flops, reads + writes + 2.0 * 2.0 * q_bytes, b, heads, sl,
+                               2.0 * FLASH_BWD_LAUNCHES, hw) - bwd_block
+        gathered = cp * kv_bytes
+        gather = group_reduce_scatter_allgather_s(gathered, cp, t, hw) / 2.0
+        return fwd, bwd, gather, 2.0 * gather
+    correction = memory_bound_time_s(6.0 * q_bytes / BYTES_FP16, 1.0, hw)
+    accumulate = memory_bound_time_s(6.0 / BYTES_FP16 * (q_bytes + kv_bytes), 2.0, hw)
+    fwd = (cp - 1) * fwd_block + cp * correction
+    bwd = (cp - 1) * (bwd_block + accumulate)
+    side = "inter" if t * cp > hw_get(hw, "gpus_per_node") else "intra"
+    bw, eff = hw_get(hw, f"{side}_node_Bps"), hw_get(hw, f"{side}_node_efficiency")
+
+    def transfer(nbytes):
+        return hw_get(hw, f"{side}_node_latency_s") + nbytes / (bw * eff)
+    fwd_exposed = (cp - 1) * max(0.0, transfer(kv_bytes) - fwd_block)
+    bwd_exposed = (2 * max(0.0, transfer(kv_bytes) - bwd_block)
+                   + (cp - 2) * max(0.0, transfer(2.0 * kv_bytes) - bwd_block))
+    return fwd, bwd, fwd_exposed, bwd_exposed
+
+
+def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0, cp=1):
     """One configuration. Returns ``(status, outputs)``, outputs keyed by :data:`OUTPUT_NAMES`
     (all NaN for a shape error).
 
@@ -663,12 +713,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     interleaved over ``vpp`` chunks per device, the warm-up/cool-down part ``sum_i T_i - max_i T_i``
     is divided by ``vpp``.
     """
-    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw)
+    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw, cp)
     # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-core refuses
     # it over 2 stages (a settings rule: before the batch rule, after the shape rules), and needs
     # the layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
     chunks = int(hw_get(hw, "vpp")) if p > 1 else 1
     if status in (OK, BAD_BATCH) and chunks > 1 and p == 2 and B > 0 and b > 0:
+        status = REFUSED
+    # context parallelism runs only in Transformer Engine's fused (flash) attention
+    if status in (OK, BAD_BATCH) and cp > 1 and not _flash_on(hw) and B > 0 and b > 0:
         status = REFUSED
     if status == OK and chunks > 1:
         counts = stage_layer_counts(L, p, hw)
@@ -683,25 +736,32 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if status != OK:
         return status, nan_outputs()
     stage_layers = [float(n) for n in stage_layer_counts(L, p, hw)]
-    L, h, a, g, f, v, s, B, b, t, p, d = map(float, (L, h, a, g, f, v, s, B, b, t, p, d))
+    L, h, a, g, f, v, s, B, b, t, p, d, cp = map(float, (L, h, a, g, f, v, s, B, b, t, p, d, cp))
+    s_full = s
+    s = s_full / cp               # every rank works on s / cp tokens of each sequence
+    dg = d * cp                   # gradients are reduced (and sharded) over the dp x cp ranks
     p_stages = int(p)
     m = B / (d * b)                        # micro-batches per pipeline
     fewest = min(stage_layers)                     # layers of the stage with the fewest
     rc = 1.0 if recompute == 1 else 0.0            # full: every layer's forward again
     selective = recompute == 2                     # selective: the attention core again
-    num_gpus = t * p * d
+    num_gpus = t * cp * p * d
     sbh = s * b * h
 
     # --- one micro-batch on one layer / embedding / head
     fl = flags(arch)
     gated = fl["gated_mlp"]
-    fwd = layer_forward_s(b, s, h, a, g, f, t, hw, arch)
-    bwd = layer_backward_s(b, s, h, a, g, f, t, hw, arch)
+    cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = context_parallel_attention(b, s, h, a, g, t, cp, hw)
+    fwd = layer_forward_s(b, s, h, a, g, f, t, hw, arch) + cp_fwd
+    bwd = layer_backward_s(b, s, h, a, g, f, t, hw, arch) + cp_bwd
     allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
     if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
         allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
     allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
-    core_again = attention_core_forward_s(b, s, h, a, g, t, hw) if selective else 0.0
+    core_again = attention_core_forward_s(b, s, h, a, g, t, hw) + cp_fwd if selective else 0.0
+    # the ring's (or all-gather's) exposed exchange of every forward of a layer (recomputed too,
+    # and the attention core rerun by selective recomputation) and of its backward
+    layer_cp = (1.0 + rc + (1.0 if selective else 0.0)) * cp_fwd_exposed + cp_bwd_exposed
     layer_compute = fwd + bwd + rc * fwd + core_again       # one layer; a stage: times its layers
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
     layer_tp = (4.0 + 2.0 * rc) * allreduce_act
@@ -732,7 +792,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     # TP rank sends 1/t of the activation, then an NVLink all-gather rebuilds it.
     pp_per_mb = 0.0
     if p_stages > 1:
-        crosses_node = t * d * p > hw_get(hw, "gpus_per_node")
+        crosses_node = t * cp * d * p > hw_get(hw, "gpus_per_node")
         send = p2p_s(BYTES_FP16 * sbh / t, crosses_node, hw)
         gather = intra_allgather_s(BYTES_FP16 * sbh, t, hw)
         if hw_get(hw, "sequence_parallel") != 0.0:
@@ -744,7 +804,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     zero = max(hw_get(hw, "zero_stage"), hw_get(hw, "distributed_optimizer"))
     layer_on_rank = layer_params_per_rank(h, a, g, f, t, arch)
     tied = not fl["untie_embeddings_and_output_weights"]
-    embedding_params = v * h / t + position_params(s, h, arch)
+    embedding_params = v * h / t + position_params(s_full, h, arch)     # the position table spans the sequence
     head_params = v * h / t + _norm(h, arch)
     backward_window = fewest * (bwd + rc * fwd + core_again)   # the shortest stage's backward
 
@@ -760,13 +820,13 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         return params
 
     def dp_group_exchange(nbytes):
-        return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, d, t, hw)
+        return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, dg, t, hw)
 
     # the largest stage's exchange (one stage holds everything at p = 1)
     stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i)) for i in range(p_stages))
 
     def all_gather(n_params):
-        return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, d, t, hw) / 2.0
+        return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, dg, t, hw) / 2.0
 
     # --- every stage: time per micro-batch, parameters, activations
     stages = []
@@ -815,11 +875,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             act += 2.0 * sbh_rank + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
         # fp16 weight 2, fp16 gradient 2, fp32 master + Adam m, v 12 bytes per parameter, over d
         # ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered (weight + gradient)
-        weight = 2.0 / (d if zero >= 3 else 1.0)
-        grad = 2.0 / (d if zero >= 2 else 1.0)
-        adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (d if zero >= 1 else 1.0)
+        weight = 2.0 / (dg if zero >= 3 else 1.0)
+        grad = 2.0 / (dg if zero >= 2 else 1.0)
+        adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (dg if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
-        if zero >= 3 and d > 1:
+        if zero >= 3 and dg > 1:
             states += 2.0 * layer_on_rank * 4.0
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
@@ -827,15 +887,16 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # ZeRO-3 gathers the weights per use: FP8 copies of the two gathered layers only, and a
             # cast at every gather (forward and backward) of every layer
             cast = memory_bound_time_s(4.0 * linear_weights(h, a, g, f, t, gated), 4.0, hw)
-            regather = zero >= 3 and d > 1
+            regather = zero >= 3 and dg > 1
             states += 2.0 * (2.0 if regather else n) * linear_weights(h, a, g, f, t, gated)
             compute += n * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)
         compute += ((m - 1.0) / m * 6.0 * params / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
-                    / (d if zero >= 2 else 1.0))
-        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, time=compute + tp + pp + dp,
+                    / (dg if zero >= 2 else 1.0))
+        cpx = n * layer_cp
+        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, cp=cpx, time=compute + tp + pp + dp + cpx,
                            params=params, states=states, act=act, mem=states + act))
 
     # slowest stage (ties: the later stage); fullest stage (ties: the earlier stage)
@@ -872,16 +933,18 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if tied and p_stages > 1:
         # the first and the last stage each hold the shared word embedding and all-reduce its
         # gradient after the backward (2 ranks, (p - 1) pipeline strides apart), exposed
-        dp_comm_s += group_allreduce_s(BYTES_FP16 * v * h / t, 2, (p - 1) * t * d, hw)
-    adam_s = optimizer_s(max(st["params"] for st in stages) / (d if zero >= 1 else 1.0), hw)
+        dp_comm_s += group_allreduce_s(BYTES_FP16 * v * h / t, 2, (p - 1) * t * cp * d, hw)
+    adam_s = optimizer_s(max(st["params"] for st in stages) / (dg if zero >= 1 else 1.0), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
-    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s
+    cp_comm_s = m * stages[slow]["cp"]
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s + cp_comm_s
 
     states, act = stages[full]["states"], stages[full]["act"]
     mem_total = states + act + hw_get(hw, "reserved_bytes")
     if mem_total > hw_get(hw, "hbm_bytes"):
         status = OUT_OF_MEMORY
 
+    s = s_full                    # model FLOPs, parameters and tokens: whole sequences
     n_params = model_params(L, h, a, g, f, v, s, arch)
     tokens_per_iter = B * s
     fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated)
@@ -918,6 +981,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         "cost_usd": gpu_hours * hw_get(hw, "usd_per_gpu_hour"),
         "energy_kWh": gpu_hours * hw_get(hw, "tdp_W") / 1000.0 * hw_get(hw, "pue"),
         "loss": chinchilla_loss(n_params, num_tokens),
+        "cp_comm_s": cp_comm_s,
     }
     return status, out
 
@@ -954,16 +1018,17 @@ def sweep_point(index: int, grid):
     size = int(grid.sizes[digit["cluster_size"]])
     num_gpus = size * gpus_per_node if grid.sizes_in_nodes else size
     t, p = int(grid.tps[digit["tp"]]), int(grid.pps[digit["pp"]])
-    d = num_gpus // (t * p)
+    cp = int(grid.cps[digit["cp"]])
+    d = num_gpus // (t * cp * p)
     inputs = dict(zip(INPUT_NAMES, [digit["model"], gpu_row, *model, num_gpus,
-                                    math.ceil(num_gpus / gpus_per_node), t, p, d,
+                                    math.ceil(num_gpus / gpus_per_node), t, cp, p, d,
                                     int(grid.mbss[digit["micro_batch_size"]]),
                                     int(grid.gbss[digit["global_batch_size"]]),
                                     int(grid.recomputes[digit["recompute"]])]))
     num_tokens = float(grid.tokens[digit["num_tokens"]])
-    if num_gpus % (t * p) != 0 or d <= 0:
+    if num_gpus % (t * cp * p) != 0 or d <= 0:
         return inputs, num_tokens, BAD_NUM_GPUS, nan_outputs()
     L, h, a, g, f, v, s = model[:7]
     status, out = step(L, h, a, g, f, v, s, inputs["global_batch_size"], inputs["micro_batch_size"],
-                       t, p, d, inputs["recompute"], num_tokens, hw, ModelFlags(*map(float, model[7:])))
+                       t, p, d, inputs["recompute"], num_tokens, hw, ModelFlags(*map(float, model[7:])), cp)
     return inputs, num_tokens, status, out

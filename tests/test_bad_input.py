@@ -129,8 +129,11 @@ CSV_CASES = {
                                          ["num_layers_per_virtual_pipeline_stage", "vpp = num_layers / (pp x"]),
     "misspelled num_tokens": (HEADER + ",num_token\n" + ROW + ",1e12\n", ["'num_token'", "num_tokens"]),
     # Megatron settings the model does not have would be priced as absent
+    # Megatron's name of a modelled column: refused as a misspelling, naming the column to use
     "context parallelism": (HEADER + ",context_parallel_size\n" + ROW + ",2\n",
-                            ["'context_parallel_size'", "context parallelism is not modelled", "drop the column"]),
+                            ["'context_parallel_size'", "rename the column", "'cp'"]),
+    "expert parallelism": (HEADER + ",expert_model_parallel_size\n" + ROW + ",2\n",
+                           ["'expert_model_parallel_size'", "expert parallelism", "drop the column"]),
     "Megatron bf16 flag": (HEADER + ",bf16\n" + ROW + ",true\n", ["'bf16'", "precision = bf16"]),
     "TP overlap without sequence parallelism": (HEADER + ",tp_comm_overlap\n" + ROW + ",true\n",
                                                 ["column tp_comm_overlap", "sequence_parallel = true",

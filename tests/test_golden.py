@@ -36,7 +36,10 @@ CHUNK = 1 << 18
 # Input columns added after the digests were taken, with their default (a model shape's flag):
 # where every row holds the default they are left out, so that they change no digest.
 ADDED_COLUMNS = {"gated_mlp": False, "normalization": "LayerNorm", "position_embedding_type": "learned_absolute",
-                 "add_bias_linear": True, "untie_embeddings_and_output_weights": False}
+                 "add_bias_linear": True, "untie_embeddings_and_output_weights": False, "cp": 1}
+# Output columns added after the digests were taken, with the value they hold where the feature
+# is off (context parallelism's exposed exchange at cp = 1): left out where every row holds it.
+ADDED_OUTPUTS = {"cp_comm_s": 0.0}
 
 
 def sweep_digest(spec) -> str:
@@ -46,6 +49,7 @@ def sweep_digest(spec) -> str:
     from vtrain_fast.model.sweep import sweep_chunk
     from vtrain_fast.model.sweep import INPUT_NAMES
     from vtrain_fast.model.arch import BY_NAME as ARCH_BY_NAME
+    from vtrain_fast.model.step import OUTPUT_NAMES
     grid = build_grid(spec)
     h = hashlib.sha256()
     b = RowBuffers(CHUNK)
@@ -53,10 +57,15 @@ def sweep_digest(spec) -> str:
         n = min(CHUNK, grid.num_points - start)
         sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
         inputs = b.inputs[:, :n]
-        # an input row added later that holds its default everywhere changes no number
+        # an input row added later that holds its default everywhere changes no number; nor does an
+        # output row added later that holds its off value (NaN rows: shape errors) everywhere
         added = [k for k, name in enumerate(INPUT_NAMES) if name in ADDED_COLUMNS
-                 and (inputs[k] == ARCH_BY_NAME[name].encode(ADDED_COLUMNS[name])).all()]
-        for a in (np.delete(inputs, added, axis=0), b.tokens[:n], b.out[:, :n], b.status[:n]):
+                 and (inputs[k] == (ARCH_BY_NAME[name].encode(ADDED_COLUMNS[name]) if name in ARCH_BY_NAME
+                                    else int(ADDED_COLUMNS[name]))).all()]
+        out = b.out[:, :n]
+        new_out = [k for k, name in enumerate(OUTPUT_NAMES) if name in ADDED_OUTPUTS
+                   and ((out[k] == ADDED_OUTPUTS[name]) | np.isnan(out[k])).all()]
+        for a in (np.delete(inputs, added, axis=0), b.tokens[:n], np.delete(out, new_out, axis=0), b.status[:n]):
             h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
 
@@ -68,7 +77,7 @@ def evaluate_digest(path: Path) -> str:
     from vtrain_fast.analysis.evaluate import evaluate_frame, read_csv
     from vtrain_fast.model.settings import SETTINGS
     df = evaluate_frame(read_csv(path), str(path))
-    defaults = {**{st.name: st.default for st in SETTINGS}, **ADDED_COLUMNS}
+    defaults = {**{st.name: st.default for st in SETTINGS}, **ADDED_COLUMNS, **ADDED_OUTPUTS}
     at_default = {c for c, d in defaults.items() if c in df.columns and (df[c] == d).all()}
     h = hashlib.sha256()
     for name in sorted(set(df.columns) - at_default):

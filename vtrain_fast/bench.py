@@ -131,6 +131,25 @@ def stack_axes_spec_text(num_tokens: int = 16) -> str:
     return _STACK_AXES_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
 
 
+# The same sweep with the context-parallel axes varied: cp = [1, 2] and both exchanges (FlashAttention
+# on, which cp > 1 needs): 32 token budgets x 2 x 2 = 1,474,560 points; the all_gather machine's
+# cp = 1 rows repeat the p2p machine's (status repeat), and tp 8 x cp 2 x pp 16 does not divide 128
+# GPUs (bad_num_gpus).
+_FULL_MODEL_CP_EXTRA = """use_flash_attn = true
+[parallel]
+cp = [1, 2]
+cp_comm_type = ["p2p", "all_gather"]
+"""
+
+
+def full_model_cp_spec_text(num_tokens: int = 32) -> str:
+    """Spec text of the full-model sweep with ``cp`` and ``cp_comm_type`` as axes."""
+    text = full_model_spec_text(num_tokens).replace('name = "bench-full-model"', 'name = "bench-full-model-cp"')
+    head, parallel = text.split("[parallel]\n")
+    extra_training, extra_parallel = _FULL_MODEL_CP_EXTRA.split("[parallel]\n")
+    return head.replace("[cluster]\n", extra_training + "[cluster]\n") + "[parallel]\n" + parallel + extra_parallel
+
+
 def full_model_spec_text(num_tokens: int = 64) -> str:
     """Spec text of the sweep whose every point reaches the whole cost model."""
     return _FULL_MODEL_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
@@ -235,6 +254,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
 
     full = bench_sweep(full_model_spec_text(), "bench-full-model.toml", threads, repeat, b, batch)
     stack = bench_sweep(stack_axes_spec_text(), "bench-stack-axes.toml", threads, repeat, b, batch)
+    cp = bench_sweep(full_model_cp_spec_text(), "bench-full-model-cp.toml", threads, repeat, b, batch)
     return {
         "points": n, "threads": threads,
         "rows_per_s": n / t_rows,
@@ -246,6 +266,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
         "status_fractions": (statuses[:7] / n).round(4).tolist(),
         **{f"full_sweep_{k}": v for k, v in full.items()},
         **{f"stack_sweep_{k}": v for k, v in stack.items()},
+        **{f"cp_sweep_{k}": v for k, v in cp.items()},
     }
 
 
@@ -418,6 +439,11 @@ def main(argv=None) -> int:
           f"  ({k['stack_sweep_rows_ns_core']:.0f} core-ns/point)")
     print(f"        scan kernel (--keep frontier):        {k['stack_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
           f"  ({k['stack_sweep_scan_ns_core']:.0f} core-ns/point)")
+    print(f"      full cost model with cp = [1, 2] and cp_comm_type = [p2p, all_gather], {k['cp_sweep_points']:,} "
+          f"points ({k['cp_sweep_reached']:.0%} reach the whole model):")
+    print(f"        row kernel (full rows):               {k['cp_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['cp_sweep_rows_ns_core']:.0f} core-ns/point; {k['cp_sweep_reached_per_s'] / 1e6:.2f} M/s of "
+          "those that reach it)")
     print(f"      full cost model one configuration at a time (evaluate_rows on the "
           f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
           f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")

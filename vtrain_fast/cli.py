@@ -217,6 +217,8 @@ def unvalidated_settings(spec) -> list[str]:
            if not st.validated and any(getattr(g, st.name) != st.default for g in spec.gpus)]
     if "selective" in spec.recompute:
         out.append("selective recomputation")
+    if any(cp > 1 for cp in spec.cp):
+        out.append("context parallelism (cp > 1)")
     if any(m.seq_length > 2048 for m in spec.models):
         out.append("seq_length > 2048")
     return out
@@ -449,7 +451,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
     # recomputed; a few output names among the inputs stay an error (evaluate_frame)
     old_outputs = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
-    if set(OUTPUT_NAMES) | {"status"} <= set(plans.columns):
+    # (cp_comm_s came with context parallelism: files written before it lack only that column)
+    if (set(OUTPUT_NAMES) - {"cp_comm_s"}) | {"status"} <= set(plans.columns):
         plans = plans.drop(old_outputs)
         console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'output column')}); they are "
                       "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
@@ -463,7 +466,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     known = {c.name for c in COLUMNS} | set(OUTPUT_NAMES)
     labels = [c for c in df.columns if c not in known]           # the CSV's own columns, e.g. a name
     settings = [c for c in SETTING_COLUMNS if c in df.columns and df[c].n_unique() > 1]
-    shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", "tp", "pp", "dp", "micro_batch_size",
+    layout = ("tp", "cp", "pp", "dp") if "cp" in df.columns and (df["cp"] > 1).any() else ("tp", "pp", "dp")
+    shown = labels + [c for c in ("model", "gpu", "num_layers", "hidden_size", *layout, "micro_batch_size",
                                   "global_batch_size", "recompute") if c in df.columns] + settings + [
         c for c in ("status",) + HEADLINE_COLUMNS + (BREAKDOWN_COLUMNS if breakdown else ()) if c in df.columns]
     print_frame(df.select(shown), f"{csv} ({_plural(df.height, 'configuration')})", 20, console,

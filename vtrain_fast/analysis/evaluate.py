@@ -20,7 +20,7 @@ from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
-from ..model.settings import BY_NAME, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
+from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
@@ -30,8 +30,9 @@ REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "g
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", *ARCH_NAMES, "recompute", "precision",
-            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS))
-# Optional, and checked: num_gpus must be tp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
+            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS), "cp",
+            *(st.name for st in CHOICES if st.name != "precision"))
+# Optional, and checked: num_gpus must be tp x cp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
 INPUT_NAMES = REQUIRED + OPTIONAL + CHECKED
 # A column this close to an input column (difflib ratio, after lower-casing) is taken for a
@@ -51,6 +52,7 @@ ALIASES = {
     "intermediate_size": "ffn_hidden_size", "ffn_dim": "ffn_hidden_size", "n_inner": "ffn_hidden_size",
     "max_position_embeddings": "seq_length", "n_positions": "seq_length", "context_length": "seq_length",
     "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "data_parallel_size": "dp",
+    "context_parallel_size": "cp",
     "virtual_pipeline_model_parallel_size": "vpp", "num_layers_per_virtual_pipeline_stage": "vpp",
     "mbs": "micro_batch_size", "gbs": "global_batch_size", "train_tokens": "num_tokens",
     "recompute_granularity": "recompute", "recompute_activations": "recompute",
@@ -66,8 +68,6 @@ ALIASES = {
 # cost model does not have: a column with one of these names would pass through as a label and
 # the plan would be priced without it, so it is refused with what to do instead.
 UNMODELLED = {
-    "context_parallel_size": "context parallelism is not modelled",
-    "cp": "context parallelism is not modelled",
     "expert_model_parallel_size": "expert parallelism (mixture of experts) is not modelled",
     "ep": "expert parallelism (mixture of experts) is not modelled",
     "num_experts": "mixture-of-experts layers are not modelled",
@@ -84,7 +84,7 @@ UNMODELLED = {
                          "(HYBRID_SHARD is not modelled)",
     "bf16": "use the column precision = bf16", "fp16": "use the column precision = fp16",
     "sp": "use the column sequence_parallel (true or false)",
-    "world_size": "use the column num_gpus (or leave it out: tp x pp x dp)",
+    "world_size": "use the column num_gpus (or leave it out: tp x cp x pp x dp)",
 }
 
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
@@ -286,6 +286,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                     _str_column(df, name, where, ("true", "false", "1", "0"), "false")]
              for name in TRAINING_FLAGS}
     int_settings = {st.name: _int_column(df, st.name, where, st.default) for st in INT_SETTINGS}
+    # the str settings other than precision (cp_comm_type): one of their choices, default theirs
+    choice_settings = {st.name: _str_column(df, st.name, where, st.choices, st.default)
+                       for st in CHOICES if st.name != "precision"}
+    cp = _int_column(df, "cp", where, 1)
     calibration = calibration or {}
     cache: dict = {}
     hw_rows = np.empty((n, NUM_HW_FIELDS), dtype=np.float64)
@@ -297,15 +301,20 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         # the settings in one spelling (zero_stage 1 is the distributed optimizer)
         row_settings = canonical_values({**{k: int(v[i]) for k, v in int_settings.items()}, **row_flags})
         row_precision = "bf16" if precision[i] == "fp16" else precision[i]
-        key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), row_precision)
+        row_choices = {k: v[i] for k, v in choice_settings.items()}
+        key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), row_precision, *row_choices.values())
         if key not in cache:
-            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_settings, precision=row_precision)
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_settings, precision=row_precision,
+                      **row_choices)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_fp8(preset, where, f"row {i + 2}, column precision")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
-        sizes_are_1 = {k: int(ints[k][i]) == 1 for k in LAYOUT_SIZES}
+        # "dp": the data-parallel-with-context group (dp x cp), as model.step.plan_case reads it
+        row_sizes = {"tp": int(ints["tp"][i]), "pp": int(ints["pp"][i]), "dp": int(ints["dp"][i]) * int(cp[i]),
+                     "cp": int(cp[i])}
+        sizes_are_1 = {k: row_sizes[k] == 1 for k in LAYOUT_SIZES}
         kind = (key, *sizes_are_1.values())       # one check per machine and kind of plan
         if kind not in checked:
             check_row_requirements(cache[key][1], sizes_are_1, where, i + 2)
@@ -314,18 +323,17 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         row_presets.append(cache[key][1])
     # the world size as floats first: each size may be up to 10^8, their int64 product would wrap
     hi = CSV_INT_RANGES["num_gpus"][1]
-    cp = np.ones(n, dtype=np.int64)         # context parallelism: not modelled yet
     sizes = dict(tp=ints["tp"], cp=cp, dp=ints["dp"], pp=ints["pp"])
     too_many = world_size.py_func(Layout(**{k: v.astype(np.float64) for k, v in sizes.items()})) > hi
     if too_many.any():
         i = int(np.argmax(too_many))
-        raise InputError(where, f"columns tp x pp x dp, row {i + 2}",
+        raise InputError(where, f"columns tp x cp x pp x dp, row {i + 2}",
                          int(world_size.py_func(Layout(**{k: int(v[i]) for k, v in sizes.items()}))),
-                         f"at most {hi} GPUs", "check tp, pp and dp")
+                         f"at most {hi} GPUs", "check tp, cp, pp and dp")
     num_gpus = world_size.py_func(Layout(**sizes))
     gpn_used = hw_rows[:, H_GPUS_PER_NODE].astype(np.int64)
     num_nodes = -(-num_gpus // gpn_used)
-    for name, value, rule in (("num_gpus", num_gpus, "tp x pp x dp"),
+    for name, value, rule in (("num_gpus", num_gpus, "tp x cp x pp x dp"),
                               ("num_nodes", num_nodes, "ceil(num_gpus / gpus_per_node)")):
         given = _int_column(df, name, where, 0)
         bad = (given != 0) & (given != value)
@@ -333,7 +341,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             i = int(np.argmax(bad))
             raise InputError(where, f"column {name}, row {i + 2}", int(given[i]),
                              f"{rule} = {int(value[i])}, or an empty cell",
-                             f"fix {name} or tp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
+                             f"fix {name} or tp, cp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
     row = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
                ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], **arch_codes,
                global_batch_size=ints["global_batch_size"], micro_batch_size=ints["micro_batch_size"], **sizes,
@@ -349,7 +357,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"],
                 **{k: ARCH_BY_NAME[k].decode_all(c) for k, c in arch_codes.items()},
                 num_tokens=tokens,
-                gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], pp=ints["pp"], dp=ints["dp"],
+                gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], cp=cp, pp=ints["pp"], dp=ints["dp"],
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],
                 recompute=recompute)
     for col in SETTING_COLUMNS:

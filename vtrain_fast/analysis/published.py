@@ -391,11 +391,6 @@ def _zero_stage(row):
     return STACKS[row["source_key"]].settings.get("zero_stage", 0)
 
 
-def _r_context_parallel(row):
-    if row.get("cp") is not None and row["cp"] > 1:
-        return f"context parallelism (cp = {row['cp']}) not modelled"
-
-
 def _r_layout_unstated(row):
     missing = [c for c in ("tp", "pp", "dp", "cp") if row.get(c) is None]
     if missing:
@@ -469,7 +464,7 @@ def _r_metric(row):
 # model lacks first, then what the source does not state, then the metric. Delete a rule when the
 # model learns its feature.
 RULES: tuple[Callable[[dict], str | None], ...] = (
-    _r_gpu, _r_precision_other, _r_context_parallel, _r_recompute_kind, _r_uneven_stages,
+    _r_gpu, _r_precision_other, _r_recompute_kind, _r_uneven_stages,
     _r_world_size,
     _r_layout_unstated, _r_batch_unstated, _r_shape_unstated, _r_precision_unstated, _r_recompute_unstated,
     _r_sp_unstated, _r_vpp_unstated,
@@ -509,7 +504,7 @@ def plan_row(row: dict) -> tuple[dict, str]:
         vocab_size=row["vocab_size"], seq_length=row["seq_len"],
         **{k: str(v).lower() if isinstance(v, bool) else v for k, v in ({"gated_mlp": gated} | _arch(row)).items()},
         global_batch_size=row["global_batch_size"],
-        micro_batch_size=row["micro_batch_size"], tp=row["tp"], pp=row["pp"], dp=row["dp"],
+        micro_batch_size=row["micro_batch_size"], tp=row["tp"], cp=row.get("cp") or 1, pp=row["pp"], dp=row["dp"],
         num_gpus=row["num_gpus"], gpu=gm.preset, recompute=_recompute(row), precision=_precision(row),
         vpp=row.get("virtual_pp") or 1,
         **{k: str(v).lower() if isinstance(v, bool) else v for k, v in settings.items()},

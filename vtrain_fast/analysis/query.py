@@ -20,7 +20,7 @@ from ..io.schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUM
                      resolve_objectives)
 from ..io.writer import read_manifest, result_paths
 
-GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "pp", "dp",
+GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "cp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
                  "seq_length") + tuple(SETTING_COLUMNS)     # + vpp and the training switches
 CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
@@ -28,7 +28,8 @@ CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_siz
 # The outputs every printed table of plans shows.
 HEADLINE_COLUMNS = ("iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
 # Where an iteration's time goes (they add up to iteration_time_s): `--breakdown` shows them.
-BREAKDOWN_COLUMNS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s")
+BREAKDOWN_COLUMNS = ("compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s",
+                     "overhead_s")
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:
@@ -158,12 +159,23 @@ def where_filter(where: str, conditions) -> tuple:
     return out, values
 
 
-def _no_effect(st: Setting) -> pl.Expr:
+def _size(name: str, has_cp: bool) -> pl.Expr:
+    """A plan's size ``name`` of :data:`~vtrain_fast.model.settings.LAYOUT_SIZES` as the rules read
+    it: ``dp`` is the data-parallel-with-context group, ``dp x cp`` (results written before context
+    parallelism have no ``cp`` column: 1)."""
+    if name == "dp" and has_cp:
+        return pl.col("dp") * pl.col("cp")
+    if name == "cp" and not has_cp:
+        return pl.lit(1)
+    return pl.col(name)
+
+
+def _no_effect(st: Setting, has_cp: bool = True) -> pl.Expr:
     """Rows that stand for every value of setting ``st``: plans where it changes no cost
     (:attr:`~vtrain_fast.model.settings.Setting.inert_at`, ``inert_with``)."""
     expr = pl.lit(False)
     for size in st.inert_at:
-        expr = expr | (pl.col(size) == 1)
+        expr = expr | (_size(size, has_cp) == 1)
     for other, value in st.inert_with:
         expr = expr | (pl.col(other) == value)
     return expr
@@ -195,12 +207,13 @@ def with_every_value_where_inert(lf: pl.LazyFrame, settings: dict) -> pl.LazyFra
     the others, or the machine left out), but it is a plan of every value, so a frontier per value
     (``--by``) or of one value (``--where``) must count it."""
     expanded = False
+    has_cp = "cp" in lf.collect_schema()
     for st in SETTINGS:
         if st.name not in settings or not (st.inert_at or st.inert_with):
             continue
         vals = sorted(set(settings[st.name]))
         if len(vals) > 1:
-            lf = lf.with_columns(pl.when(_no_effect(st)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[st.name])))
+            lf = lf.with_columns(pl.when(_no_effect(st, has_cp)).then(pl.lit(vals, dtype=pl.List(lf.collect_schema()[st.name])))
                                  .otherwise(pl.concat_list(st.name)).alias(st.name)).explode(st.name)
             expanded = True
     # an expanded row may pair a switch with a setting it needs switched the other way: no such
@@ -398,20 +411,25 @@ def varying_setting_columns(folder: str | Path) -> list[str]:
     plans apart, also where the rows shown happen to share one value. Folders without that record
     (older versions) give the settings with more than one value in their rows.
 
+    The context-parallel size ``cp`` comes first when the sweep used context parallelism (a
+    ``cp`` above 1 in its rows): it is a parallel size, shown with tp, pp and dp only then.
+
     Returns
     -------
     list of str
-        Column names, in :data:`~vtrain_fast.io.schema.SETTING_COLUMNS` order.
+        Column names: ``cp`` where it applies, then in :data:`~vtrain_fast.io.schema.SETTING_COLUMNS` order.
     """
     lf = scan_results(folder)
-    cols = [c for c in SETTING_COLUMNS if c in lf.collect_schema().names()]
+    names = lf.collect_schema().names()
+    cp = ["cp"] if "cp" in names and (lf.select(pl.col("cp").max()).collect().item() or 1) > 1 else []
+    cols = [c for c in SETTING_COLUMNS if c in names]
     axes = read_manifest(folder).get("setting_axes")
     if axes is not None:
-        return [c for c in cols if c in axes]
+        return cp + [c for c in cols if c in axes]
     if not cols:
-        return []
+        return cp
     counts = lf.select([pl.col(c).n_unique() for c in cols]).collect().row(0)
-    return [c for c, n in zip(cols, counts) if n > 1]
+    return cp + [c for c, n in zip(cols, counts) if n > 1]
 
 
 def varying_job_columns(folder: str | Path, where=None) -> list[str]:

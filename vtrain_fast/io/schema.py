@@ -43,9 +43,10 @@ INPUT_COLUMNS = (
       for fl in ARCH_FLAGS),
     Column("num_tokens", pa.float64(), "tokens", "tokens to train on"),
     Column("gpu", _dict, "", "GPU preset"),
-    Column("num_gpus", pa.int64(), "", "GPUs in the job (tp x pp x dp)"),
+    Column("num_gpus", pa.int64(), "", "GPUs in the job (tp x cp x pp x dp)"),
     Column("num_nodes", pa.int64(), "", "nodes used (ceil(num_gpus / gpus_per_node))"),
     Column("tp", pa.int64(), "", "tensor-parallel size"),
+    Column("cp", pa.int64(), "", "context-parallel size: each sequence split over cp ranks (Megatron --context-parallel-size)"),
     Column("pp", pa.int64(), "", "pipeline-parallel size"),
     Column("dp", pa.int64(), "", "data-parallel size"),
     Column("micro_batch_size", pa.int64(), "sequences", "micro-batch size b"),
@@ -96,11 +97,12 @@ def setting_array(column: str, field_values, rows) -> pa.Array:
     return pa.array(setting_values(column, field_values)[rows])
 
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
-                 "out_of_memory", "repeat", "refused")
+                 "out_of_memory", "repeat", "refused", "bad_seq_length")
 STATUS_COLUMN = Column("status", _dict, "",
                        "ok | out_of_memory | bad_num_gpus | bad_heads | bad_layers | bad_batch | bad_input | "
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
-                       "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, vpp > 1 at pp = 2)")
+                       "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, vpp > 1 at pp = 2, "
+                       "cp > 1 without use_flash_attn) | bad_seq_length (seq_length not divisible by 2 x cp)")
 
 _OUT_DOCS = {
     "iteration_time_s": ("s", "one optimizer step over the global batch"),
@@ -126,6 +128,8 @@ _OUT_DOCS = {
     "cost_usd": ("USD", "gpu_hours x usd_per_gpu_hour"),
     "energy_kWh": ("kWh", "gpu_hours x TDP x PUE (an upper bound)"),
     "loss": ("nats/token", "Chinchilla L(N, D) = E + A/N^a + B/D^b (Hoffmann et al. 2022, Eq. 10)"),
+    "cp_comm_s": ("s", "slowest stage's exposed context-parallel K/V exchange (ring steps beyond their attention "
+                       "blocks, or the all-gathers and reduce-scatters)"),
 }
 INTEGER_OUTPUTS = ("num_parameters", "num_micro_batches", "num_steps")
 

@@ -152,3 +152,54 @@ def p2p_s(nbytes, crosses_node, hw):
     if crosses_node:
         return hw[H_P2P_OVERHEAD_S] + hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
     return hw[H_P2P_OVERHEAD_S] + hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])
+
+
+@jit
+def cp_ring_step_s(nbytes, crosses_node, hw):
+    """Seconds of one ring-attention step's transfer of ``nbytes`` to the next rank of the cp group
+    (and the same from the previous one, each on its own direction of the link): on the NIC when
+    ``crosses_node`` else on NVLink, ``latency + nbytes / (bw * efficiency)``. Unlike :func:`p2p_s`
+    no ``p2p_overhead_s``: that is the fitted host and synchronisation time of a pipeline engine's
+    blocking send (vTrain's Megatron-DeepSpeed runs), while TE launches the ring's sends and receives
+    asynchronously (``batch_isend_irecv``) on the attention's stream."""
+    if crosses_node:
+        return hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
+    return hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])
+
+
+@jit
+def cp_ring_forward_exposed_s(kv_bytes, cp, block_s, crosses_node, hw):
+    """Exposed seconds of ring attention's forward K/V exchange, one layer, one micro-batch
+    (Megatron-LM ``--cp-comm-type p2p``, TE ``AttnFuncWithCPAndKVP2P``): ``cp - 1`` steps, each
+    sending this rank's current K/V block (``kv_bytes``) to the next rank of the cp group and
+    receiving the previous rank's (:func:`cp_ring_step_s`, on the NIC when the group leaves its node) while
+    the attention block of the step runs (``block_s``): ``(cp - 1) * max(0, p2p - block_s)``."""
+    if cp <= 1.0:
+        return 0.0
+    return (cp - 1.0) * max(0.0, cp_ring_step_s(kv_bytes, crosses_node, hw) - block_s)
+
+
+@jit
+def cp_ring_backward_exposed_s(kv_bytes, cp, block_s, crosses_node, hw):
+    """Exposed seconds of ring attention's backward exchange, one layer, one micro-batch: ``cp``
+    steps, each overlapped with one backward attention block (``block_s``); the first passes the
+    K/V block on (``kv_bytes``), the middle ``cp - 2`` pass K/V and the dK/dV accumulated so far
+    (twice the bytes), the last only dK/dV, back to their owner (TE ``AttnFuncWithCPAndKVP2P``
+    backward): ``2 (cp - 1) kv_bytes`` in all, twice the forward's."""
+    if cp <= 1.0:
+        return 0.0
+    one = max(0.0, cp_ring_step_s(kv_bytes, crosses_node, hw) - block_s)
+    two = max(0.0, cp_ring_step_s(2.0 * kv_bytes, crosses_node, hw) - block_s)
+    return 2.0 * one + (cp - 2.0) * two
+
+
+@jit
+def cp_all_gather_s(kv_bytes, cp, stride, hw):
+    """Seconds of one all-gather (or reduce-scatter) over the ``cp`` ranks of a context-parallel
+    group spaced ``stride`` of every rank's K/V (``kv_bytes`` each, ``cp * kv_bytes`` gathered;
+    :func:`group_allgather_s`). TE's all-gather variant runs it before the attention, exposed
+    (``AttnFuncWithCPAndKVAllGather``: "KV all-gather between CP ranks is exposed"); its backward
+    gathers K/V again and reduce-scatters dK/dV after the attention."""
+    if cp <= 1.0:
+        return 0.0
+    return group_allgather_s(cp * kv_bytes, cp, stride, hw)

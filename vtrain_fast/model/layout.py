@@ -2,7 +2,7 @@
 the pruning table read.
 
 A :data:`Layout` holds the size of each parallel dimension of :data:`DIMS`: tensor (``tp``),
-context (``cp``, 1 until context parallelism is modelled), data (``dp``) and pipeline (``pp``)
+context (``cp``: each sequence split over ``cp`` ranks, ring or all-gather attention), data (``dp``) and pipeline (``pp``)
 parallelism. Ranks are numbered in Megatron-core's default order, ``tp`` innermost, then
 ``cp``, ``dp`` and ``pp`` outermost (``megatron.core.parallel_state``, ``order="tp-cp-ep-dp-pp"``),
 so a group of one dimension is ``size`` ranks spaced by the product of the sizes inside it
@@ -44,6 +44,29 @@ def split_world(num_gpus, tp, cp, pp):
 def dp_stride(lay):
     """Ranks between neighbours of a data-parallel group (``tp * cp``)."""
     return lay.tp * lay.cp
+
+
+@jit
+def dp_cp_size(lay):
+    """Ranks of the data-parallel-with-context group (``dp * cp``): the group that reduces the
+    gradients and shards the optimizer (Megatron-core ``get_data_parallel_group(with_context_parallel=True)``:
+    the ``cp`` ranks of a sequence hold the same weights and each computes gradients from its own
+    tokens)."""
+    return lay.dp * lay.cp
+
+
+@jit
+def dp_cp_stride(lay):
+    """Ranks between neighbours of the data-parallel-with-context group (``tp``: its ``dp * cp``
+    members are the ranks of one tensor-parallel and one pipeline position, consecutive in the
+    tp-cp-dp-pp order apart from the ``tp`` ranks inside)."""
+    return lay.tp
+
+
+@jit
+def cp_stride(lay):
+    """Ranks between neighbours of a context-parallel group (``tp``)."""
+    return lay.tp
 
 
 @jit

@@ -26,6 +26,7 @@ from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, ROPE
 from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF,
                      H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
                      H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
+from .params import CP_ALL_GATHER, H_CP_COMM
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -528,3 +529,79 @@ def optimizer_s(params, hw):
     Multi-tensor-apply launches are charged as 6 kernels.
     """
     return memory_bound_time_s(48.0 * params, 6.0, hw)
+
+
+# Context parallelism (Megatron-LM --context-parallel-size, Transformer Engine's attention with
+# context parallelism). Bytes per element of this rank's attention output that the ring's output
+# correction moves per step (read the step's output, read and write the running output, bf16;
+# TE flash_attn_fwd_out_correction), and that the backward's dQ and dK/dV accumulation moves per
+# step after the first (read both, write the sum).
+CP_OUT_CORRECTION_BYTES = 6.0
+CP_GRAD_ACCUMULATE_BYTES = 6.0
+# The all-gather variant runs its two query chunks as two flash kernels (on two CUDA streams).
+CP_ALL_GATHER_KERNELS = 2.0
+
+
+@jit
+def cp_all_gather_on(hw):
+    """Whether the machine vector asks for the all-gather variant of context parallelism
+    (``cp_comm_type`` = all_gather) rather than ring attention (p2p)."""
+    return hw[H_CP_COMM] == CP_ALL_GATHER
+
+
+@jit
+def cp_kv_bytes(b, s, h, a, g, t):
+    """Bytes of this rank's keys and values, one layer, one micro-batch, one TP rank: ``2 (K and
+    V) x b x s x (h g / a) / t x 2`` bytes, ``s`` the rank's tokens (``seq_length / cp``): what one
+    ring step passes on (Megatron-LM / TE ``AttnFuncWithCPAndKVP2P``)."""
+    return 2.0 * BYTES_PER_ELEMENT * b * s * h * g / a / t
+
+
+@jit
+def cp_attention_forward_extra_s(b, s, h, a, g, t, cp, hw):
+    """Seconds of the context-parallel attention forward of one layer, one micro-batch, one rank,
+    beyond the one local FlashAttention call of :func:`layer_forward_s` (``s`` = seq_length / cp,
+    the rank's tokens; 0.0 at ``cp = 1``).
+
+    Causal load balance (TE): the sequence is cut into ``2 cp`` chunks and rank ``r`` holds chunks
+    ``r`` and ``2 cp - 1 - r``, so every rank does ``1/cp`` of the causal attention FLOPs,
+    ``cp`` times those of a causal block over its own ``s`` tokens.
+    Ring (p2p): ``cp`` steps, each a FlashAttention kernel of those FLOPs (step 0 the local causal
+    block, then half the queries against a whole received K/V block or all the queries against half
+    of it; :func:`flash_attention_forward_s` of ``s`` rows, with its SM occupancy), and per step an
+    output / log-sum-exp correction (:data:`CP_OUT_CORRECTION_BYTES` per output element, one kernel).
+    All-gather: the two local query chunks against the gathered keys up to their end, two kernels
+    doing ``cp`` times the local causal FLOPs together and reading the ``cp`` gathered K/V
+    (:func:`flash_attention_time_s`), and the copy of the two outputs into one (4 bytes per element)."""
+    if cp <= 1.0:
+        return 0.0
+    one = flash_attention_forward_s(b, s, h, a, g, t, hw)
+    out_elems = b * s * h / t
+    if cp_all_gather_on(hw):
+        q = BYTES_PER_ELEMENT * out_elems
+        nbytes = q + cp * cp_kv_bytes(b, s, h, a, g, t) + q + 4.0 * b * (a / t) * s
+        gathered = flash_attention_time_s(cp * 2.0 * b * s * s * h / t, nbytes, b, s, a, t, CP_ALL_GATHER_KERNELS, hw)
+        return gathered + memory_bound_time_s(4.0 * out_elems, 1.0, hw) - one
+    return (cp - 1.0) * one + cp * memory_bound_time_s(CP_OUT_CORRECTION_BYTES * out_elems, 1.0, hw)
+
+
+@jit
+def cp_attention_backward_extra_s(b, s, h, a, g, t, cp, hw):
+    """Seconds of the context-parallel attention backward of one layer, one micro-batch, one rank,
+    beyond the one local FlashAttention backward of :func:`layer_backward_s` (``s`` the rank's
+    tokens; 0.0 at ``cp = 1``): ring, ``cp`` FlashAttention backward steps (each
+    :func:`flash_attention_backward_s` of ``s`` rows) and from the second on the accumulation of the
+    step's dQ and dK/dV (:data:`CP_GRAD_ACCUMULATE_BYTES` per element, two kernels); all-gather,
+    two backward kernels doing ``cp`` times the local FLOPs (2.5x the forward's), reading the
+    gathered K/V and writing their full-length gradients."""
+    if cp <= 1.0:
+        return 0.0
+    one = flash_attention_backward_s(b, s, h, a, g, t, hw)
+    kv = cp_kv_bytes(b, s, h, a, g, t)
+    if cp_all_gather_on(hw):
+        q = BYTES_PER_ELEMENT * b * s * h / t
+        nbytes = 3.0 * q + cp * kv + 4.0 * b * (a / t) * s + q + cp * kv + 2.0 * 2.0 * q
+        return flash_attention_time_s(cp * 2.5 * 2.0 * b * s * s * h / t, nbytes, b, s, a, t,
+                                      CP_ALL_GATHER_KERNELS * FLASH_BACKWARD_KERNELS, hw) - one
+    accumulate = CP_GRAD_ACCUMULATE_BYTES / BYTES_PER_ELEMENT * (BYTES_PER_ELEMENT * b * s * h / t + kv)
+    return (cp - 1.0) * (one + memory_bound_time_s(accumulate, 2.0, hw))

@@ -46,7 +46,7 @@ HARDWARE_FIELDS = (
 HW_FIELDS = (
     *HARDWARE_FIELDS,
     *(st.name for st in SETTINGS),
-    "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp>1) set where this machine
+    "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp*cp>1) + 8 (cp>1) set where this machine
                               # repeats an earlier one of the sweep (model.step.repeats); 0 outside sweeps
     "refused_cases",          # sweep bookkeeping: the same bits, set where Megatron-LM refuses this machine's
                               # settings on such plans (model.step.refused); 0 outside sweeps
@@ -80,6 +80,8 @@ H_VPP = hw_index("vpp")                               # virtual pipeline stages 
 H_ZERO_STAGE = hw_index("zero_stage")                 # 0-3: what is sharded over DP (ZeRO stage)
 H_PRECISION = hw_index("precision")                   # index of the precision among its choices
 PRECISION_FP8 = BY_NAME["precision"].encode("fp8")    # H_PRECISION's value for fp8 (Transformer Engine)
+H_CP_COMM = hw_index("cp_comm_type")                  # index of the context-parallel exchange among its choices
+CP_ALL_GATHER = BY_NAME["cp_comm_type"].encode("all_gather")   # H_CP_COMM's value for the all-gather variant
 H_REPEAT_CASES = hw_index("repeat_cases")
 H_REFUSED_CASES = hw_index("refused_cases")
 
@@ -116,11 +118,12 @@ OUTPUT_NAMES = (
     "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
     "num_parameters", "num_micro_batches", "num_steps",
     "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
+    "cp_comm_s",              # added with context parallelism: last, so that the rows before it keep their index
 )
 NUM_OUTPUTS = len(OUTPUT_NAMES)
 (O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
  O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
- O_LOSS) = range(NUM_OUTPUTS)
+ O_LOSS, O_CP) = range(NUM_OUTPUTS)
 
 # Status codes, one per row. vtrain_fast.io.schema.STATUS_LABELS names them.
 OK = 0
@@ -134,6 +137,7 @@ BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size 
 OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
 REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
                      # setting that differs has no effect at this tp, pp, dp (see repeats)
-REFUSED = 8          # Megatron-LM refuses the settings on this plan (vpp > 1 at pp = 2), or a setting needs one
-                     # it switches off here (tp_comm_overlap at tp = 1; see refused)
-NUM_STATUS = 9
+REFUSED = 8          # Megatron-LM refuses the settings on this plan (vpp > 1 at pp = 2; cp > 1 without
+                     # FlashAttention), or a setting needs one it switches off here (tp_comm_overlap at tp = 1; see refused)
+BAD_SEQ_LENGTH = 9   # seq_length not divisible by 2 * cp (context parallelism's load-balanced chunks)
+NUM_STATUS = 10

@@ -15,8 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The parallel sizes a setting's no-effect rule may name, in the order of the kernels' plan kinds
-# (bit k of a plan kind: size k > 1; model.step.repeats).
-LAYOUT_SIZES = ("tp", "pp", "dp")
+# (bit k of a plan kind: size k > 1; model.step.plan_case). "dp" stands for the group that
+# reduces the gradients and shards the optimizer, data parallelism with context parallelism
+# (dp x cp ranks, Megatron-core's data-parallel group with context parallelism): a data-parallel
+# setting acts on a dp = 1 plan whose cp > 1. "cp" is the context-parallel size (bit 3, added
+# last so that the bits of the first three stay).
+LAYOUT_SIZES = ("tp", "pp", "dp", "cp")
+# How a rule names each size in the docs (README's rules, notes).
+SIZE_LABELS = {"tp": "tp", "pp": "pp", "dp": "dp x cp", "cp": "cp"}
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,13 @@ SETTINGS: tuple[Setting, ...] = (
             "Engine (hybrid E4M3/E5M2, delayed scaling), attention core, embeddings and LM head in bf16 "
             "(Megatron-LM --bf16 --fp8-format hybrid; needs a GPU with FP8 tensor cores)",
             "--fp8-format", choices=("bf16", "fp8")),
+    Setting("cp_comm_type", str, "p2p", "context-parallel all-gather attention",
+            "how context parallelism exchanges keys and values: p2p, ring attention (K/V blocks passed to the "
+            "next rank of the cp group over cp - 1 steps, each overlapped with the attention block of the step; "
+            "dK/dV passed back the same way), or all_gather (K/V all-gathered over the cp group before the "
+            "attention, exposed; dK/dV reduce-scattered after it) (Megatron-LM --cp-comm-type; Transformer "
+            "Engine AttnFuncWithCPAndKVP2P / AttnFuncWithCPAndKVAllGather)",
+            "--cp-comm-type", inert_at=("cp",), table="parallel", choices=("p2p", "all_gather")),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
@@ -226,7 +239,7 @@ def rules_markdown() -> str:
         return str(v).lower()
     lines = []
     for st in SETTINGS:
-        parts = [f"no effect at {' or '.join(f'{k} = 1' for k in st.inert_at)}"] if st.inert_at else []
+        parts = [f"no effect at {' or '.join(f'{SIZE_LABELS[k]} = 1' for k in st.inert_at)}"] if st.inert_at else []
         parts += [f"Megatron-LM switches it off at {' or '.join(f'{k} = 1' for k in st.off_at)}"] if st.off_at else []
         with_values = {}
         for k, v in st.inert_with:

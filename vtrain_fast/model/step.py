@@ -21,7 +21,7 @@ import math
 
 from ._jit import jit
 from . import comm, memory, ops
-from .layout import Layout, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401 (Layout: for callers)
+from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import hw_index
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
@@ -34,6 +34,7 @@ H_EMB_SPLIT = hw_index("account_for_embedding_in_pipeline_split")  # 1: embeddin
 H_LOSS_SPLIT = hw_index("account_for_loss_in_pipeline_split")      # 1: output layer + loss counted as a layer
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
+from .params import BAD_SEQ_LENGTH, O_CP  # noqa: F401 (context parallelism)
 from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
                      NUM_STATUS, O_ACT, O_BUBBLE, O_COMPUTE, O_COST, O_DAYS, O_DP, O_ENERGY, O_GPU_HOURS,
                      O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU, O_MICRO, O_OPT, O_OVERHEAD, O_PARAMS, O_PP,
@@ -64,10 +65,11 @@ MICRO_NAMES = (
     "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
     "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
     "tp_backward_hidden_s", "fp8_weight_cast_s", "fp8_weight_bytes",
+    "cp_forward_exposed_s", "cp_backward_exposed_s",
 )
 NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
- M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS) = range(NUM_MICRO)
+ M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS, M_CP_FWD, M_CP_BWD) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
@@ -167,7 +169,29 @@ def validate_split(L, h, a, g, f, v, s, lay, hw):
         return BAD_HEADS
     if not stage_layers(float(L), float(p), hw)[3]:
         return BAD_LAYERS
+    return validate_context(s, lay)
+
+
+@jit
+def validate_context(s, lay):
+    """Status code of context parallelism's rule: ``seq_length`` divisible by ``2 * cp`` (the
+    sequence is cut into ``2 cp`` equal chunks for the causal load balance; Megatron-core's
+    ``get_batch_on_this_cp_rank`` and TE assert it), else ``BAD_SEQ_LENGTH``; ``BAD_INPUT`` for a
+    ``cp`` below 1; ``OK`` at ``cp = 1``."""
+    if lay.cp <= 0:
+        return BAD_INPUT
+    if lay.cp > 1 and s % (2 * lay.cp) != 0:
+        return BAD_SEQ_LENGTH
     return OK
+
+
+@jit
+def refused_context_parallel(lay, hw):
+    """Whether Megatron-LM refuses context parallelism on this machine: ``cp > 1`` needs
+    Transformer Engine's fused (flash) attention (Megatron-core's local ``DotProductAttention``
+    asserts ``context_parallel_size == 1``; TE's unfused attention has no context-parallel path),
+    i.e. ``use_flash_attn`` here."""
+    return lay.cp > 1 and hw[H_FLASH_ATTN] == 0.0
 
 
 @jit
@@ -212,7 +236,7 @@ def validate_interleaving(L, B, b, p, d, hw):
 @jit
 def repeats(lay, hw):
     """Whether this machine (a value of a sweep's gpu axis) repeats an earlier one of the sweep at
-    parallel layout ``lay``: bit ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` (the plan kinds of
+    parallel layout ``lay``: bit ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` (the plan kinds of
     :data:`vtrain_fast.model.settings.LAYOUT_SIZES`)
     of the machine-vector field ``repeat_cases`` (set by :func:`vtrain_fast.plan.grid.repeat_cases`
     where the settings that tell the two machines apart have no effect: ``vpp`` at ``p = 1``,
@@ -233,15 +257,16 @@ def refused_interleaving(p, hw):
 @jit
 def plan_case(lay):
     """The kind of plan of layout ``lay`` as a bit number of the machine vector's repeat and
-    refused masks: ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` (:func:`vtrain_fast.plan.spec.plan_kind`
+    refused masks: ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` (:func:`vtrain_fast.plan.spec.plan_kind`
     decodes it)."""
-    return (1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if lay.dp > 1 else 0)
+    return ((1 if lay.tp > 1 else 0) + (2 if lay.pp > 1 else 0) + (4 if dp_cp_size(lay) > 1 else 0)
+            + (8 if lay.cp > 1 else 0))
 
 
 @jit
 def refused(lay, hw):
     """Whether Megatron-LM refuses this machine's settings on plans of layout ``lay``'s kind: bit
-    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` of the machine-vector field ``refused_cases`` (set by
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` of the machine-vector field ``refused_cases`` (set by
     :func:`vtrain_fast.plan.spec.refused_cases` where a setting needs one that Megatron-LM
     switches off there, e.g. tp_comm_overlap at tp = 1, where sequence parallelism is off)."""
     return (int(hw[H_REFUSED_CASES]) >> plan_case(lay)) & 1 == 1
@@ -262,8 +287,8 @@ def fill_nan(out, i):
 
 
 @jit
-def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH):
-    """Costs of one micro-batch that depend only on the model, the machine, ``b`` and ``t``.
+def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
+    """Costs of one micro-batch that depend only on the model, the machine, ``b``, ``t`` and ``cp``.
 
     Parameters
     ----------
@@ -295,7 +320,17 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH):
         of one layer's FP8 weight copies (:func:`~vtrain_fast.model.memory.fp8_weight_copy_bytes`),
         both 0.0 in bf16; the layer's activation bytes are then the FP8 ones
         (:func:`~vtrain_fast.model.memory.fp8_activation_saving_bytes` fewer).
+
+        With context parallelism (``cp > 1``) every token-wise cost is that of this rank's
+        ``s / cp`` tokens (so the activations are Korthikanti's with ``s / cp``), the layer's
+        forward and backward (and the attention core that selective recomputation reruns) add the
+        context-parallel attention beyond one local FlashAttention call
+        (:func:`~vtrain_fast.model.ops.cp_attention_forward_extra_s`,
+        :func:`~vtrain_fast.model.ops.cp_attention_backward_extra_s`), and the last two values
+        are the exposed K/V exchange of one layer's forward and backward (:func:`cp_exchange_s`);
+        both 0.0 at ``cp = 1``.
     """
+    s = s / cp                          # context parallelism: this rank's tokens of each sequence
     sbh2 = 2.0 * b * s * h
     gated = arch.gated_mlp
     fp8 = 1.0 if ops.fp8_on(hw) else 0.0
@@ -307,8 +342,11 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH):
     else:
         gather = comm.intra_allgather_s(sbh2, t, hw)
         tp_exchange = comm.group_allreduce_s(sbh2, t, 1.0, hw)
-    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch),
-            ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch),
+    cp_fwd = ops.cp_attention_forward_extra_s(b, s, h, a, g, t, cp, hw)    # 0.0 at cp = 1
+    cp_bwd = ops.cp_attention_backward_extra_s(b, s, h, a, g, t, cp, hw)
+    cp_fwd_exposed, cp_bwd_exposed = cp_exchange_s(b, s, h, a, g, t, cp, hw)
+    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch) + cp_fwd,
+            ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch) + cp_bwd,
             tp_exchange,
             comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
             ops.embedding_s(b, s, h, v, t, hw, arch),
@@ -319,7 +357,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH):
             memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated)
             - memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8),
             s * b * v / t * 6.0,
-            ops.attention_core_forward_s(b, s, h, a, g, t, hw),
+            ops.attention_core_forward_s(b, s, h, a, g, t, hw) + cp_fwd,
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
             (tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw,
                                   gated)
@@ -327,7 +365,32 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH):
             + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated)
                if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0),
             fp8_weight_cast_s(h, a, g, f, t, hw, gated),
-            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated))
+            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated),
+            cp_fwd_exposed, cp_bwd_exposed)
+
+
+@jit
+def cp_exchange_s(b, s, h, a, g, t, cp, hw):
+    """``(forward, backward)`` exposed seconds of one layer's context-parallel K/V exchange, one
+    micro-batch (``s`` the rank's tokens, ``seq_length / cp``; ``(0, 0)`` at ``cp = 1``).
+
+    The cp group has ``cp`` ranks spaced ``tp`` (:func:`~vtrain_fast.model.layout.cp_stride`);
+    it leaves its node when ``tp * cp > gpus_per_node``. Ring (``cp_comm_type`` = p2p): each
+    step's transfer of this rank's K/V (:func:`~vtrain_fast.model.ops.cp_kv_bytes`) hides behind
+    one attention block (the FlashAttention forward or backward over ``s`` rows):
+    :func:`~vtrain_fast.model.comm.cp_ring_forward_exposed_s`,
+    :func:`~vtrain_fast.model.comm.cp_ring_backward_exposed_s`. All-gather: forward one exposed
+    all-gather of K/V, backward that all-gather again and the reduce-scatter of dK/dV
+    (:func:`~vtrain_fast.model.comm.cp_all_gather_s`)."""
+    if cp <= 1.0:
+        return 0.0, 0.0
+    kv = ops.cp_kv_bytes(b, s, h, a, g, t)
+    if ops.cp_all_gather_on(hw):
+        gather = comm.cp_all_gather_s(kv, cp, t, hw)
+        return gather, 2.0 * gather
+    crosses = spans_nodes(cp, t, hw[H_GPUS_PER_NODE])
+    return (comm.cp_ring_forward_exposed_s(kv, cp, ops.flash_attention_forward_s(b, s, h, a, g, t, hw), crosses, hw),
+            comm.cp_ring_backward_exposed_s(kv, cp, ops.flash_attention_backward_s(b, s, h, a, g, t, hw), crosses, hw))
 
 
 @jit
@@ -437,8 +500,9 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         stage (Megatron-LM's embedding group, ``2 v h / t`` bytes, after the backward; 0 at
         ``pp = 1`` or when untied).
     """
-    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
-    dp_apart = float(dp_stride(lay))       # ranks between data-parallel neighbours
+    t, p = float(lay.tp), float(lay.pp)
+    d = float(dp_cp_size(lay))             # gradients are reduced (and sharded) over dp x cp ranks
+    dp_apart = float(dp_cp_stride(lay))    # ranks between their neighbours (tp)
     zero = memory.sharding_stage(hw)
     p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
     l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
@@ -531,6 +595,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     """
     status = OK
     t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
+    dz = float(dp_cp_size(lay))        # the ranks the optimizer shards over (dp x cp)
+    sl = s / float(lay.cp)             # tokens of a sequence on one rank (context parallelism)
     m = B / (d * b)
     # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
     l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
@@ -552,6 +618,12 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     first_tp = l_first * layer_tp
     mid_tp = l_mid * layer_tp
     last_tp = l_last * layer_tp
+    # context parallelism's exposed K/V exchange (0 at cp = 1): every forward (recomputed ones too,
+    # and the attention core rerun by selective recomputation) and every backward of a layer
+    layer_cp = (1.0 + rc + sel) * mb[M_CP_FWD] + mb[M_CP_BWD]
+    first_cp = l_first * layer_cp
+    mid_cp = l_mid * layer_cp
+    last_cp = l_last * layer_cp
     emb_compute = mb[M_EMB]
     emb_tp = ar_act
     head_compute = mb[M_HEAD]
@@ -562,7 +634,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     # + the FP8 weight cast (0 in bf16): once per iteration, spread over the micro-batches; with
     # ZeRO-3 the weights are gathered per use, so each layer is cast at its forward and backward gather
     zero = memory.sharding_stage(hw)
-    regather = zero >= 3.0 and d > 1.0
+    regather = zero >= 3.0 and dz > 1.0
     cast = 2.0 * mb[M_FP8_CAST] if regather else mb[M_FP8_CAST] / m
     first_compute += acc * split[S_ACC_FIRST] + l_first * cast
     mid_compute += acc * split[S_ACC_BODY] + l_mid * cast
@@ -614,27 +686,31 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         c_slow = first_compute + emb_compute + head_compute
         tp_slow = first_tp + emb_tp + head_tp
         dp_slow = first_dp + emb_dp + head_dp
+        cp_slow = first_cp
         pp_slow = 0.0
         bubble = 0.0
     else:
-        t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp
-        t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp
-        t_mid = mid_compute + mid_tp + pp_mb + mid_dp
+        t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp + first_cp
+        t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp + last_cp
+        t_mid = mid_compute + mid_tp + pp_mb + mid_dp + mid_cp
         total = t_first + t_last + (p - 2.0) * t_mid
         if t_last >= t_first:
             c_slow = last_compute + head_compute
             tp_slow = last_tp + head_tp
             dp_slow = last_dp + head_dp
+            cp_slow = last_cp
             t_slow = t_last
         else:
             c_slow = first_compute + emb_compute
             tp_slow = first_tp + emb_tp
             dp_slow = first_dp + emb_dp
+            cp_slow = first_cp
             t_slow = t_first
         if p > 2.0 and t_mid > t_slow:      # uneven stages: a middle stage may be the slowest
             c_slow = mid_compute
             tp_slow = mid_tp
             dp_slow = mid_dp
+            cp_slow = mid_cp
             t_slow = t_mid
         pp_slow = pp_mb
         # interleaving splits each device's work into vs chunks: warm-up and cool-down take
@@ -643,6 +719,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     compute_s = m * c_slow
     tp_comm_s = m * tp_slow
     pp_comm_s = m * pp_slow
+    cp_comm_s = m * cp_slow
     # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
     # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
     # recomputation) runs on each stage, so only the part longer than that backward is exposed.
@@ -666,7 +743,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     dp_comm_s += split[S_EMB_SYNC]          # the tied embedding's gradient (pp > 1), after the backward
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
-    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s + cp_comm_s
 
     # ---- memory per GPU (the fullest of the first, the second and the last stage)
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
@@ -674,38 +751,38 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
     act_mid = 0.0
     if p == 1.0:
-        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, s, hs, full, rc)
-                     + s * b * hs * 3.0 + mb[M_LOGITS] + rebuilt)
+        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, sl, hs, full, rc)
+                     + sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt)
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
-        act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, s, hs, full, rc)
-                     + in_flight * s * b * hs + rebuilt)
-        act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, s, hs, full, rc)
-                    + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
+        act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, sl, hs, full, rc)
+                     + in_flight * sl * b * hs + rebuilt)
+        act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc)
+                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt)
         if p > 2.0:     # the second stage holds min(p - 1, m) micro-batches of l_mid layers
-            act_mid = memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, s, hs, full, rc) + rebuilt
+            act_mid = memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc) + rebuilt
     else:
         # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
         # backward, device i 2(p-1-i) + (vs-1)p, the last device (vs-1)p (Megatron-LM's
         # interleaved schedule); each chunk holds a stage's layers / vs of one micro-batch
         chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
         chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
-        act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, s, hs, full, rc)
-                     + chunks_first / vs * s * b * hs + rebuilt)
-        act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, s, hs, full, rc)
-                    + 2.0 * s * b * hs + mb[M_LOGITS] + rebuilt)
+        act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, sl, hs, full, rc)
+                     + chunks_first / vs * sl * b * hs + rebuilt)
+        act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc)
+                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt)
         if p > 2.0:
             chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
-            act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, s, hs, full, rc) + rebuilt
+            act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc) + rebuilt
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
     # FP8 weight copies of a stage's layers (0 in bf16); with ZeRO-3 of the layers held gathered
     fp8_first = (memory.ZERO3_GATHERED_LAYERS if regather else l_first) * mb[M_FP8_WEIGHTS]
     fp8_mid = (memory.ZERO3_GATHERED_LAYERS if regather else l_mid) * mb[M_FP8_WEIGHTS]
     fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last) * mb[M_FP8_WEIGHTS]
-    state_first = memory.model_state_bytes(p_first, d, zero) + split[S_GATHERED] + fp8_first
-    state_last = memory.model_state_bytes(p_last, d, zero) + split[S_GATHERED] + fp8_last
+    state_first = memory.model_state_bytes(p_first, dz, zero) + split[S_GATHERED] + fp8_first
+    state_last = memory.model_state_bytes(p_last, dz, zero) + split[S_GATHERED] + fp8_last
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
@@ -713,7 +790,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         states, act = state_last, act_last
     if act_mid > 0.0:
-        state_mid = memory.model_state_bytes(split[S_P_MID], d, zero) + split[S_GATHERED] + fp8_mid
+        state_mid = memory.model_state_bytes(split[S_P_MID], dz, zero) + split[S_GATHERED] + fp8_mid
         if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]
@@ -756,6 +833,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     out[O_COST, i] = gpu_hours * hw[H_USD_PER_GPU_HOUR]
     out[O_ENERGY, i] = gpu_hours * hw[H_TDP_W] * 1e-3 * hw[H_PUE]
     out[O_LOSS, i] = totals[T_LOSS]
+    out[O_CP, i] = cp_comm_s
     return status
 
 
@@ -799,7 +877,7 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch
         shape error are NaN.
     """
     status = validate_split(L, h, a, g, f, v, s, lay, hw)
-    if status == OK and refused_interleaving(lay.pp, hw):
+    if status == OK and (refused_interleaving(lay.pp, hw) or refused_context_parallel(lay, hw)):
         status = REFUSED                # a settings rule, before the batch rule (as sweeps check it)
     status = validate_batch(status, B, b, lay.dp)
     if status == OK:
@@ -810,6 +888,6 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch
     L = float(L); h = float(h); a = float(a); g = float(g); f = float(f); v = float(v)
     s = float(s); B = float(B); b = float(b)
     return schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw,
-                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw, arch),
+                    micro_batch_costs(b, s, h, a, g, f, v, float(lay.tp), hw, arch, float(lay.cp)),
                     split_costs(L, h, a, g, f, v, s, lay, hw, arch),
                     model_totals(L, h, a, g, f, v, s, num_tokens, arch), out, i)

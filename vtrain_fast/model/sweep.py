@@ -29,28 +29,29 @@ from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
                      MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
+from .step import refused_context_parallel
 from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, chunks_split, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
-AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "pp", "micro_batch_size",
+AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "cp", "pp", "micro_batch_size",
         "global_batch_size", "recompute")
 NUM_AXES = len(AXES)
-(A_MODEL, A_TOKENS, A_GPU, A_SIZE, A_TP, A_PP, A_MBS, A_GBS, A_RECOMPUTE) = range(NUM_AXES)
+(A_MODEL, A_TOKENS, A_GPU, A_SIZE, A_TP, A_CP, A_PP, A_MBS, A_GBS, A_RECOMPUTE) = range(NUM_AXES)
 # Axes of the pruning table (everything the num_gpus, heads and layers rules depend on); the
 # axes after A_PP only enter the batch rule, so an infeasible prefix rules out a whole
 # contiguous run of ``radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]`` points.
-PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_PP)
+PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_CP, A_PP)
 
 # Integer input columns written by the sweep kernel: rows of the int64 input matrix.
 INPUT_NAMES = (
     "model_index", "gpu_index", *MODEL_FIELDS, "num_gpus", "num_nodes",
-    "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
+    "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
 NUM_INPUTS = len(INPUT_NAMES)
 (I_MODEL, I_GPU, I_LAYERS) = range(3)      # the model's columns follow, MODEL_FIELDS order
-(I_NUM_GPUS, I_NUM_NODES, I_TP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(2 + NUM_MODEL_FIELDS, NUM_INPUTS)
+(I_NUM_GPUS, I_NUM_NODES, I_TP, I_CP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(2 + NUM_MODEL_FIELDS, NUM_INPUTS)
 
 # Points per prange iteration of the range drivers (one decode of the flat index each).
 BLOCK = 1024
@@ -102,12 +103,13 @@ def advance_digits(digits, radices):
 @jit
 def prefix_index(digits, radices):
     """Row of the pruning table for ``digits``: mixed radix over :data:`PREFIX_AXES`."""
-    return ((((digits[A_MODEL] * radices[A_GPU] + digits[A_GPU]) * radices[A_SIZE]
-              + digits[A_SIZE]) * radices[A_TP] + digits[A_TP]) * radices[A_PP] + digits[A_PP])
+    return (((((digits[A_MODEL] * radices[A_GPU] + digits[A_GPU]) * radices[A_SIZE]
+               + digits[A_SIZE]) * radices[A_TP] + digits[A_TP]) * radices[A_CP] + digits[A_CP]) * radices[A_PP]
+            + digits[A_PP])
 
 
 @jit
-def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
+def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps):
     """Quantities fixed by the axes up to ``pp``: ``(gpu_index, num_gpus, num_nodes, layout,
     ok)``; the layout (:func:`~vtrain_fast.model.layout.split_world`) gives dp the rest, and
     ``ok`` is False when tp x cp x pp does not divide num_gpus."""
@@ -115,7 +117,7 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps):
     gpn = int(hw_table[gi, H_GPUS_PER_NODE])
     size = sizes[digits[A_SIZE]]
     num_gpus = size * gpn if sizes_in_nodes else size
-    lay, ok = split_world(num_gpus, tps[digits[A_TP]], 1, pps[digits[A_PP]])
+    lay, ok = split_world(num_gpus, tps[digits[A_TP]], cps[digits[A_CP]], pps[digits[A_PP]])
     return gi, num_gpus, (num_gpus + gpn - 1) // gpn, lay, ok
 
 
@@ -130,25 +132,25 @@ def model_arch(models, mi):
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
 # budget, :func:`~vtrain_fast.model.step.split_costs` and
 # :func:`~vtrain_fast.model.step.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
-# ``CTX_FILLED``), and for the current (model, gpu, tp) a table of
+# ``CTX_FILLED``), and for the current (model, gpu, tp, cp) a table of
 # :func:`~vtrain_fast.model.step.micro_batch_costs` over the micro_batch_size axis. Both are
 # filled by the first point that passes the shape rules. The points that share them differ only
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 16 or NUM_SPLIT != 19 or NUM_TOTALS != 3 or NUM_FLAGS != 5:     # grid_point unpacks them by hand
+if NUM_MICRO != 18 or NUM_SPLIT != 19 or NUM_TOTALS != 3 or NUM_FLAGS != 5:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
                       "or model.arch's flags")
 
 
 @jit
-def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
                    micro_key, micro_ok):
     """Recompute what a block caches for the prefix of ``digits`` (see ``NUM_CTX``).
 
     Marks ``ctx`` (``float64``, shape ``(NUM_CTX + 1,)``) empty, and clears ``micro_ok``
-    (``uint8``, one per micro_batch_size value) when (model, gpu, tp) differs from
-    ``micro_key`` (``int64``, shape ``(3,)``, updated). Returns
+    (``uint8``, one per micro_batch_size value) when (model, gpu, tp, cp) differs from
+    ``micro_key`` (``int64``, shape ``(4,)``, updated). Returns
     ``(gpu_index, num_gpus, num_nodes, layout, ok, split_status)``, the first five as
     :func:`prefix_values`; ``split_status`` is
     :func:`~vtrain_fast.model.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
@@ -156,22 +158,24 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, p
     this plan (:func:`~vtrain_fast.model.step.refused`) / the machine repeats an earlier one
     (:func:`~vtrain_fast.model.step.repeats`).
     """
-    gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, pps)
+    gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps)
     mi = digits[A_MODEL]
     split_status = BAD_NUM_GPUS
     if ok:
         split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
                                       models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
                                       models[mi, MD_SEQ], lay, hw_table[gi])
-        if split_status == OK and (refused(lay, hw_table[gi]) or refused_interleaving(lay.pp, hw_table[gi])):
+        if split_status == OK and (refused(lay, hw_table[gi]) or refused_interleaving(lay.pp, hw_table[gi])
+                                   or refused_context_parallel(lay, hw_table[gi])):
             split_status = REFUSED      # Megatron-LM refuses these settings on this plan
         elif split_status == OK and repeats(lay, hw_table[gi]):
             split_status = REPEAT       # an earlier machine of the sweep has these rows
     ctx[CTX_FILLED] = 0.0
-    if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != lay.tp:
+    if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != lay.tp or micro_key[3] != lay.cp:
         micro_key[0] = mi
         micro_key[1] = gi
         micro_key[2] = lay.tp
+        micro_key[3] = lay.cp
         micro_ok[:] = 0
     return gi, num_gpus, nodes, lay, ok, split_status
 
@@ -194,6 +198,7 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
     inputs[I_NUM_GPUS, j] = num_gpus
     inputs[I_NUM_NODES, j] = num_nodes
     inputs[I_TP, j] = lay.tp
+    inputs[I_CP, j] = lay.cp
     inputs[I_PP, j] = lay.pp
     inputs[I_DP, j] = lay.dp
     inputs[I_MBS, j] = b
@@ -224,13 +229,13 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
             ctx[NUM_SPLIT + k] = mt[k]
         ctx[CTX_FILLED] = 1.0
     if micro_ok[db] == 0:
-        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, arch)
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, arch, float(lay.cp))
         for k in range(NUM_MICRO):
             micro[db, k] = mc[k]
         micro_ok[db] = 1
     mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
           micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
-          micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15])
+          micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15], micro[db, 16], micro[db, 17])
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10],
                    ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18]),
@@ -242,7 +247,7 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
 
 @pjit
 def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
-                tps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
+                tps, cps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
     """Evaluate the ``n`` grid points ``start .. start+n-1``.
 
     Parameters
@@ -262,7 +267,7 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
         ``float64``, shape ``(n_gpu_types, NUM_HW_FIELDS)``, machine vectors.
     sizes : numpy.ndarray
         ``int64``, cluster sizes, in GPUs or (when ``sizes_in_nodes``) in nodes.
-    tps, pps, mbss, gbss, recomputes : numpy.ndarray
+    tps, cps, pps, mbss, gbss, recomputes : numpy.ndarray
         ``int64`` axis values.
     inputs : numpy.ndarray
         ``int64``, shape ``(NUM_INPUTS, >= n)``, output: decoded inputs (:data:`INPUT_NAMES`).
@@ -285,10 +290,10 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
         ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
         micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
         micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
-        micro_key = np.full(3, -1, dtype=np.int64)
+        micro_key = np.full(4, -1, dtype=np.int64)
         decode_index(start + lo, radices, digits)
         gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
             micro_key, micro_ok)
         mi = digits[A_MODEL]
         tok = tokens[digits[A_TOKENS]]
@@ -302,7 +307,7 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
                            hw, ctx, micro, micro_ok, ins, tk, res, st, j)
                 if advance_digits(digits, radices) <= A_PP:
                     gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-                        digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps,
+                        digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps,
                         ctx, micro_key, micro_ok)
                     mi = digits[A_MODEL]
                     tok = tokens[digits[A_TOKENS]]
@@ -317,7 +322,7 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
 
 @pjit
 def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
-                 tps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
+                 tps, cps, pps, mbss, gbss, recomputes, inputs, token_col, out, status):
     """Evaluate the grid points at the flat ``indices`` (``int64``, shape ``(n,)``) into
     columns ``0 .. n-1`` of the output arrays; arguments as :func:`sweep_chunk`. Any order
     works; ascending indices are fastest (a step of up to 8 advances the odometer instead of
@@ -329,7 +334,7 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
         ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
         micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
         micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
-        micro_key = np.full(3, -1, dtype=np.int64)
+        micro_key = np.full(4, -1, dtype=np.int64)
         prev = -1
         prev_prefix = -1
         prev_tok = -1
@@ -345,7 +350,7 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
             pre = prefix_index(digits, radices)
             if pre != prev_prefix or digits[A_TOKENS] != prev_tok:
                 gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
                     micro_key, micro_ok)
                 prev_prefix = pre
                 prev_tok = digits[A_TOKENS]
@@ -404,7 +409,7 @@ def _dominated(vals, idx, front_vals, front_idx):
 
 @pjit
 def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_in_nodes,
-               tps, pps, mbss, gbss, recomputes, prefix_ok, mode, obj_src, obj_col, obj_sign,
+               tps, cps, pps, mbss, gbss, recomputes, prefix_ok, mode, obj_src, obj_col, obj_sign,
                front_vals, front_idx, cand_idx, cand_vals, block_fill, block_status,
                block_pruned):
     """Evaluate grid points ``start .. start+n-1`` and keep only candidates of a reduction.
@@ -460,14 +465,14 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
         ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
         micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
         micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
-        micro_key = np.full(3, -1, dtype=np.int64)
+        micro_key = np.full(4, -1, dtype=np.int64)
         for q in range(NUM_STATUS):
             block_status[bi, q] = 0
         fill = 0
         pruned = 0
         decode_index(start + lo, radices, digits)
         gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
             micro_key, micro_ok)
         live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
         j = lo
@@ -518,7 +523,7 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 changed = advance_digits(digits, radices)
             if changed <= A_PP:
                 gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, ctx,
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
                     micro_key, micro_ok)
                 live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
         block_fill[bi] = fill
@@ -601,7 +606,7 @@ def integer_column(col, values, valid):
 
 
 @jit
-def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pps, table):
+def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, table):
     """Fill the pruning table of :func:`scan_chunk` (``uint8``, shape
     ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
     a layout (:func:`~vtrain_fast.model.layout.split_world`) and the model passes
@@ -617,16 +622,17 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, pp
             for sd in range(radices[A_SIZE]):
                 num_gpus = sizes[sd] * gpn if sizes_in_nodes else sizes[sd]
                 for td in range(radices[A_TP]):
-                    for pd in range(radices[A_PP]):
-                        lay, ok = split_world(num_gpus, tps[td], 1, pps[pd])
-                        if ok:
-                            ok = validate_split(L, h, a, g, f, v, s, lay, hw_table[gpus[gd]]) == OK
-                        if ok:
-                            hw = hw_table[gpus[gd]]
-                            vs = virtual_stages(float(lay.pp), hw)
-                            ok = vs <= 1.0 or (lay.pp > 2 and chunks_split(float(L), float(lay.pp), vs, hw))
-                        table[r] = 1 if ok else 0
-                        r += 1
+                    for cd in range(radices[A_CP]):
+                        for pd in range(radices[A_PP]):
+                            lay, ok = split_world(num_gpus, tps[td], cps[cd], pps[pd])
+                            if ok:
+                                ok = validate_split(L, h, a, g, f, v, s, lay, hw_table[gpus[gd]]) == OK
+                            if ok:
+                                hw = hw_table[gpus[gd]]
+                                vs = virtual_stages(float(lay.pp), hw)
+                                ok = vs <= 1.0 or (lay.pp > 2 and chunks_split(float(L), float(lay.pp), vs, hw))
+                            table[r] = 1 if ok else 0
+                            r += 1
 
 
 @pjit
@@ -660,7 +666,7 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
 def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:
     """The configurations of sweep rows (``inputs``: ``int64``, shape ``(NUM_INPUTS, n)``, laid
     out as :data:`INPUT_NAMES`) as :func:`evaluate_rows` takes them: ``int64``, shape
-    ``(len(ROW_FIELDS), n)``, C-contiguous (``cp`` = 1: a sweep has no context parallelism yet)."""
+    ``(len(ROW_FIELDS), n)``, C-contiguous."""
     rows = np.ones((len(ROW_FIELDS), inputs.shape[1]), dtype=np.int64)
     for k, name in enumerate(ROW_FIELDS):
         if name in INPUT_NAMES:

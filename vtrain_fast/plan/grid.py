@@ -45,7 +45,7 @@ class Grid:
         ``int64``, index into ``hw_table`` per gpu-axis value.
     hw_table : numpy.ndarray
         ``float64``, shape ``(n_gpus, NUM_HW_FIELDS)``.
-    sizes, tps, pps, mbss, gbss, recomputes : numpy.ndarray
+    sizes, tps, cps, pps, mbss, gbss, recomputes : numpy.ndarray
         ``int64`` axis values.
     sizes_in_nodes : bool
     num_points : int
@@ -62,6 +62,7 @@ class Grid:
     sizes: np.ndarray
     sizes_in_nodes: bool
     tps: np.ndarray
+    cps: np.ndarray
     pps: np.ndarray
     mbss: np.ndarray
     gbss: np.ndarray
@@ -71,7 +72,7 @@ class Grid:
     def kernel_args(self):
         """Axis arguments of ``sweep_chunk`` after ``start, n``, in order."""
         return (self.radices, self.models, self.tokens, self.gpus, self.hw_table, self.sizes,
-                self.sizes_in_nodes, self.tps, self.pps, self.mbss, self.gbss, self.recomputes)
+                self.sizes_in_nodes, self.tps, self.cps, self.pps, self.mbss, self.gbss, self.recomputes)
 
 
 def build_grid(spec: SweepSpec) -> Grid:
@@ -87,7 +88,7 @@ def build_grid(spec: SweepSpec) -> Grid:
     recompute_codes = [RECOMPUTE_VALUES.index(r) for r in spec.recompute]
     arrays = dict(
         model=[m.as_row() for m in spec.models], num_tokens=spec.num_tokens,
-        gpu=list(range(len(spec.gpus))), cluster_size=spec.cluster_sizes, tp=spec.tp, pp=spec.pp,
+        gpu=list(range(len(spec.gpus))), cluster_size=spec.cluster_sizes, tp=spec.tp, cp=spec.cp, pp=spec.pp,
         micro_batch_size=spec.micro_batch_size, global_batch_size=spec.global_batch_size,
         recompute=recompute_codes,
     )
@@ -104,7 +105,7 @@ def build_grid(spec: SweepSpec) -> Grid:
         gpu_name_codes=np.array([names.index(g.name) for g in spec.gpus], dtype=np.int32),
         hw_table=_hw_table(spec.gpus),
         sizes=i64(spec.cluster_sizes), sizes_in_nodes=spec.sizes_in_nodes,
-        tps=i64(spec.tp), pps=i64(spec.pp), mbss=i64(spec.micro_batch_size),
+        tps=i64(spec.tp), cps=i64(spec.cp), pps=i64(spec.pp), mbss=i64(spec.micro_batch_size),
         gbss=i64(spec.global_batch_size), recomputes=i64(recompute_codes),
         num_points=n,
     )
@@ -157,10 +158,10 @@ def check_index_space(num_points: int, where: str = "<spec>") -> None:
 
 def pruning_table(grid: Grid) -> np.ndarray:
     """Per prefix of the axes :data:`~vtrain_fast.model.sweep.PREFIX_AXES` (model, gpu,
-    cluster_size, tp, pp), whether any point under it can be feasible.
+    cluster_size, tp, cp, pp), whether any point under it can be feasible.
 
     A prefix is infeasible when num_gpus does not split into a layout (``tp * cp * pp`` must divide it) or the model breaks a
-    heads or layers divisibility rule for that ``tp``/``pp``; then every combination of the
+    heads, layers or sequence-length (``2 cp``) divisibility rule for that ``tp``/``cp``/``pp``; then every combination of the
     remaining axes (micro_batch_size, global_batch_size, recompute, a contiguous run of the
     flat index) is infeasible too and the scan kernel skips it without evaluating it.
 
@@ -175,5 +176,5 @@ def pruning_table(grid: Grid) -> np.ndarray:
         return np.zeros(0, dtype=np.uint8)
     table = np.empty(size, dtype=np.uint8)
     prefix_table(grid.radices, grid.models, grid.gpus, grid.hw_table, grid.sizes,
-                 grid.sizes_in_nodes, grid.tps, grid.pps, table)
+                 grid.sizes_in_nodes, grid.tps, grid.cps, grid.pps, table)
     return table

@@ -94,7 +94,7 @@ MAX_INT = 2 ** 31 - 1
 INT_RANGES = {
     **MODEL_INT_RANGES, "global_batch_size": (1, 100_000_000),
     "micro_batch_size": (1, 1_000_000), "num_gpus": (1, 100_000_000),
-    "num_nodes": (1, 10_000_000), "tp": (1, 1_000_000), "pp": (1, 1_000_000),
+    "num_nodes": (1, 10_000_000), "tp": (1, 1_000_000), "pp": (1, 1_000_000), "cp": (1, 1_000_000),
 }
 _TABLES = {
     "model": {"presets", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -102,7 +102,7 @@ _TABLES = {
     "training": {"num_tokens", "global_batch_size", "micro_batch_size", "recompute",
                  *(st.name for st in SETTINGS if st.table == "training")},
     "cluster": {"gpu", "num_gpus", "num_nodes", *OVERRIDE_RANGES},
-    "parallel": {"tp", "pp", *(st.name for st in SETTINGS if st.table == "parallel")},
+    "parallel": {"tp", "pp", "cp", *(st.name for st in SETTINGS if st.table == "parallel")},
     "output": {"chunk_size"},
 }
 _TOP = {"name", "description", "gpus", "models", "model_files", *_TABLES}
@@ -138,6 +138,8 @@ class SweepSpec:
         takes; more than one value makes it an axis (carried by the gpu axis).
     model_files : tuple of str
         The model files the spec reads (``model_files``, :func:`read_model_files`), as paths.
+    cp : tuple of int
+        Context-parallel sizes (``[parallel] cp``, Megatron-LM ``--context-parallel-size``; default 1).
     """
 
     name: str
@@ -158,6 +160,7 @@ class SweepSpec:
     notes: tuple = ()
     settings: tuple = ()
     model_files: tuple = ()
+    cp: tuple = (1,)
 
     @property
     def setting_axes(self) -> tuple:
@@ -169,7 +172,7 @@ class SweepSpec:
     def num_points(self) -> int:
         """Points in the grid (the product of the axis lengths), an exact Python int."""
         return math.prod(len(getattr(self, k)) for k in (
-            "models", "num_tokens", "gpus", "cluster_sizes", "tp", "pp", "micro_batch_size",
+            "models", "num_tokens", "gpus", "cluster_sizes", "tp", "cp", "pp", "micro_batch_size",
             "global_batch_size", "recompute"))
 
 
@@ -314,7 +317,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         tuple of str): with ``use_flash_attn = [false, true]``, the ``true`` machines of a GPU
         without FlashAttention kernels are left out; a switch without a setting it requires
         (:func:`~vtrain_fast.model.settings.unmet_requirements`) runs switched off on those
-        machines; machines that price every plan like an earlier one (:func:`repeat_cases` 255,
+        machines; machines that price every plan like an earlier one (:func:`repeat_cases` all bits,
         e.g. the asynchronous TP all-reduce with sequence parallelism) are left out; each is
         named in a note.
 
@@ -361,13 +364,13 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     # a machine whose settings change no plan beyond an earlier machine's (e.g. the asynchronous
     # TP all-reduce with sequence parallelism, which always overlaps) would only repeat its rows
     masks = repeat_cases(presets)
-    repeated = [g for g, m in zip(presets, masks) if m == 255]
+    repeated = [g for g, m in zip(presets, masks) if m == ALL_CASES]
     if repeated:
         axes = varying_settings(presets, settings)
         notes += (f"{len(repeated)} setting combination(s) left out because they price every plan like an "
                   "earlier one (settings without effect there, see README): "
                   + "; ".join(variant_label(g, axes) for g in repeated[:4]) + ("; ..." if len(repeated) > 4 else ""),)
-    return tuple(g for g, m in zip(presets, masks) if m != 255), notes
+    return tuple(g for g, m in zip(presets, masks) if m != ALL_CASES), notes
 
 
 def check_requirements(path, settings: dict) -> None:
@@ -406,10 +409,15 @@ def _toml_value(values: tuple) -> str:
     return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
 
 
+# Kinds of plan (model.step.plan_case: one bit per size of LAYOUT_SIZES above 1) and the mask of all.
+NUM_CASES = 1 << len(LAYOUT_SIZES)
+ALL_CASES = (1 << NUM_CASES) - 1
+
+
 def plan_kind(case: int) -> dict:
     """The kind of plan of bit ``case`` of the repeat and refused masks (``model.step.plan_case``:
-    bit 1 tp > 1, 2 pp > 1, 4 dp > 1) as :data:`~vtrain_fast.model.settings.LAYOUT_SIZES` -> whether
-    that size is 1."""
+    bit 1 tp > 1, 2 pp > 1, 4 dp x cp > 1, 8 cp > 1) as :data:`~vtrain_fast.model.settings.LAYOUT_SIZES`
+    -> whether that size is 1 ("dp": the data-parallel-with-context group, dp x cp)."""
     return {k: not case & (1 << i) for i, k in enumerate(LAYOUT_SIZES)}
 
 
@@ -427,7 +435,7 @@ def effective_settings(preset, sizes_are_1: dict):
 
 def repeat_cases(presets, refused: list[int] | None = None) -> list[int]:
     """Per machine of a sweep's gpu axis, the bit mask ``model.step.repeats`` reads: bit
-    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where an earlier machine prices every plan of that
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` set where an earlier machine prices every plan of that
     kind alike (:func:`effective_settings` equal), so its rows would repeat that machine's.
 
     Parameters
@@ -440,12 +448,12 @@ def repeat_cases(presets, refused: list[int] | None = None) -> list[int]:
     Returns
     -------
     list of int
-        One mask (0-255) per preset; 0 for the first of each set of equal machines, 255 for a
+        One mask (0 to ALL_CASES) per preset; 0 for the first of each set of equal machines, ALL_CASES for a
         machine that repeats an earlier one everywhere.
     """
     masks = [0] * len(presets)
     refused = refused_cases(presets) if refused is None else refused
-    for case in range(8):
+    for case in range(NUM_CASES):
         seen = set()                  # effective presets (frozen, hashable) met so far
         for i, g in enumerate(presets):
             if refused[i] >> case & 1:
@@ -459,7 +467,7 @@ def repeat_cases(presets, refused: list[int] | None = None) -> list[int]:
 
 def refused_cases(presets) -> list[int]:
     """Per machine of a sweep's gpu axis, the bit mask ``model.step.refused`` reads: bit
-    ``(tp > 1) + 2 (pp > 1) + 4 (dp > 1)`` set where Megatron-LM refuses the machine's settings on
+    ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` set where Megatron-LM refuses the machine's settings on
     plans of that kind (:func:`~vtrain_fast.model.settings.unmet_requirements` with the settings
     Megatron-LM switches off there: tp_comm_overlap at tp = 1, where it turns sequence parallelism
     off).
@@ -467,12 +475,12 @@ def refused_cases(presets) -> list[int]:
     Returns
     -------
     list of int
-        One mask (0-255) per preset.
+        One mask (0 to ALL_CASES) per preset.
     """
     masks = []
     for g in presets:
         values = {st.name: getattr(g, st.name) for st in SETTINGS}
-        masks.append(sum(1 << case for case in range(8) if unmet_requirements(values, plan_kind(case))))
+        masks.append(sum(1 << case for case in range(NUM_CASES) if unmet_requirements(values, plan_kind(case))))
     return masks
 
 
@@ -879,6 +887,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
         notes=notes,
         settings=tuple(settings.items()),
         model_files=tuple(f for f, _ in files),
+        cp=_ints(path, "cp", pa_.get("cp", 1), "parallel"),
     )
 
 
