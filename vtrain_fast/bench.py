@@ -294,7 +294,7 @@ def bench_sweep(text: str, name: str, threads: int, repeat: int, b, batch: int) 
     reached = int(stat[OK] + stat[OUT_OF_MEMORY])
     t_rows = _best(rows, repeat)
     t_scan = _best_scan(grid, repeat)
-    return {"points": n, "reached": reached / n, "rows_per_s": n / t_rows,
+    return {"points": n, "reached": reached / n, "rows_per_s": n / t_rows, "reached_per_s": reached / t_rows,
             "rows_ns_core": t_rows * threads / n * 1e9, "scan_per_s": n / t_scan,
             "scan_ns_core": t_scan * threads / n * 1e9}
 
