@@ -537,7 +537,7 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
     rows = validate_published(_calibration(calibration))
     n, k = rows.height, int(rows["expressible"].sum())
     console.print(f"Published runs: {n} rows of {rows['source'].n_unique()} sources, {k} expressible by the model today. "
-                  "First the held-out baseline: nothing is fitted to these rows; calibration: "
+                  "Held-out baseline first: nothing is fitted to these rows; calibration: "
                   f"{calibration or 'the shipped presets (today)'}. Error = predicted vs measured seconds per iteration "
                   "(each source's metric converted with its own formula).", markup=False)
     print_frame(summary(rows, "source"), "Iteration-time error by source (percent; priced = expressible and "

@@ -1,8 +1,10 @@
 """Validation against published training runs (``vtrain_fast/data/published/published_runs.csv``:
 79 measured configurations from 7 public sources; see the README there).
 
-A held-out check of today's calibration: nothing here is fitted, and no constant of the cost
-model may be tuned to these rows.
+A held-out check of today's calibration (nothing of the shipped calibration is fitted to these
+rows, and no constant of the cost model may be tuned to them), and the stack calibrations: a
+few global parameters per software stack and GPU (:class:`StackFit` in :data:`STACKS`) fitted to
+a stated half of that stack's rows (:func:`fit_roles`) and reported on the other half.
 
 Three steps per row, each in one place:
 
