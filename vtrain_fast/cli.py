@@ -534,13 +534,14 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
     import polars as pl
 
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.published import plan_frame, reason_counts, summary, validate_published
+    from .analysis.published import (measured_frame, reason_counts, stack_parameters, stack_summary, summary,
+                                     validate_published)
     from .analysis.report import print_frame
     check_table_path(output)
     rows = validate_published(_calibration(calibration))
     n, k = rows.height, int(rows["expressible"].sum())
     console.print(f"Published runs: {n} rows of {rows['source'].n_unique()} sources, {k} expressible by the model today. "
-                  "Held-out baseline: nothing is fitted to these rows; calibration: "
+                  "Held-out baseline first: nothing is fitted to these rows; calibration: "
                   f"{calibration or 'the shipped presets (today)'}. Error = predicted vs measured seconds per iteration "
                   "(each source's metric converted with its own formula).", markup=False)
     print_frame(summary(rows, "source"), "Iteration-time error by source (percent; priced = expressible and "
@@ -554,6 +555,22 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
     if priced.height:
         print_frame(priced.select(cols), "Largest errors (error = predicted / measured - 1, percent)", 10,
                     console=console, keep=("id", "error_pct"), more_hint=f"every row is in {output}")
+    console.print("Stack calibrations (vtrain_fast/data/calibration/, `make calibrate-published`): a few global "
+                  "parameters per software stack and GPU, fitted to every other expressible row of the stack "
+                  "(CSV order; column fit_role); the rest held out. MAPE in percent: shipped = the shipped "
+                  "calibration (all rows held out); fitted, held = the stack calibration on its fit_n fitted "
+                  "and held_n held-out rows; ship_ho = the shipped calibration on those held-out rows.",
+                  markup=False)
+    for by, title in (("stack", "Stack calibration: MAPE by stack (source key)"),
+                      ("gpu_preset", "Stack calibration: MAPE by GPU preset")):
+        print_frame(stack_summary(rows.filter(pl.col("expressible")), by), title, console=console, keep=(by,))
+    params = stack_parameters()
+    if params.height:
+        print_frame(params.drop("note"), "Stack calibration: fitted parameters (shipped = the preset's)",
+                    console=console, keep=("stack", "param", "value"))
+        for r in params.filter(pl.col("note").is_not_null()).iter_rows(named=True):
+            console.print(f"note: {r['stack']} {r['gpu']}: {r['param']} = {r['value']:.4g} is {r['note']} "
+                          f"(shipped preset: {r['shipped']:.4g})", style="yellow", markup=False)
     refused = rows.filter(pl.col("expressible") & pl.col("status").ne("ok"))
     if refused.height:
         print_frame(refused.select("id", "status"), "Expressible rows the model finds infeasible (not priced)",
@@ -561,10 +578,10 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
     print_frame(reason_counts(rows), f"Why {n - k} rows are not priced (a row may have several reasons; only = "
                 "the rows it alone keeps out)", console=console, keep=("reason",))
     if write_measurements:
-        ok = rows.filter(pl.col("expressible")).select("id", "measured_iteration_time_s")
+        ok = rows.filter(pl.col("expressible")).select("id", "fit_role")
         from .analysis.published import load_runs
         runs = [r for r in load_runs() if r["id"] in set(ok["id"].to_list())]
-        meas = plan_frame(runs).join(ok, on="id")
+        meas = measured_frame(runs).join(ok, on="id")
         write_table_atomic(meas, write_measurements / "published.csv")
         console.print(f"measurements: {write_measurements}/published.csv (expressible rows only)")
     write_table_atomic(rows, output)
@@ -602,6 +619,31 @@ def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate colum
                       "parameters (--param)", style="yellow", markup=False)
     for k in (param or DEFAULT_FIT):
         console.print(f"  {k} = {getattr(cal, k):.6g}")
+
+
+@app.command("calibrate-published")
+@_user_errors
+def calibrate_published(output: Path = typer.Option(None, "-o", "--output-dir",
+                                                    help="folder of the stack calibration files [vtrain_fast/data/calibration]"),
+                        stack: List[str] = typer.Option(None, "--stack", help="stack key of the published set to fit "
+                                                        "(repeat); default: every stack with a fit")):
+    """Fit each software stack's calibration (analysis/published.py: STACKS) to its fitted rows of
+    the published set (every other expressible row per GPU, CSV order) and write one file per stack."""
+    from .analysis.published import STACKS, write_stack_calibration
+    keys = list(stack) if stack else [k for k, s in STACKS.items() if s.fit]
+    for k in keys:
+        if k not in STACKS or STACKS[k].fit is None:
+            raise InputError("command line", "--stack", k,
+                             "a stack with a fit: " + ", ".join(k for k, s in STACKS.items() if s.fit))
+    for k in keys:
+        path, groups = write_stack_calibration(k, output)
+        for g in groups:
+            rep = g["report"]
+            values = ", ".join(f"{p} = {rep[p]:.6g}" for p in STACKS[k].fit.params)
+            console.print(f"{k} {g['gpu']}{''.join(' + ' + s for s in g['share'])}: {len(g['fitted'])} fitted rows, "
+                          f"{len(g['held_out'])} held out; fitted MAPE {rep['mape_before_pct']:.2f}% -> "
+                          f"{rep['mape_after_pct']:.2f}%; {values}", markup=False)
+        console.print(f"wrote {path}", markup=False)
 
 
 @app.command("calibrate-nccl")

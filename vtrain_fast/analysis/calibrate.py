@@ -24,7 +24,7 @@ MEASURED = "measured_iteration_time_s"
 
 
 def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None = None,
-        where: str = "<measurements>") -> tuple[Calibration, dict]:
+        where: str = "<measurements>", share: tuple[str, ...] = ()) -> tuple[Calibration, dict]:
     """Fit ``params`` of GPU preset ``gpu`` to the rows of ``df``.
 
     Parameters
@@ -38,6 +38,10 @@ def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None
         Calibration fields to fit; the others keep ``base``'s values.
     base : Calibration, optional
         Starting point and fixed values (default: the preset's).
+    share : tuple of str, optional
+        Other GPU presets whose rows are fitted with the same calibration (the same chip and
+        software in another memory size, e.g. ``a100-sxm4-40gb`` with ``a100-sxm4-80gb``); their
+        rows are priced with the fitted values too.
 
     Returns
     -------
@@ -51,17 +55,19 @@ def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None
     InputError
         Unknown GPU or parameter, missing ``measured_iteration_time_s``, no usable rows.
     """
-    if gpu not in PRESETS:
-        raise InputError(where, "--gpu", gpu, ", ".join(PRESETS))
+    for g in (gpu, *share):
+        if g not in PRESETS:
+            raise InputError(where, "--gpu", g, ", ".join(PRESETS))
+    gpus = (gpu, *share)
     for p in params:
         if p not in CALIBRATION_RANGES:
             raise InputError(where, "--param", p, ", ".join(CALIBRATION_RANGES))
     if MEASURED not in df.columns:
         raise InputError(where, "columns", MEASURED, "a column measured_iteration_time_s (seconds)")
     if "gpu" in df.columns:
-        df = df.filter(pl.col("gpu") == gpu)
+        df = df.filter(pl.col("gpu").is_in(gpus))
     if df.height == 0:
-        raise InputError(where, "rows", 0, f"rows with gpu = {gpu}", "check the gpu column and --gpu")
+        raise InputError(where, "rows", 0, f"rows with gpu = {' or '.join(gpus)}", "check the gpu column and --gpu")
     measured = df[MEASURED].cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
     bad = ~(np.isfinite(measured) & (measured > 0))
     if bad.any():
@@ -71,7 +77,7 @@ def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None
         raise InputError(where, "rows", df.height, f"more rows than fitted parameters ({len(params)})",
                          "give more measurements or fewer --param")
     base = base or PRESETS[gpu].calibration
-    status = evaluate_frame(df, where, {gpu: base})["status"]
+    status = evaluate_frame(df, where, dict.fromkeys(gpus, base))["status"]
     unusable = (status != "ok") & (status != "out_of_memory")
     if unusable.any():
         i = int(unusable.arg_max())
@@ -85,7 +91,7 @@ def fit(df: pl.DataFrame, gpu: str, params=DEFAULT_FIT, base: Calibration | None
 
     def predict(x) -> np.ndarray:
         cal = replace(base, **dict(zip(params, map(float, x))))
-        res = evaluate_frame(df, where, {gpu: cal})
+        res = evaluate_frame(df, where, dict.fromkeys(gpus, cal))
         return res["iteration_time_s"].to_numpy()
 
     def residuals(x):

@@ -1,8 +1,10 @@
 """Validation against published training runs (``vtrain_fast/data/published/published_runs.csv``:
 79 measured configurations from 7 public sources; see the README there).
 
-A held-out check of today's calibration: nothing here is fitted, and no constant of the cost
-model may be tuned to these rows.
+A held-out check of today's calibration (nothing of the shipped calibration is fitted to these
+rows, and no constant of the cost model may be tuned to them), and the stack calibrations: a
+few global parameters per software stack and GPU (:class:`StackFit` in :data:`STACKS`) fitted to
+a stated half of that stack's rows (:func:`fit_roles`) and reported on the other half.
 
 Three steps per row, each in one place:
 
@@ -70,14 +72,34 @@ def load_runs() -> list[dict]:
 
 # ------------------------------------------------------------------------------ sources and stacks
 @dataclass(frozen=True)
+class StackFit:
+    """A calibration fitted to a stack's own rows (:func:`fit_stack`): the file it ships as
+    (under ``vtrain_fast/data/calibration/``, written by ``vtrain-fast calibrate-published``),
+    the global parameters fitted per GPU group and why those. The other parameters keep the
+    shipped preset's values. Which rows are fitted: :func:`fit_roles`."""
+
+    file: str
+    params: tuple[str, ...]
+    basis: str
+
+
+# Two terms, fixed before any fit: one proportional to the compute (GEMM efficiency: the stack's
+# kernels and the cluster's sustained clocks) and one per iteration (what the model has no term
+# for: optimizer and logging synchronisations, data loading, the stack's Python overhead).
+TWO_TERMS = ("gemm_efficiency", "iteration_overhead_s")
+
+
+@dataclass(frozen=True)
 class Stack:
     """A source's software stack and what it runs by default for the settings the CSV has no
-    column for (the values the plan assumes; ``basis`` says where each comes from)."""
+    column for (the values the plan assumes; ``basis`` says where each comes from), and its
+    stack calibration (``fit``; ``None``: too few priced rows to fit and hold any out)."""
 
     name: str
     label: str
     settings: dict
     basis: str
+    fit: StackFit | None = None
 
 
 _OFF = dict(overlap_grad_reduce=False, distributed_optimizer=False, use_flash_attn=False,
@@ -90,14 +112,16 @@ STACKS: dict[str, Stack] = {
         "Narayanan et al. 2021", "Megatron-LM, Aug 2021 (examples/sc21, commit 6985e58)", dict(_OFF),
         "the asynchronous TP all-reduce entered Megatron-LM on 2021-09-02 (commit 3f65246), after the "
         "paper and its script; gradient all-reduce by the local DDP after backward (--overlap-grad-reduce: "
-        "2023-08, commit 2d5220a); no distributed optimizer (2022), no FlashAttention"),
+        "2023-08, commit 2d5220a); no distributed optimizer (2022), no FlashAttention",
+        StackFit("stack-narayanan21.toml", TWO_TERMS, "the two terms (TWO_TERMS)")),
     "korthikanti22": Stack(
         "Korthikanti et al. 2022", "Megatron-LM, 2022",
         dict(_OFF, async_tensor_model_parallel_allreduce=True),
         "the asynchronous TP all-reduce is Megatron-LM's default from 2021-09-02 (commit 3f65246, "
         "--no-async-tensor-model-parallel-allreduce turns it off); the paper states no overlap of the "
         "gradient all-reduce with backprop (row notes, Sec. 6.3); no distributed optimizer (not in "
-        "megatron/arguments.py at 2022-05-26, commit 55ba1f7; it changes nothing at dp = 1 anyway); no FlashAttention"),
+        "megatron/arguments.py at 2022-05-26, commit 55ba1f7; it changes nothing at dp = 1 anyway); no FlashAttention",
+        StackFit("stack-korthikanti22.toml", TWO_TERMS, "the two terms (TWO_TERMS)")),
     "megatronlm": Stack(
         "Megatron-LM README 2024", "Megatron-Core r0.8.0", dict(_MCORE_2024),
         "the README names --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap (which need "
@@ -119,11 +143,17 @@ STACKS: dict[str, Stack] = {
         "--pp-partition-method 'type:transformer|embedding' counts the two (tied) embedding layers as "
         "pipeline layers: 70 + 2 over 12 stages, 5 + 10 x 6 + 5 (account_for_embedding / loss_in_pipeline_split); "
         "Megatron-DeepSpeed's ColumnParallelLinear has no asynchronous TP all-reduce; no overlap, "
-        "no FlashAttention, DeepSpeed PP non-interleaved"),
+        "no FlashAttention, DeepSpeed PP non-interleaved",
+        StackFit("stack-bloom176b.toml", ("iteration_overhead_s",),
+                 "3 priced rows, one model at three batch sizes: 2 fitted and 1 held out leave room for one "
+                 "parameter; the per-iteration term, as the rows differ by batch size only")),
     "mosaic": Stack(
         "MosaicML llm-foundry", "PyTorch FSDP (llm-foundry)", dict(_OFF, use_flash_attn=True, zero_stage=3),
         "FSDP FULL_SHARD = zero_stage 3 (forward and backward prefetch, llm-foundry's FSDP defaults); "
-        "FlashAttention (row notes); no tensor or pipeline parallelism, so no Megatron TP setting applies"),
+        "FlashAttention (row notes); no tensor or pipeline parallelism, so no Megatron TP setting applies",
+        StackFit("stack-mosaic.toml", TWO_TERMS,
+                 "the two terms (TWO_TERMS), per GPU; the A100 80 and 40 GB rows are fitted as one chip "
+                 "(GPUMap.fit_with: the 40 GB part's 2 rows are too few to fit alone)")),
 }
 
 
@@ -141,11 +171,12 @@ class GPUMap:
     preset: str
     overrides: dict
     note: str
+    fit_with: str | None = None     # a stack fit fits this preset's rows with this preset's (one chip)
 
 
 GPU_PRESETS: tuple[GPUMap, ...] = (
     GPUMap(("a100", "40gb"), "a100-sxm4-40gb", {},
-           "A100 40 GB preset (hbm_GiB 40; the 80 GB part's calibration)"),
+           "A100 40 GB preset (hbm_GiB 40; the 80 GB part's calibration)", fit_with="a100-sxm4-80gb"),
     GPUMap(("a100",), "a100-sxm4-80gb", {},
            "the calibrated A100 80 GB preset (8 GPUs per node, 200 Gb/s per GPU: Selene's 8 x 200 Gb/s "
            "HDR per node; Jean Zay's network not stated, preset kept)"),
@@ -522,8 +553,137 @@ def plan_frame(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(plans, schema_overrides=PLAN_SCHEMA, infer_schema_length=None)
 
 
+# ------------------------------------------------------------------------------ stack calibrations
+CALIBRATION_DIR = resources.files("vtrain_fast") / "data" / "calibration"
+FITTED, HELD_OUT = "fitted", "held_out"
+
+
+def fit_group(row: dict) -> tuple[str, str]:
+    """The stack fit a row belongs to: ``(source key, GPU preset)``, the preset being the one
+    its calibration is fitted as (:attr:`GPUMap.fit_with`: the A100 40 GB with the 80 GB)."""
+    gm = gpu_preset(row["gpu"])
+    return row["source_key"], gm.fit_with or gm.preset
+
+
+def fit_roles(runs: list[dict] | None = None) -> dict[str, str]:
+    """Which rows each stack calibration is fitted to, and which it holds out: row id ->
+    ``"fitted"`` | ``"held_out"``, for the expressible rows of stacks with a :class:`StackFit`.
+
+    The rule, stated before any fit and the same for every stack: within a fit group
+    (:func:`fit_group`: one stack on one GPU), the expressible rows in the order of
+    ``published_runs.csv`` (each source's own table order, by model size) alternate, the first,
+    third, fifth, ... fitted and the others held out, so both sets span the group's sizes. It
+    reads no measured value and no prediction.
+    """
+    runs = load_runs() if runs is None else runs
+    seen: dict[tuple, int] = {}
+    roles = {}
+    for r in runs:
+        if STACKS[r["source_key"]].fit is None or unexpressible_reasons(r):
+            continue
+        g = fit_group(r)
+        i = seen.get(g, 0)
+        seen[g] = i + 1
+        roles[r["id"]] = FITTED if i % 2 == 0 else HELD_OUT
+    return roles
+
+
+def stack_calibration_path(key: str, folder=None):
+    """The calibration file of stack ``key`` (in ``folder``, default the shipped
+    ``vtrain_fast/data/calibration/``), or ``None`` when the stack has no fit."""
+    from pathlib import Path
+    fit = STACKS[key].fit
+    if fit is None:
+        return None
+    return Path(str(folder if folder is not None else CALIBRATION_DIR)) / fit.file
+
+
+def measured_frame(runs: list[dict]) -> pl.DataFrame:
+    """:func:`plan_frame` of ``runs`` with ``measured_iteration_time_s`` (the ``calibrate``
+    input)."""
+    meas = {r["id"]: measured_iteration_time(r)[0] for r in runs}
+    return plan_frame(runs).with_columns(
+        pl.col("id").replace_strict(meas, return_dtype=pl.Float64).alias("measured_iteration_time_s"))
+
+
+def fit_stack(key: str, runs: list[dict] | None = None) -> list[dict]:
+    """Fit stack ``key``'s :class:`StackFit` parameters (:func:`~vtrain_fast.analysis.calibrate.fit`,
+    least squares on the log error, the calibration ranges as bounds, starting from the shipped
+    preset's calibration) to its fitted rows only (:func:`fit_roles`), one fit per GPU group.
+
+    Returns
+    -------
+    list of dict
+        Per group, in CSV order: ``gpu`` (the preset fitted), ``share`` (presets fitted with
+        it), ``calibration``, ``report`` (:func:`fit`'s), ``fitted`` and ``held_out`` (row ids).
+    """
+    from ..hardware.gpus import PRESETS
+    from .calibrate import fit
+    runs = load_runs() if runs is None else runs
+    stack_fit = STACKS[key].fit
+    roles = fit_roles(runs)
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["source_key"] == key and r["id"] in roles:
+            groups.setdefault(fit_group(r)[1], []).append(r)
+    out = []
+    for gpu, rows in groups.items():
+        fitted = [r for r in rows if roles[r["id"]] == FITTED]
+        share = tuple(sorted({gpu_preset(r["gpu"]).preset for r in rows} - {gpu}))
+        cal, report = fit(measured_frame(fitted), gpu, stack_fit.params, PRESETS[gpu].calibration,
+                          f"{CSV_NAME} ({key}, {gpu}, fitted rows)", share=share)
+        out.append(dict(gpu=gpu, share=share, calibration=cal, report=report,
+                        fitted=[r["id"] for r in fitted],
+                        held_out=[r["id"] for r in rows if roles[r["id"]] == HELD_OUT]))
+    return out
+
+
+def write_stack_calibration(key: str, folder=None, runs: list[dict] | None = None) -> tuple:
+    """Fit stack ``key`` (:func:`fit_stack`) and write its calibration file (the format
+    ``calibrate -o`` writes: one table per preset, ``[meta]``; the fitted group's values also
+    under each shared preset) into ``folder`` (default the shipped folder), replacing it.
+    Returns ``(path, groups)``."""
+    from datetime import date
+
+    from ..hardware.calfile import update_calibration_file
+    from .calibrate import calibration_values
+    path = stack_calibration_path(key, folder)
+    groups = fit_stack(key, runs)
+    stack = STACKS[key]
+    comment = [f"Stack calibration of {stack.name} ({stack.label}), fitted to its own published rows",
+               f"(vtrain_fast/data/published/{CSV_NAME}; analysis/published.py: STACKS, fit_roles) on "
+               f"{date.today().isoformat()} by",
+               "`vtrain-fast calibrate-published` (make calibrate-published). Fitted: "
+               + ", ".join(stack.fit.params) + "; the other values are the shipped preset's.",
+               f"Why these: {stack.fit.basis}."]
+    for g in groups:
+        comment += [f"[{g['gpu']}{''.join(' + ' + s for s in g['share'])}] fitted rows: " + ", ".join(g["fitted"]),
+                    "  held out (never seen by the fit): " + (", ".join(g["held_out"]) or "none")]
+    if path.exists():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for g in groups:
+        rep = g["report"]
+        meta = {"fitted_on": f"{CSV_NAME}: {key}, {len(g['fitted'])} fitted rows", "rows": rep["rows"],
+                "fitted_rows": ", ".join(g["fitted"]), "held_out_rows": ", ".join(g["held_out"]),
+                "params": ", ".join(stack.fit.params),
+                "mape_before_pct": round(rep["mape_before_pct"], 3), "mape_after_pct": round(rep["mape_after_pct"], 3)}
+        for preset in (g["gpu"], *g["share"]):
+            update_calibration_file(path, preset, calibration_values(g["calibration"]),
+                                    meta=meta if preset == g["gpu"] else {**meta, "fitted_as": g["gpu"]},
+                                    comment=tuple(comment))
+    return path, groups
+
+
+def load_stack_calibration(key: str, folder=None) -> dict | None:
+    """GPU preset -> Calibration of stack ``key``'s file, or ``None`` (no fit, or no file)."""
+    from ..plan.spec import load_calibration
+    path = stack_calibration_path(key, folder)
+    return load_calibration(path) if path is not None and path.exists() else None
+
+
 # ------------------------------------------------------------------------------ the validation
-def validate_published(calibration: dict | None = None) -> pl.DataFrame:
+def validate_published(calibration: dict | None = None, stack_folder=None) -> pl.DataFrame:
     """Every published row with its measured seconds per iteration (where convertible), whether
     the model can express it (and why not), and for expressible rows the prediction.
 
@@ -535,7 +695,11 @@ def validate_published(calibration: dict | None = None) -> pl.DataFrame:
         reason, '; '-joined; null when expressible), ``assumptions``, ``status`` (the model's,
         null when not expressible), ``iteration_time_s`` (predicted; null unless expressible and
         ``ok``), ``error_pct`` (signed, predicted vs measured) and ``ape_pct``, then the plan
-        columns of the expressible rows and the model's other outputs.
+        columns of the expressible rows and the model's other outputs; last the stack
+        calibration's: ``stack_calibration`` (its file name), ``fit_role`` (``fitted`` |
+        ``held_out`` by :func:`fit_roles`, null for rows no stack fit covers),
+        ``stack_iteration_time_s``, ``stack_error_pct`` and ``stack_ape_pct`` (null where the
+        stack has no calibration file: in ``stack_folder``, default the shipped one).
     """
     runs = load_runs()
     base = []
@@ -546,7 +710,7 @@ def validate_published(calibration: dict | None = None) -> pl.DataFrame:
         except NotConvertible:
             measured, conversion = None, None
         gm = gpu_preset(r.get("gpu"))
-        base.append(dict(id=r["id"], source=source_label(r), gpu_published=r.get("gpu"),
+        base.append(dict(id=r["id"], source=source_label(r), stack=r["source_key"], gpu_published=r.get("gpu"),
                          gpu_preset=gm.preset if gm else None, model_name=r.get("model"),
                          measured_metric=r["measured_metric"], measured_value=r["measured_value"],
                          measured_iteration_time_s=measured, conversion=conversion,
@@ -563,7 +727,33 @@ def validate_published(calibration: dict | None = None) -> pl.DataFrame:
     frame = frame.with_columns(
         pl.when(pl.col("status") == "ok").then(pl.col("iteration_time_s")).otherwise(None).alias("iteration_time_s"))
     err = (pl.col("iteration_time_s") - pl.col("measured_iteration_time_s")) / pl.col("measured_iteration_time_s") * 100.0
-    return frame.with_columns(err.alias("error_pct"), err.abs().alias("ape_pct"))
+    frame = frame.with_columns(err.alias("error_pct"), err.abs().alias("ape_pct"))
+    return frame.join(_stack_predictions(runs, ok_rows, stack_folder), on="id", how="left")
+
+
+def _stack_predictions(runs: list[dict], ok_rows: list[dict], folder) -> pl.DataFrame:
+    """Per row id: the stack calibration's file, fit role and prediction (columns of
+    :func:`validate_published`)."""
+    roles = fit_roles(runs)
+    parts = []
+    for key in STACKS:
+        rows = [r for r in ok_rows if r["source_key"] == key]
+        cal = load_stack_calibration(key, folder) if rows else None
+        if cal is None:
+            continue
+        priced = evaluate_frame(plan_frame(rows), CSV_NAME, cal)
+        t = pl.when(priced["status"] == "ok").then(priced["iteration_time_s"]).otherwise(None)
+        parts.append(priced.select("id", t.alias("stack_iteration_time_s"))
+                     .with_columns(pl.lit(STACKS[key].fit.file).alias("stack_calibration")))
+    schema = {"id": pl.String, "stack_iteration_time_s": pl.Float64, "stack_calibration": pl.String}
+    pred = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    out = pl.DataFrame({"id": [r["id"] for r in runs], "fit_role": [roles.get(r["id"]) for r in runs]},
+                       schema={"id": pl.String, "fit_role": pl.String}).join(pred, on="id", how="left")
+    meas = {r["id"]: measured_iteration_time(r)[0] for r in ok_rows}
+    m = pl.col("id").replace_strict(meas, default=None, return_dtype=pl.Float64)
+    err = (pl.col("stack_iteration_time_s") - m) / m * 100.0
+    return out.select("id", "stack_calibration", "fit_role", "stack_iteration_time_s",
+                      err.alias("stack_error_pct"), err.abs().alias("stack_ape_pct"))
 
 
 def summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
@@ -581,6 +771,53 @@ def summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
     out.append(one("all", rows))
     return pl.DataFrame(out, schema_overrides={"mape_pct": pl.Float64, "median_ape_pct": pl.Float64,
                                                "max_ape_pct": pl.Float64, "mean_error_pct": pl.Float64})
+
+
+def stack_summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
+    """Per ``by`` value (and a last row 'all'): the MAPE of the priced rows with the shipped
+    calibration (``shipped``, every row held out), then with the stack calibrations the fitted
+    rows (``fit_n``, ``fitted`` MAPE) and the held-out rows (``held_n``, ``held`` MAPE) apart,
+    and the shipped calibration's MAPE on those held-out rows (``ship_ho``: the same rows
+    before and after the stack fit)."""
+    def mape(g):
+        a = g.drop_nulls().to_numpy()
+        return float(np.mean(a)) if len(a) else None
+
+    def one(name, g):
+        f = g.filter(pl.col("fit_role") == FITTED)
+        h = g.filter(pl.col("fit_role") == HELD_OUT)
+        return {by: name, "shipped": mape(g["ape_pct"]),
+                "fit_n": int(f["stack_ape_pct"].is_not_null().sum()), "fitted": mape(f["stack_ape_pct"]),
+                "held_n": int(h["stack_ape_pct"].is_not_null().sum()), "held": mape(h["stack_ape_pct"]),
+                "ship_ho": mape(h.filter(pl.col("stack_ape_pct").is_not_null())["ape_pct"])}
+    out = [one(k[0], g) for k, g in rows.group_by(by, maintain_order=True)]
+    out.append(one("all", rows))
+    return pl.DataFrame(out, schema_overrides={c: pl.Float64 for c in ("shipped", "fitted", "held", "ship_ho")})
+
+
+def stack_parameters(folder=None) -> pl.DataFrame:
+    """The fitted parameters of every stack calibration file: ``stack, gpu, param, value,
+    shipped`` (the preset's value) and ``note`` (at a bound of its range; a GEMM efficiency
+    below 80 % of the preset's published one, i.e. below matmul benchmarks). A preset fitted
+    with another (:attr:`GPUMap.fit_with`) is not listed: its values are that one's."""
+    from ..hardware.gpus import CALIBRATION_RANGES, PRESETS
+    out = []
+    for key, stack in STACKS.items():
+        cal = load_stack_calibration(key, folder) if stack.fit else None
+        shared = {m.preset for m in GPU_PRESETS if m.fit_with}
+        for gpu, c in (cal or {}).items():
+            if gpu in shared:         # the values of the preset it is fitted with
+                continue
+            for p in stack.fit.params:
+                v, ref = getattr(c, p), getattr(PRESETS[gpu].calibration, p)
+                lo, hi = CALIBRATION_RANGES[p]
+                tol = 1e-6 * (hi - lo)
+                note = ("at its range's upper bound" if v >= hi - tol else "at its range's lower bound" if v <= lo + tol
+                        else "below 80 % of the preset's published (matmul benchmark) value"
+                        if p == "gemm_efficiency" and v < 0.8 * ref else None)
+                out.append(dict(stack=key, gpu=gpu, param=p, value=v, shipped=ref, note=note))
+    return pl.DataFrame(out, schema={"stack": pl.String, "gpu": pl.String, "param": pl.String, "value": pl.Float64,
+                                     "shipped": pl.Float64, "note": pl.String})
 
 
 def reason_counts(rows: pl.DataFrame) -> pl.DataFrame:

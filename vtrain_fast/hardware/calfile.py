@@ -61,12 +61,14 @@ def read_calibration_output(path: str | Path) -> dict:
     return doc
 
 
-def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict | None = None) -> None:
+def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict | None = None,
+                            comment: tuple[str, ...] = ()) -> None:
     """Set ``values`` in table ``[gpu]`` of the calibration file at ``path`` (created if
     missing; other tables and keys are kept) and write it atomically.
 
     ``meta`` (strings and numbers) is stored under ``[meta.<gpu>]`` for provenance, with
-    today's ``date``.
+    today's ``date``. ``comment`` lines are written as ``#`` lines under the header line (a
+    file's earlier comments are not kept: TOML comments are not read back).
 
     Raises
     ------
@@ -79,6 +81,7 @@ def update_calibration_file(path: str | Path, gpu: str, values: dict, meta: dict
     doc.setdefault(gpu, {}).update({k: float(v) for k, v in values.items()})
     doc.setdefault("meta", {}).setdefault(gpu, {}).update({**(meta or {}), "date": date.today().isoformat()})
     lines = ["# vtrain_fast calibration: one table per GPU preset (see `vtrain-fast calibrate`)."]
+    lines += [("# " + c).rstrip() for c in comment]
     for name, table in doc.items():
         if name == "meta":
             continue
