@@ -760,7 +760,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
                      + in_flight * sl * b * hs + rebuilt)
         act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc)
                     + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt)
-        if p > 2.0:     # the second stage holds min(p - 1, m) micro-batches of l_mid layers
+        # the second stage holds min(p - 1, m) micro-batches of l_mid layers: fuller than the first
+        # only with more layers than it (uneven stages), never when even
+        if p > 2.0 and l_mid > l_first:
             act_mid = memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc) + rebuilt
     else:
         # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
@@ -772,7 +774,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
                      + chunks_first / vs * sl * b * hs + rebuilt)
         act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc)
                     + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt)
-        if p > 2.0:
+        if p > 2.0 and l_mid > l_first:
             chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
             act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc) + rebuilt
     p_first = split[S_P_FIRST]
