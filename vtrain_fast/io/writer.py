@@ -547,8 +547,10 @@ def read_manifest(folder: str | Path) -> dict:
         if folder.exists():
             raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
                              "it is a file; give the folder the sweep wrote (-o), e.g. results/<name>")
-        raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
-                         "run `vtrain-fast sweep SPEC.toml -o DIR` first")
+        raise InputError(str(folder), "results folder", str(folder),
+                         f"a folder written by `vtrain-fast sweep` (no such folder from {Path.cwd()})",
+                         "check the path (a sweep writes results/<name>/ under the folder it is run from, "
+                         "or -o DIR), or run `vtrain-fast sweep SPEC.toml -o DIR` first")
     path = folder / MANIFEST
     if not path.exists():
         if any(SHARD_MANIFEST_RE.match(p.name) for p in folder.iterdir()):
