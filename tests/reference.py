@@ -646,6 +646,11 @@ def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1):
         return BAD_HEADS
     if stage_layer_counts(L, p, hw) is None:
         return BAD_LAYERS
+    if hw is not None:                   # hybrid sharding: dp_shard divides dp x cp (with ZeRO)
+        k = int(hw_get(hw, "dp_shard"))
+        sharded = max(hw_get(hw, "zero_stage"), hw_get(hw, "distributed_optimizer")) >= 1
+        if k > 0 and sharded and (k > d * cp or (d * cp) % k):
+            return BAD_NUM_GPUS
     if cp > 1 and s % (2 * cp):
         return BAD_SEQ_LENGTH
     if B % (d * b):
@@ -802,6 +807,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     # --- ZeRO stage: 1 shards the Adam states (the distributed optimizer is stage 1), 2 also the
     # gradients, 3 also the weights (ZeRO paper, Figure 1)
     zero = max(hw_get(hw, "zero_stage"), hw_get(hw, "distributed_optimizer"))
+    # ZeRO shards within groups of dp_shard ranks (hybrid sharding), else over all dg
+    shard = float(int(hw_get(hw, "dp_shard")) or dg) if zero >= 1 else float(dg)
     layer_on_rank = layer_params_per_rank(h, a, g, f, t, arch)
     tied = not fl["untie_embeddings_and_output_weights"]
     embedding_params = v * h / t + position_params(s_full, h, arch)     # the position table spans the sequence
@@ -820,13 +827,13 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         return params
 
     def dp_group_exchange(nbytes):
-        return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, dg, t, hw)
+        return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, shard, t, hw)
 
     # the largest stage's exchange (one stage holds everything at p = 1)
     stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i)) for i in range(p_stages))
 
     def all_gather(n_params):
-        return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, dg, t, hw) / 2.0
+        return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, shard, t, hw) / 2.0
 
     # --- every stage: time per micro-batch, parameters, activations
     stages = []
@@ -875,11 +882,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             act += 2.0 * sbh_rank + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
         # fp16 weight 2, fp16 gradient 2, fp32 master + Adam m, v 12 bytes per parameter, over d
         # ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered (weight + gradient)
-        weight = 2.0 / (dg if zero >= 3 else 1.0)
-        grad = 2.0 / (dg if zero >= 2 else 1.0)
-        adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (dg if zero >= 1 else 1.0)
+        weight = 2.0 / (shard if zero >= 3 else 1.0)
+        grad = 2.0 / (shard if zero >= 2 else 1.0)
+        adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
-        if zero >= 3 and dg > 1:
+        if zero >= 3 and shard > 1:
             states += 2.0 * layer_on_rank * 4.0
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
@@ -887,14 +894,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # ZeRO-3 gathers the weights per use: FP8 copies of the two gathered layers only, and a
             # cast at every gather (forward and backward) of every layer
             cast = memory_bound_time_s(4.0 * linear_weights(h, a, g, f, t, gated), 4.0, hw)
-            regather = zero >= 3 and dg > 1
+            regather = zero >= 3 and shard > 1
             states += 2.0 * (2.0 if regather else n) * linear_weights(h, a, g, f, t, gated)
             compute += n * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)
         compute += ((m - 1.0) / m * 6.0 * params / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
-                    / (dg if zero >= 2 else 1.0))
+                    / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
         stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, cp=cpx, time=compute + tp + pp + dp + cpx,
                            params=params, states=states, act=act, mem=states + act))
@@ -934,7 +941,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # the first and the last stage each hold the shared word embedding and all-reduce its
         # gradient after the backward (2 ranks, (p - 1) pipeline strides apart), exposed
         dp_comm_s += group_allreduce_s(BYTES_FP16 * v * h / t, 2, (p - 1) * t * cp * d, hw)
-    adam_s = optimizer_s(max(st["params"] for st in stages) / (dg if zero >= 1 else 1.0), hw)
+    if shard < dg:
+        # hybrid sharding: the dg / shard replicas of each shard group all-reduce its gradient shard
+        # (the largest stage's), under the last backward with overlapped reduction (FSDP always)
+        replica = group_allreduce_s(BYTES_FP16 * max(st["params"] for st in stages) / shard, dg / shard,
+                                    t * shard, hw)
+        hides = zero >= 3 or hw_get(hw, "overlap_grad_reduce") != 0.0
+        dp_comm_s += replica - (1.0 if hides else 0.0) * min(replica, backward_window)
+    adam_s = optimizer_s(max(st["params"] for st in stages) / (shard if zero >= 1 else 1.0), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     cp_comm_s = m * stages[slow]["cp"]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s + cp_comm_s

@@ -129,3 +129,45 @@ def test_a_sweep_over_stages_prices_dp_1_plans_once(tmp_path):
     mem = ok.group_by("zero_stage").agg(pl.col("model_states_GiB").mean()).sort("zero_stage")["model_states_GiB"]
     assert list(mem) == sorted(mem, reverse=True)
     assert np.isfinite(ok["iteration_time_s"].to_numpy()).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# hybrid sharding (dp_shard): shards within groups, the groups replicas of each other
+def test_hybrid_sharding_shards_within_a_group_and_all_reduces_across_replicas():
+    full, hybrid = rows({"zero_stage": 3}, {"zero_stage": 3, "dp_shard": 8})
+    n = full["num_parameters"]
+    gib = 1024.0 ** 3
+    layer = memory.layer_params_per_rank.py_func(5120.0, 40.0, 40.0, 4 * 5120.0, 1.0)
+    assert hybrid["model_states_GiB"] * gib == pytest.approx(16.0 / 8 * n + 2 * 4.0 * layer, rel=1e-3)
+    assert full["model_states_GiB"] < hybrid["model_states_GiB"]
+    # the replicas' all-reduce of the 1/8 shards, over 64 / 8 = 8 groups (hidden under the last
+    # backward as far as it goes, so dp_comm_s is at least its exposed part)
+    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    replica = comm.group_allreduce_s.py_func(2.0 * n / 8, 8.0, 8.0, hw)
+    assert replica > 0.0 and hybrid["dp_comm_s"] > 0.0
+
+
+def test_sharding_inside_a_node_makes_the_gathers_cheaper_when_they_are_exposed():
+    """Short sequences leave ZeRO-3's per-layer gathers exposed: gathering over the 8 GPUs of a
+    node (NVLink) instead of all 64 (across nodes) is faster, at the cost of memory."""
+    full, node = rows({"zero_stage": 3}, {"zero_stage": 3, "dp_shard": 8}, seq_length=256, global_batch_size=64)
+    assert node["dp_comm_s"] < full["dp_comm_s"] and node["iteration_time_s"] < full["iteration_time_s"]
+    assert node["memory_per_gpu_GiB"] > full["memory_per_gpu_GiB"]
+
+
+def test_dp_shard_must_divide_the_data_parallel_ranks_and_needs_zero():
+    bad, ddp_a, ddp_b = rows({"zero_stage": 1, "dp_shard": 24}, {"dp_shard": 24}, {})
+    assert bad["status"] == "bad_num_gpus"
+    # without ZeRO there is nothing to shard: no effect at all
+    for k in ("iteration_time_s", "memory_per_gpu_GiB", "dp_comm_s"):
+        assert ddp_a[k] == ddp_b[k], k
+    default, whole = rows({"zero_stage": 2}, {"zero_stage": 2, "dp_shard": 64})
+    for k in ("iteration_time_s", "memory_per_gpu_GiB", "dp_comm_s"):
+        assert default[k] == whole[k], k       # a group of all 64 ranks is plain sharding
+
+
+def test_dp_shard_is_a_training_setting_of_the_spec():
+    spec = parse_spec(ONE_POINT_SPEC.format(training="zero_stage = 3\ndp_shard = [0, 4]"), "s.toml")
+    assert sorted(g.dp_shard for g in spec.gpus) == [0, 4]
+    with pytest.raises(InputError, match="training.dp_shard"):
+        parse_spec(ONE_POINT_SPEC.format(training="zero_stage = 3\ndp_shard = -8"), "s.toml")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ._jit import jit
 from .ops import fused_softmax
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
-from .params import H_OPT_SHARD, H_ZERO_STAGE
+from .params import H_DP_SHARD, H_OPT_SHARD, H_ZERO_STAGE
 
 STATE_BYTES_PER_PARAM = 16.0
 WEIGHT_BYTES_PER_PARAM = 2.0             # fp16 / bf16 weight
@@ -30,6 +30,23 @@ def sharding_stage(hw):
     """The ZeRO stage a machine vector asks for (0-3): its ``zero_stage``, or 1 with
     ``distributed_optimizer`` (Megatron-LM's distributed optimizer is ZeRO-1)."""
     return max(hw[H_ZERO_STAGE], hw[H_OPT_SHARD])
+
+
+@jit
+def shard_ranks(d, hw):
+    """Ranks one ZeRO shard group spans among ``d`` data-parallel (x context-parallel) ranks: the
+    machine vector's ``dp_shard`` (hybrid sharding: the groups are replicas), or all ``d`` when it
+    is 0."""
+    k = hw[H_DP_SHARD]
+    return k if k > 0.0 else d
+
+
+@jit
+def shards_divide(d, hw):
+    """Whether ``dp_shard`` divides the ``d`` data-parallel (x context-parallel) ranks (true when 0,
+    or without ZeRO sharding, where it has no effect)."""
+    k = hw[H_DP_SHARD]
+    return k <= 0.0 or sharding_stage(hw) < 1.0 or (k <= d and d % k == 0.0)
 
 
 @jit

@@ -78,6 +78,7 @@ H_SEQ_PAR = hw_index("sequence_parallel")             # 1: Megatron sequence par
 H_TP_OVERLAP = hw_index("async_tensor_model_parallel_allreduce")  # 1: backward TP exchange overlapped
 H_VPP = hw_index("vpp")                               # virtual pipeline stages per device
 H_ZERO_STAGE = hw_index("zero_stage")                 # 0-3: what is sharded over DP (ZeRO stage)
+H_DP_SHARD = hw_index("dp_shard")                     # ranks of one shard group (0: all of dp x cp)
 H_PRECISION = hw_index("precision")                   # index of the precision among its choices
 PRECISION_FP8 = BY_NAME["precision"].encode("fp8")    # H_PRECISION's value for fp8 (Transformer Engine)
 H_CP_COMM = hw_index("cp_comm_type")                  # index of the context-parallel exchange among its choices
@@ -128,7 +129,8 @@ NUM_OUTPUTS = len(OUTPUT_NAMES)
 # Status codes, one per row. vtrain_fast.io.schema.STATUS_LABELS names them.
 OK = 0
 BAD_INPUT = 1        # a size is zero or negative
-BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (model.layout.split_world)
+BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (model.layout.split_world), or with sharding
+                     # dp * cp not divisible by dp_shard
 BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
 BAD_LAYERS = 4       # the layers do not split over pp stages (model.step.stage_layers; into vpp chunks each
                      # when interleaved)

@@ -158,6 +158,13 @@ SETTINGS: tuple[Setting, ...] = (
             "--data-parallel-sharding-strategy",
             inert_at=("dp",), int_range=(0, 3),
             example="zero_stage = 3 or zero_stage = [0, 1, 3] (1 = distributed_optimizer = true)"),
+    Setting("dp_shard", int, 0, "hybrid sharding",
+            "ranks one ZeRO shard group spans (0: all dp x cp ranks): hybrid sharding, the shards inside a "
+            "group and the groups replicas of each other whose gradient shards are all-reduced once per "
+            "iteration (PyTorch FSDP HYBRID_SHARD, Megatron-LM --num-distributed-optimizer-instances = "
+            "dp x cp / dp_shard); must divide dp x cp",
+            "--num-distributed-optimizer-instances", inert_at=("dp",), inert_with=(("zero_stage", 0),),
+            int_range=(0, 100_000), example="dp_shard = 8 (shards within 8 ranks, e.g. a node) or dp_shard = [0, 8]"),
     Setting("first_pipeline_num_layers", int, 0, "uneven first pipeline stage",
             "transformer layers on the first pipeline stage (0: an even split); the stages without a set "
             "count split the rest evenly (Megatron-LM --decoder-first-pipeline-num-layers)",

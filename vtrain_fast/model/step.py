@@ -75,10 +75,11 @@ SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "cross
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
                "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes",
                "layers_first", "layers_middle", "layers_last", "params_middle", "accumulate_first_s",
-               "accumulate_last_s", "embedding_sync_s")
+               "accumulate_last_s", "embedding_sync_s", "replica_allreduce_s")
 NUM_SPLIT = len(SPLIT_NAMES)
 (S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
- S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC) = range(NUM_SPLIT)
+ S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC,
+ S_REPLICA) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -169,6 +170,8 @@ def validate_split(L, h, a, g, f, v, s, lay, hw):
         return BAD_HEADS
     if not stage_layers(float(L), float(p), hw)[3]:
         return BAD_LAYERS
+    if not memory.shards_divide(float(dp_cp_size(lay)), hw):
+        return BAD_NUM_GPUS             # hybrid sharding: dp_shard does not divide dp x cp
     return validate_context(s, lay)
 
 
@@ -501,9 +504,12 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         ``pp = 1`` or when untied).
     """
     t, p = float(lay.tp), float(lay.pp)
-    d = float(dp_cp_size(lay))             # gradients are reduced (and sharded) over dp x cp ranks
+    d_all = float(dp_cp_size(lay))         # gradients are reduced (and sharded) over dp x cp ranks
     dp_apart = float(dp_cp_stride(lay))    # ranks between their neighbours (tp)
     zero = memory.sharding_stage(hw)
+    # ZeRO shards within groups of dp_shard ranks (hybrid sharding; all of them by default), whose
+    # replicas all-reduce their gradient shards; DDP reduces over all
+    d = memory.shard_ranks(d_all, hw) if zero >= 1.0 else d_all
     p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
     l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
     p_body = l_first * p_layer             # the first stage's layers (L / p each when even)
@@ -533,6 +539,10 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
                         comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
         if p_mid > p_first and p_mid > p_last:
             dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(2.0 * p_mid, d, dp_apart, hw))
+    # hybrid sharding: the replicas of a shard group all-reduce their 1/d gradient shards
+    replica_s = 0.0
+    if d < d_all:
+        replica_s = comm.group_allreduce_s(2.0 * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
     # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
@@ -552,7 +562,7 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_mid,
             per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
             memory.zero3_gathered_bytes(p_layer, d, zero), l_first, l_mid, l_last, p_mid,
-            per_param * p_body, per_param * p_body_last, emb_sync_s)
+            per_param * p_body, per_param * p_body_last, emb_sync_s, replica_s)
 
 
 @jit
@@ -595,7 +605,10 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     """
     status = OK
     t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
-    dz = float(dp_cp_size(lay))        # the ranks the optimizer shards over (dp x cp)
+    dz = float(dp_cp_size(lay))        # data-parallel x context-parallel ranks
+    zero = memory.sharding_stage(hw)
+    # the ranks a ZeRO shard spans: all of dz, or dp_shard with hybrid sharding
+    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
     sl = s / float(lay.cp)             # tokens of a sequence on one rank (context parallelism)
     m = B / (d * b)
     # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
@@ -633,7 +646,6 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     acc = (m - 1.0) / m
     # + the FP8 weight cast (0 in bf16): once per iteration, spread over the micro-batches; with
     # ZeRO-3 the weights are gathered per use, so each layer is cast at its forward and backward gather
-    zero = memory.sharding_stage(hw)
     regather = zero >= 3.0 and dz > 1.0
     cast = 2.0 * mb[M_FP8_CAST] if regather else mb[M_FP8_CAST] / m
     first_compute += acc * split[S_ACC_FIRST] + l_first * cast
@@ -741,6 +753,11 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
     dp_comm_s += split[S_EMB_SYNC]          # the tied embedding's gradient (pp > 1), after the backward
+    if split[S_REPLICA] > 0.0:
+        # hybrid sharding: the shard replicas' all-reduce, under the last backward where gradient
+        # reduction overlaps (overlap_grad_reduce; FSDP always)
+        hides = 1.0 if (zero >= 3.0 or hw[H_DP_OVERLAP] != 0.0) else 0.0
+        dp_comm_s += split[S_REPLICA] - hides * min(split[S_REPLICA], window)
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s + cp_comm_s
