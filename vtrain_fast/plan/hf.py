@@ -238,7 +238,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("add_bias_linear", _biases, lambda s: True, _bias_note, written=True),
     Feature("add_qkv_bias", lambda c, a: a.qkv_bias, lambda s: False,
             lambda v, c, a, s: f"{a.label} has biases on the query, key and value projections only; the model "
-                               "counts them with the other biases"),
+                               "has biases on all four linears or none (add_bias_linear = false here: those "
+                               "q, k, v biases are not counted)"),
     Feature("untie_embeddings_and_output_weights", _tie_value, lambda s: True, _tie_note, written=True),
     Feature("activation", _activation_value,
             lambda s: "silu" if s["gated_mlp"] else "gelu", _activation_note),
