@@ -75,9 +75,8 @@ UNMODELLED = {
     "recompute_method": "partial (block or uniform) recomputation is not modelled; "
                         "recompute is none, selective or full",
     "fp8": "use the column precision = fp8",
-    "fp8_format": "use the column precision = fp8 (Transformer Engine's hybrid E4M3/E5M2 format with delayed "
-                  "scaling is what is modelled)",
-    "fp8_recipe": "FP8 recipes are not modelled apart: precision = fp8 is Transformer Engine's delayed scaling",
+    "fp8_format": "use the column precision = fp8 (Transformer Engine's hybrid E4M3/E5M2 format is what is "
+                  "modelled; the column fp8_recipe picks delayed, tensorwise or mxfp8 scaling)",
     "data_parallel_sharding_strategy": "use the column zero_stage: no_shard 0, optim 1, optim_grads 2, "
                                        "optim_grads_params 3",
     "sharding_strategy": "use the column zero_stage: PyTorch FSDP FULL_SHARD is 3, SHARD_GRAD_OP 2, NO_SHARD 0 "

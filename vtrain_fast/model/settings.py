@@ -182,7 +182,7 @@ SETTINGS: tuple[Setting, ...] = (
             requires=(("first_pipeline_num_layers", 0), ("last_pipeline_num_layers", 0))),
     Setting("precision", str, "bf16", "FP8 training (Transformer Engine)",
             "bf16 (16-bit mixed precision), or fp8: the linear layers' GEMMs in FP8 through Transformer "
-            "Engine (hybrid E4M3/E5M2, delayed scaling), attention core, embeddings and LM head in bf16 "
+            "Engine (hybrid E4M3/E5M2, scaled per fp8_recipe, default delayed), attention core, embeddings and LM head in bf16 "
             "(Megatron-LM --bf16 --fp8-format hybrid; needs a GPU with FP8 tensor cores)",
             "--fp8-format", choices=("bf16", "fp8")),
     Setting("cp_comm_type", str, "p2p", "context-parallel all-gather attention",
