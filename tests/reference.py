@@ -109,11 +109,36 @@ def _fp8(hw):
     return hw_get(hw, "precision") == 1.0
 
 
+def _recipe(hw):
+    """``fp8_recipe`` by name (its registry choices, in order: delayed, tensorwise, mxfp8)."""
+    return ("delayed", "tensorwise", "mxfp8")[int(hw_get(hw, "fp8_recipe"))]
+
+
+def _mxfp8(hw):
+    """FP8 with MXFP8 block scaling (E8M0 scales, one byte per 32 elements)."""
+    return _fp8(hw) and _recipe(hw) == "mxfp8"
+
+
+def quantize_bytes_and_kernels(hw):
+    """TE quantizing one bf16 tensor both ways (FP8 copy and transpose / columnwise copy): bytes
+    per element and kernels per tensor. Delayed: read 2, write 1 + 1, one kernel. Tensorwise
+    (current scaling): a separate amax read (2) plus the amax and scale kernels. MXFP8: a 1-byte
+    scale per 32 elements in each of the two directions, one kernel."""
+    recipe = _recipe(hw)
+    if recipe == "tensorwise":
+        return 2.0 + 1.0 + 1.0 + 2.0, 3.0
+    if recipe == "mxfp8":
+        return 2.0 + (1.0 + 1.0 / 32.0) * 2.0, 1.0
+    return 2.0 + 1.0 + 1.0, 1.0
+
+
 def fp8_gemm_time_s(m, n, k, hw):
     """One FP8 GEMM (Transformer Engine linear): FLOPs at the FP8 peak times the FP8 GEMM
-    efficiency (same SM-occupancy rule), FP8 (1-byte) A and B, a bf16 C."""
+    efficiency (same SM-occupancy rule), FP8 (1-byte) A and B, a bf16 C; MXFP8 A and B also
+    bring one 1-byte scale per 32 elements (same peak on Blackwell)."""
     flops = 2.0 * m * n * k
-    nbytes = 1.0 * m * k + 1.0 * k * n + BYTES_FP16 * m * n
+    per_operand_element = 1.0 + (1.0 / 32.0 if _recipe(hw) == "mxfp8" else 0.0)
+    nbytes = per_operand_element * (m * k + k * n) + BYTES_FP16 * m * n
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
     busy_fraction = min(1.0, tiles / hw_get(hw, "num_sms"))
     compute_s = flops / (hw_get(hw, "peak_fp8_flops") * hw_get(hw, "fp8_gemm_efficiency") * busy_fraction)
@@ -266,10 +291,11 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     ]
     launches = LAYER_FWD_MEMORY_BOUND_LAUNCHES
     if _fp8(hw):
-        # TE cast-transpose of each linear's input (read 2, write FP8 1 + FP8 transpose 1)
+        # TE cast-transpose of each linear's input (read 2, write FP8 1 + FP8 transpose 1; per recipe)
+        per_element, kernels = quantize_bytes_and_kernels(hw)
         linear_inputs = [tokens * h, tokens * h / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
-        streaming_bytes += [4.0 * x for x in linear_inputs]
-        launches += len(linear_inputs)
+        streaming_bytes += [per_element * x for x in linear_inputs]
+        launches += kernels * len(linear_inputs)
     if _rope(arch):
         # fused rotary embedding on q and on k (the k columns of qkv_cols include v's half): read, write
         streaming_bytes += [(2.0 + 2.0) * tokens * heads * head_dim, (2.0 + 2.0) * tokens * (qkv_cols - heads * head_dim) / 2.0]
@@ -312,9 +338,10 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     launches = LAYER_BWD_MEMORY_BOUND_LAUNCHES
     if _fp8(hw):
         # TE cast-transpose (+ bias gradient) of each linear's output gradient
+        per_element, kernels = quantize_bytes_and_kernels(hw)
         output_grads = [tokens * qkv_cols, tokens * h, tokens * (1.0 + gated) * f / t, tokens * h]
-        streaming_bytes += [4.0 * x for x in output_grads]
-        launches += len(output_grads)
+        streaming_bytes += [per_element * x for x in output_grads]
+        launches += kernels * len(output_grads)
     if _rope(arch):                             # the rotary embedding's backward on dq and dk
         streaming_bytes += [(2.0 + 2.0) * tokens * heads * head_dim, (2.0 + 2.0) * tokens * (qkv_cols - heads * head_dim) / 2.0]
         launches += 2.0
@@ -547,12 +574,13 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
     return s * b * h * (outside + tp_split / t) + attention_core
 
 
-def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp):
+def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8=False):
     """TE saves the FP8 (1-byte) copy of a linear's input for its weight gradient: 1 byte fewer
     per element of the QKV and FC1 inputs (1/t with sequence parallelism), FC2's input (f/t) and,
-    unless FlashAttention keeps it as its output, the projection's (h/t)."""
+    unless FlashAttention keeps it as its output, the projection's (h/t). MXFP8's saved copy
+    keeps its scales: 1/32 byte per element back."""
     elements = 2.0 * s * b * h / (t if sp else 1.0) + s * b * f / t + (0.0 if flash else s * b * h / t)
-    return (2.0 - 1.0) * elements
+    return (2.0 - 1.0 - (1.0 / 32.0 if mxfp8 else 0.0)) * elements
 
 
 def linear_weights(h, a, g, f, t, gated=0.0):
@@ -570,14 +598,14 @@ def attention_core_bytes(b, s, a, t, flash):
 
 
 def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0,
-                           fp8=False):
+                           fp8=False, mxfp8=False):
     """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
     fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
     selective recompute (code 2) keeps everything but the attention core's tensors; FP8 layers
     keep their linears' inputs in FP8 (:func:`fp8_saved_bytes_fewer`)."""
     per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated)
     if fp8:
-        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp)
+        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8)
     if recompute == 2:
         core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
         return in_flight * layers_on_stage * (per_layer - core) + core
@@ -867,14 +895,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
-                                         seq_par, gated, _fp8(hw))
+                                         seq_par, gated, _fp8(hw), _mxfp8(hw))
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
             # holds one more; a chunk is the stage's layers / vpp of one micro-batch
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
-                                         flash, seq_par, gated, _fp8(hw))
+                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw))
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -893,9 +921,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # cast once per iteration (read 2, write 1 + 1; one kernel per linear), spread over m.
             # ZeRO-3 gathers the weights per use: FP8 copies of the two gathered layers only, and a
             # cast at every gather (forward and backward) of every layer
-            cast = memory_bound_time_s(4.0 * linear_weights(h, a, g, f, t, gated), 4.0, hw)
+            # (per recipe: tensorwise adds the weight's amax pass; MXFP8 both copies' 1/32-byte scales)
+            per_element, kernels = quantize_bytes_and_kernels(hw)
+            cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated), 4.0 * kernels, hw)
             regather = zero >= 3 and shard > 1
-            states += 2.0 * (2.0 if regather else n) * linear_weights(h, a, g, f, t, gated)
+            copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
+            states += copies * (2.0 if regather else n) * linear_weights(h, a, g, f, t, gated)
             compute += n * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value

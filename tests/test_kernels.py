@@ -58,6 +58,7 @@ SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCH
            "vpp": (1.0, 1.0, 2.0, 3.0, 4.0), "zero_stage": (0.0, 0.0, 1.0, 2.0, 3.0),
            "precision": (0.0, 1.0),     # bf16, fp8
            "cp_comm_type": (0.0, 1.0),  # p2p, all_gather
+           "fp8_recipe": (0.0, 1.0, 2.0),   # delayed, tensorwise, mxfp8
            "first_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0), "dp_shard": (0.0, 0.0, 0.0, 2.0, 4.0, 8.0),
            "last_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)

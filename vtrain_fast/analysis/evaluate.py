@@ -24,7 +24,7 @@ from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTI
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
-                   check_fp8, check_reserved)
+                   check_fp8, check_mxfp8, check_reserved)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
@@ -75,9 +75,8 @@ UNMODELLED = {
     "recompute_method": "partial (block or uniform) recomputation is not modelled; "
                         "recompute is none, selective or full",
     "fp8": "use the column precision = fp8",
-    "fp8_format": "use the column precision = fp8 (Transformer Engine's hybrid E4M3/E5M2 format with delayed "
-                  "scaling is what is modelled)",
-    "fp8_recipe": "FP8 recipes are not modelled apart: precision = fp8 is Transformer Engine's delayed scaling",
+    "fp8_format": "use the column precision = fp8 (Transformer Engine's hybrid E4M3/E5M2 format is what is "
+                  "modelled; the column fp8_recipe picks delayed, tensorwise or mxfp8 scaling)",
     "data_parallel_sharding_strategy": "use the column zero_stage: no_shard 0, optim 1, optim_grads 2, "
                                        "optim_grads_params 3",
     "sharding_strategy": "use the column zero_stage: PyTorch FSDP FULL_SHARD is 3, SHARD_GRAD_OP 2, NO_SHARD 0 "
@@ -309,6 +308,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_fp8(preset, where, f"row {i + 2}, column precision")
+            check_mxfp8(preset, where, f"row {i + 2}, column fp8_recipe")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
         # "dp": the data-parallel-with-context group (dp x cp), as model.step.plan_case reads it

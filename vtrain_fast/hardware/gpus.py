@@ -146,6 +146,7 @@ class GPUPreset:
     peak_fp16_tflops: float = 0.0
     peak_fp8_tflops: float = 0.0
     peak_fp4_tflops: float = 0.0
+    mxfp8_tensor_cores: int = 0      # 1: block-scaled MXFP8 GEMMs (Blackwell), at the FP8 rate
     vendor: str = ""
     pue: float = 1.0
     reserved_GiB: float = 1.5
@@ -183,9 +184,10 @@ OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_fp16_tflops": (0.0, 1e6),
     "peak_fp8_tflops": (0.0, 1e6),
     "peak_fp4_tflops": (0.0, 1e6),
+    "mxfp8_tensor_cores": (0, 1),
     **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
 }
-_INTEGER_FIELDS = ("gpus_per_node", "num_sms")
+_INTEGER_FIELDS = ("gpus_per_node", "num_sms", "mxfp8_tensor_cores")
 # Fields a calibration's fit depends on: a GPU that changes one of them is not the fitted one.
 _PERFORMANCE_FIELDS = ("peak_bf16_tflops", "hbm_GBps", "intra_node_GBps", "gpus_per_node", "inter_node_Gbps",
                        "num_sms")

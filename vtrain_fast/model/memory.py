@@ -11,7 +11,7 @@ attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/
 from __future__ import annotations
 
 from ._jit import jit
-from .ops import fused_softmax
+from .ops import MXFP8_SCALE_BYTES_PER_ELEMENT, fused_softmax
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .params import H_DP_SHARD, H_OPT_SHARD, H_ZERO_STAGE
 
@@ -191,27 +191,38 @@ def linear_weights_per_rank(h, a, g, f, t, gated=0.0):
 
 
 @jit
-def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0):
+def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0):
     """Bytes of one layer's FP8 weight copies on one TP rank with ``fp8`` non-zero: 2 bytes per
     linear weight (:data:`FP8_WEIGHT_COPY_BYTES_PER_PARAM`: the FP8 weight and its transpose,
     cached by Transformer Engine across the micro-batches of a step) on top of the bf16 weights
-    and fp32 states; 0.0 otherwise. Embeddings and the LM head have none (not TE layers)."""
+    and fp32 states; 0.0 otherwise. Embeddings and the LM head have none (not TE layers).
+
+    With ``mxfp8`` non-zero (``fp8_recipe`` = mxfp8) TE's MXFP8 weight keeps a rowwise and a
+    columnwise FP8 copy, each with one E8M0 (1-byte) scale per 32 elements
+    (:data:`~vtrain_fast.model.ops.MXFP8_SCALE_BYTES_PER_ELEMENT`): 2 + 2/32 bytes per weight.
+    Delayed and tensorwise scaling keep one fp32 scale per tensor (not counted)."""
     if fp8 == 0.0:
         return 0.0
-    return FP8_WEIGHT_COPY_BYTES_PER_PARAM * linear_weights_per_rank(h, a, g, f, t, gated)
+    per_weight = FP8_WEIGHT_COPY_BYTES_PER_PARAM + (2.0 * MXFP8_SCALE_BYTES_PER_ELEMENT if mxfp8 != 0.0 else 0.0)
+    return per_weight * linear_weights_per_rank(h, a, g, f, t, gated)
 
 
 @jit
-def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8):
+def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0):
     """Bytes fewer that one layer stores for backward, one micro-batch, with ``fp8`` non-zero:
     Transformer Engine saves the FP8 (1-byte) copy of a linear's input for its weight-gradient
     GEMM instead of the bf16 one (:func:`layer_activation_bytes` counts 2 bytes). Saved inputs
     that nothing else needs: QKV's and FC1's (the layer-norm outputs, ``s b h`` each; split over
     ``t`` with sequence parallelism), FC2's (the activation output, ``s b f / t``) and, without
     FlashAttention, the projection's (the context, ``s b h / t``; FlashAttention keeps it in bf16
-    as its output for its own backward). 0.0 otherwise."""
+    as its output for its own backward). 0.0 otherwise.
+
+    With ``mxfp8`` non-zero the saved (columnwise) MXFP8 copy carries its E8M0 scales, 1/32 byte
+    per element (:data:`~vtrain_fast.model.ops.MXFP8_SCALE_BYTES_PER_ELEMENT`): 1 - 1/32 bytes
+    fewer per element."""
     if fp8 == 0.0:
         return 0.0
     outside = 2.0 / t if sp != 0.0 else 2.0       # the QKV and FC1 inputs
     proj = 0.0 if flash != 0.0 else h / t
-    return (2.0 - FP8_BYTES) * s * b * (outside * h + f / t + proj)
+    saved = FP8_BYTES + (MXFP8_SCALE_BYTES_PER_ELEMENT if mxfp8 != 0.0 else 0.0)
+    return (2.0 - saved) * s * b * (outside * h + f / t + proj)

@@ -27,6 +27,7 @@ from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HB
                      H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
                      H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
 from .params import CP_ALL_GATHER, H_CP_COMM
+from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -69,6 +70,20 @@ HEAD_KERNELS = (1.0 + 1.0 + 4.0) + (2.0 + 2.0 + 2.0)
 FP8_CAST_TRANSPOSE_BYTES = 4.0
 FP8_BYTES_PER_ELEMENT = 1.0
 FP8_LINEARS = 4.0
+# FP8 recipes (machine-vector field ``fp8_recipe``, Megatron-LM --fp8-recipe, read in
+# megatron/training/arguments.py _add_transformer_engine_args; default delayed).
+# tensorwise (TE Float8CurrentScaling): Float8CurrentScalingQuantizer::quantize_impl
+# (transformer_engine/pytorch/csrc/quantizer.cpp) runs nvte_compute_amax over the high-precision
+# tensor (one more read, 2 bytes per element), then nvte_compute_scale_from_amax (a one-thread
+# kernel), then the cast: 2 more kernels and 2 more bytes per element for each quantized tensor.
+FP8_AMAX_BYTES = 2.0
+FP8_AMAX_KERNELS = 2.0
+# mxfp8 (TE MXFP8BlockScaling, Blackwell): one E8M0 (1-byte) scale per block of 32 consecutive
+# elements (TE docs, features/low_precision_training/mxfp8), in each direction that is written:
+# TE's MXFP8 quantize writes the rowwise and the columnwise copy with their scales in one kernel
+# and takes no amax pass; a block-scaled GEMM also reads its operands' scales.
+MXFP8_BLOCK = 32.0
+MXFP8_SCALE_BYTES_PER_ELEMENT = 1.0 / MXFP8_BLOCK
 
 
 @jit
@@ -118,9 +133,15 @@ def fp8_gemm_time_s(m, n, k, hw):
     Roofline as :func:`gemm_time_s`, with ``2*m*n*k`` FLOPs at ``peak_fp8_flops *
     fp8_gemm_efficiency`` times the same SM utilisation (``min(1, tiles / num_sms)``, 128 x 128
     output tiles), and ``(m*k + k*n) * 1 + m*n * 2`` bytes (FP8 A and B, bf16 C), plus one kernel
-    overhead."""
+    overhead.
+
+    With ``fp8_recipe`` = mxfp8 the GEMM is block scaled (cuBLASLt MXFP8, Blackwell
+    ``tcgen05.mma kind::mxf8f6f4.block_scale``, the same tensor-core rate as unscaled FP8: CUTLASS
+    docs, "Blackwell SM100 GEMMs", 2025): the same FLOP rate, and A and B each bring their E8M0
+    scales, :data:`MXFP8_SCALE_BYTES_PER_ELEMENT` (1/32) byte per element more."""
     flops = 2.0 * m * n * k
-    nbytes = FP8_BYTES_PER_ELEMENT * (m * k + k * n) + BYTES_PER_ELEMENT * m * n
+    operand = FP8_BYTES_PER_ELEMENT + (MXFP8_SCALE_BYTES_PER_ELEMENT if hw[H_FP8_RECIPE] == FP8_MXFP8 else 0.0)
+    nbytes = operand * (m * k + k * n) + BYTES_PER_ELEMENT * m * n
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
     t_compute = flops * (1.0 / (hw[H_PEAK_FP8_FLOPS] * hw[H_FP8_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
     t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
@@ -131,6 +152,36 @@ def fp8_gemm_time_s(m, n, k, hw):
 def fp8_on(hw):
     """Whether the machine vector trains the linear layers in FP8 (``precision`` = fp8)."""
     return hw[H_PRECISION] == PRECISION_FP8
+
+
+@jit
+def fp8_quantize_cost(hw):
+    """``(bytes per element, kernels per tensor)`` of Transformer Engine quantizing one bf16 tensor
+    to FP8 in both GEMM directions, by ``fp8_recipe``:
+
+    - delayed (TE DelayedScaling): the fused cast-transpose, :data:`FP8_CAST_TRANSPOSE_BYTES` =
+      4 (read 2, write the FP8 copy 1 and its transpose 1; the amax recorded in the same pass), one
+      kernel.
+    - tensorwise (TE Float8CurrentScaling): the same plus the amax pass right before the cast,
+      :data:`FP8_AMAX_BYTES` = 2 more bytes and :data:`FP8_AMAX_KERNELS` = 2 more kernels
+      (``nvte_compute_amax``, ``nvte_compute_scale_from_amax``): 6 bytes, 3 kernels.
+    - mxfp8 (TE MXFP8BlockScaling): rowwise and columnwise FP8 copies, each with one E8M0 scale
+      per 32 elements, in one kernel, no amax pass: 4 + 2/32 bytes, 1 kernel.
+
+    Used for the linears' inputs (forward), output gradients (backward) and weights (once per
+    iteration)."""
+    if hw[H_FP8_RECIPE] == FP8_TENSORWISE:
+        return FP8_CAST_TRANSPOSE_BYTES + FP8_AMAX_BYTES, 1.0 + FP8_AMAX_KERNELS
+    if hw[H_FP8_RECIPE] == FP8_MXFP8:
+        return FP8_CAST_TRANSPOSE_BYTES + 2.0 * MXFP8_SCALE_BYTES_PER_ELEMENT, 1.0
+    return FP8_CAST_TRANSPOSE_BYTES, 1.0
+
+
+@jit
+def mxfp8_on(hw):
+    """Whether the machine vector trains in FP8 with MXFP8 block scaling (``precision`` = fp8
+    and ``fp8_recipe`` = mxfp8)."""
+    return hw[H_PRECISION] == PRECISION_FP8 and hw[H_FP8_RECIPE] == FP8_MXFP8
 
 
 @jit
@@ -151,17 +202,20 @@ def fp8_cast_forward(b, s, h, f, t, hw):
     rank: Transformer Engine casts the input of each of the four linears to FP8 and writes its
     transpose for the weight-gradient GEMM in one fused cast-transpose kernel
     (:data:`FP8_CAST_TRANSPOSE_BYTES` = 4 bytes per element: read 2, write 1 + 1; delayed scaling
-    records the amax in the same pass). Inputs: QKV and FC1 ``b s h`` (the all-gathered input with
-    sequence parallelism), projection ``b s h/t``, FC2 ``b s f/t``. ``(0, 0)`` in bf16.
+    records the amax in the same pass; per recipe :func:`fp8_quantize_cost`: current scaling adds
+    an amax pass, MXFP8 the block scales). Inputs: QKV and FC1 ``b s h`` (the all-gathered input
+    with sequence parallelism), projection ``b s h/t``, FC2 ``b s f/t``. ``(0, 0)`` in bf16.
 
-    The per-iteration amax-history and scale update (one fused kernel per micro-batch per
-    autocast region) and the amax all-reduce over the data- and tensor-parallel group are not
-    charged."""
+    The per-iteration amax-history and scale update of delayed scaling (one fused kernel per
+    micro-batch per autocast region), its amax all-reduce over the data- and tensor-parallel group,
+    and current scaling's amax all-reduce over the tensor-parallel group of the sequence-parallel
+    inputs are not charged (one float per tensor: latency only)."""
     if hw[H_PRECISION] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
     elems = tokens * (2.0 * h + h / t + f / t)
-    return FP8_CAST_TRANSPOSE_BYTES * elems, FP8_LINEARS
+    per_element, kernels = fp8_quantize_cost(hw)
+    return per_element * elems, FP8_LINEARS * kernels
 
 
 @jit
@@ -169,14 +223,16 @@ def fp8_cast_backward(b, s, h, a, g, f, t, hw, gated=0.0):
     """``(bytes, kernels)`` of one layer's FP8 quantization in backward, one micro-batch, one TP
     rank: each linear's output gradient is cast to FP8 (E5M2 in the hybrid format) with its
     transpose for the weight-gradient GEMM (TE's cast-transpose, fused with the bias gradient:
-    4 bytes per element). Output gradients: QKV ``b s (h + 2hg/a)/t``, projection ``b s h``,
-    FC1 ``b s (1 + gated) f/t``, FC2 ``b s h``. ``(0, 0)`` in bf16."""
+    4 bytes per element; per recipe :func:`fp8_quantize_cost`). Output gradients: QKV
+    ``b s (h + 2hg/a)/t``, projection ``b s h``, FC1 ``b s (1 + gated) f/t``, FC2 ``b s h``.
+    ``(0, 0)`` in bf16."""
     if hw[H_PRECISION] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
     qkv_out = (h + 2.0 * h * g / a) / t
     elems = tokens * (qkv_out + h + (1.0 + gated) * f / t + h)
-    return FP8_CAST_TRANSPOSE_BYTES * elems, FP8_LINEARS
+    per_element, kernels = fp8_quantize_cost(hw)
+    return per_element * elems, FP8_LINEARS * kernels
 
 
 @jit

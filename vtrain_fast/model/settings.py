@@ -36,7 +36,7 @@ class Setting:
         name).
     kind : type
         ``bool`` (a switch), ``int`` (``vpp``, ``zero_stage``, the pipeline-split counts) or ``str``
-        (a choice among :attr:`choices`: ``precision``).
+        (a choice among :attr:`choices`: ``precision``, ``cp_comm_type``, ``fp8_recipe``).
     default : bool, int or str
         Value when a spec or CSV row leaves it out.
     label : str
@@ -47,9 +47,9 @@ class Setting:
         The Megatron-LM command-line flag.
     inert_at : tuple of str
         Parallel sizes (:data:`LAYOUT_SIZES`) at which, when 1, the setting changes no cost.
-    inert_with : tuple of (str, bool)
+    inert_with : tuple of (str, bool, int or str)
         Other settings' values with which it changes no cost (the asynchronous TP all-reduce with
-        sequence parallelism, which overlaps regardless).
+        sequence parallelism, which overlaps regardless; the FP8 recipe at precision = bf16).
     requires : tuple of (str, bool)
         Other settings' values it needs: Megatron-LM refuses the flag without them. A spec that
         asks only for such a combination is refused; a sweep axis runs those machines with the
@@ -189,7 +189,7 @@ SETTINGS: tuple[Setting, ...] = (
             requires=(("first_pipeline_num_layers", 0), ("last_pipeline_num_layers", 0))),
     Setting("precision", str, "bf16", "FP8 training (Transformer Engine)",
             "bf16 (16-bit mixed precision), or fp8: the linear layers' GEMMs in FP8 through Transformer "
-            "Engine (hybrid E4M3/E5M2, delayed scaling), attention core, embeddings and LM head in bf16 "
+            "Engine (hybrid E4M3/E5M2, scaled per fp8_recipe, default delayed), attention core, embeddings and LM head in bf16 "
             "(Megatron-LM --bf16 --fp8-format hybrid; needs a GPU with FP8 tensor cores)",
             "--fp8-format", choices=("bf16", "fp8")),
     Setting("cp_comm_type", str, "p2p", "context-parallel all-gather attention",
@@ -199,6 +199,14 @@ SETTINGS: tuple[Setting, ...] = (
             "attention, exposed; dK/dV reduce-scattered after it) (Megatron-LM --cp-comm-type; Transformer "
             "Engine AttnFuncWithCPAndKVP2P / AttnFuncWithCPAndKVAllGather)",
             "--cp-comm-type", inert_at=("cp",), table="parallel", choices=("p2p", "all_gather")),
+    Setting("fp8_recipe", str, "delayed", "FP8 scaling recipe",
+            "how Transformer Engine scales the FP8 tensors under precision = fp8: delayed (one scale per "
+            "tensor from the amax history of earlier iterations, taken in the cast's own pass), tensorwise "
+            "(current scaling: each tensor's amax computed right before its cast, one more read of it and "
+            "two more kernels per cast), or mxfp8 (Blackwell block scaling: one E8M0 scale per 32 elements, "
+            "rowwise and columnwise copies, no amax pass; needs a GPU with MXFP8 tensor cores) (Megatron-LM "
+            "--fp8-recipe; TE DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)",
+            "--fp8-recipe", inert_with=(("precision", "bf16"),), choices=("delayed", "tensorwise", "mxfp8")),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

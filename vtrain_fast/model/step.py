@@ -337,6 +337,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     sbh2 = 2.0 * b * s * h
     gated = arch.gated_mlp
     fp8 = 1.0 if ops.fp8_on(hw) else 0.0
+    mxfp8 = 1.0 if ops.mxfp8_on(hw) else 0.0        # MXFP8 block scaling: the scales' bytes
     if hw[H_SEQ_PAR] != 0.0:
         # the activation between stages is already split over the TP ranks: each sends its
         # 1/t and no all-gather follows
@@ -358,7 +359,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
             memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated)
-            - memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8),
+            - memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8, mxfp8),
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw) + cp_fwd,
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
@@ -368,7 +369,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated)
                if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0),
             fp8_weight_cast_s(h, a, g, f, t, hw, gated),
-            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated),
+            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8),
             cp_fwd_exposed, cp_bwd_exposed)
 
 
@@ -448,7 +449,8 @@ def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw, gated=0.0):
 
 
 # FP8 weight cast: bytes per weight (read bf16 2, write the FP8 weight 1 and its transpose 1) and
-# kernels (one per linear) of Transformer Engine's cast-transpose.
+# kernels (one per linear) of Transformer Engine's cast-transpose under delayed scaling; the other
+# recipes' per-weight bytes and kernels per linear are ops.fp8_quantize_cost's.
 FP8_WEIGHT_CAST_BYTES_PER_PARAM = 4.0
 FP8_WEIGHT_CAST_KERNELS = 4.0
 
@@ -459,11 +461,15 @@ def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0):
     :func:`~vtrain_fast.model.memory.linear_weights_per_rank`) to FP8 with their transposes, once
     per iteration: Transformer Engine caches the FP8 weights over the micro-batches of a step
     (Megatron-LM passes ``is_first_microbatch``), so :func:`schedule` spreads it over the ``m``
-    micro-batches. 4 bytes per weight at ``hbm_Bps * hbm_efficiency``, four kernels; 0.0 in bf16."""
+    micro-batches. 4 bytes per weight at ``hbm_Bps * hbm_efficiency``, four kernels (delayed
+    scaling); per ``fp8_recipe`` the bytes per weight and kernels per linear of
+    :func:`~vtrain_fast.model.ops.fp8_quantize_cost` (tensorwise 6 and 3: the weight's amax pass;
+    mxfp8 4 + 2/32 and 1); 0.0 in bf16."""
     if not ops.fp8_on(hw):
         return 0.0
     weights = memory.linear_weights_per_rank(h, a, g, f, t, gated)
-    return ops.memory_bound_time_s(FP8_WEIGHT_CAST_BYTES_PER_PARAM * weights, FP8_WEIGHT_CAST_KERNELS, hw)
+    per_weight, kernels = ops.fp8_quantize_cost(hw)
+    return ops.memory_bound_time_s(per_weight * weights, ops.FP8_LINEARS * kernels, hw)
 
 
 @jit

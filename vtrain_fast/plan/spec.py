@@ -327,9 +327,11 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
         (:func:`check_flash_attention`); ``precision = "fp8"`` (only) for a GPU without FP8
         tensor cores (:func:`check_fp8`; with another precision in the list, its fp8 machines are
-        left out with a note).
+        left out with a note); ``fp8_recipe = "mxfp8"`` (only, with ``precision = "fp8"`` only)
+        for a GPU without MXFP8 tensor cores (:func:`check_mxfp8`; with another recipe or
+        precision in the lists, its fp8 mxfp8 machines are left out with a note).
     """
-    presets, skipped, skipped_fp8, unmet = [], [], [], {}
+    presets, skipped, skipped_fp8, skipped_mxfp8, unmet = [], [], [], [], {}
     for name in names:
         for combo in itertools.product(*settings.values()):
             values = canonical_values(dict(zip(settings, combo)))
@@ -350,12 +352,20 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                     skipped_fp8.append(name)
                 continue
             check_fp8(g, where, "training.precision")
+            if (g.precision == "fp8" and g.fp8_recipe == "mxfp8" and not has_mxfp8(g)
+                    and (len(settings["fp8_recipe"]) > 1 or len(settings["precision"]) > 1)):
+                if name not in skipped_mxfp8:
+                    skipped_mxfp8.append(name)
+                continue
+            check_mxfp8(g, where, "training.fp8_recipe")
             if g not in presets:            # a switched-off setting may repeat a machine exactly
                 presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
     notes += tuple(f"{name} has no FP8 tensor cores (peak_fp8_tflops or fp8_gemm_efficiency 0): its precision = "
                    "fp8 machines are left out" for name in skipped_fp8)
+    notes += tuple(f"{name} has no MXFP8 tensor cores (mxfp8_tensor_cores 0; MXFP8 needs a Blackwell GPU): its "
+                   "precision = fp8, fp8_recipe = mxfp8 machines are left out" for name in skipped_mxfp8)
     notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
                    f"refuses it otherwise): the {other} "
                    + (f"!= {value}" if BY_NAME[other].kind is int else f"= {str(not value).lower()}")
@@ -541,6 +551,32 @@ def check_fp8(preset, where: str, key: str) -> None:
                          "Ada or newer GPU)",
                          f"drop {preset.name} or set precision = \"bf16\", or give {preset.name} a positive "
                          "peak_fp8_tflops and calibration fp8_gemm_efficiency (a [gpus." + preset.name + "] table)")
+
+
+def has_mxfp8(preset) -> bool:
+    """Whether ``preset`` can train with Transformer Engine's MXFP8 recipe: FP8 (:func:`has_fp8`)
+    and block-scaled MXFP8 tensor cores (``mxfp8_tensor_cores`` 1: the Blackwell presets; TE's
+    MXFP8BlockScaling needs SM 10.0 or newer)."""
+    return has_fp8(preset) and preset.mxfp8_tensor_cores > 0
+
+
+def check_mxfp8(preset, where: str, key: str) -> None:
+    """Refuse ``fp8_recipe = mxfp8`` with ``precision = fp8`` for a GPU preset without MXFP8
+    tensor cores (:func:`has_mxfp8`; Hopper, Ada and AMD presets). At ``precision = bf16`` the
+    recipe has no effect and is not checked.
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, ``key``, the GPU and the fix.
+    """
+    if preset.precision == "fp8" and preset.fp8_recipe == "mxfp8" and not has_mxfp8(preset):
+        raise InputError(where, key, "mxfp8", f"delayed or tensorwise for {preset.name}, which has no MXFP8 "
+                         f"tensor cores (mxfp8_tensor_cores {preset.mxfp8_tensor_cores}; Transformer Engine's "
+                         "MXFP8 block scaling needs a Blackwell GPU: b200-hgx-180gb, b300-hgx-270gb, "
+                         "gb200-nvl72-186gb, gb300-nvl72-279gb)",
+                         f"drop {preset.name} or set fp8_recipe = \"delayed\" or \"tensorwise\", or give "
+                         f"{preset.name} mxfp8_tensor_cores = 1 (a [gpus.{preset.name}] table, with a source)")
 
 
 def _check_keys(where, table_name, table, allowed):
