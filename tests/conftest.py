@@ -79,6 +79,28 @@ pp = [1, 2]
 """
 
 
+def check_step_against_twin(rng, hw, label="") -> None:
+    """Draw a Llama-3-8B-like plan (tp, pp, dp, micro-batch, sequence, recompute and a gated MLP at
+    random) on machine vector ``hw``, evaluate it with ``model.step.step`` and with the plain-Python
+    twin (``tests/reference.py``), and assert the same status and every output within 1e-12."""
+    import numpy as np
+
+    import reference as ref
+    from vtrain_fast.model import step
+    from vtrain_fast.model.arch import DEFAULT_ARCH
+    b, t = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2, 4, 8]))
+    p, d = int(rng.choice([1, 3, 4])), int(rng.choice([1, 2, 8]))
+    cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 4096])), d * b * 8 * p, b, t, p, d,
+           int(rng.integers(0, 3)), 1e12, hw, DEFAULT_ARCH._replace(gated_mlp=float(rng.integers(0, 2))))
+    out = np.empty((step.NUM_OUTPUTS, 1))
+    code = step.step(*[float(x) for x in cfg[:9]], step.Layout(cfg[9], 1, cfg[11], cfg[10]), cfg[12], cfg[13],
+                     cfg[14], out, 0, cfg[15])
+    r_code, r_out = ref.step(*cfg)
+    assert code == r_code, label
+    for k, name in enumerate(step.OUTPUT_NAMES):
+        assert out[k, 0] == pytest.approx(r_out[name], rel=1e-12, nan_ok=True), (label, name)
+
+
 def flat(text: str) -> str:
     """``text`` with every run of whitespace (line breaks a console may insert) as one space:
     message checks must not depend on the terminal width or the length of a temp path."""

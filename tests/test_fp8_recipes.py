@@ -9,8 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-import reference as ref
-from conftest import ONE_POINT_SPEC, SMALL_SWEEP
+from conftest import ONE_POINT_SPEC, SMALL_SWEEP, check_step_against_twin
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
@@ -132,17 +131,7 @@ def test_step_with_each_recipe_matches_twin(seed):
         hw = machine_vector(replace(B200, precision=str(rng.choice(["fp8", "fp8", "bf16"])), fp8_recipe=recipe,
                                     use_flash_attn=flash, sequence_parallel=sp, vpp=int(rng.choice([1, 2])),
                                     zero_stage=int(rng.choice([0, 1, 3]))))
-        b, t = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2, 4, 8]))
-        p, d = int(rng.choice([1, 3, 4])), int(rng.choice([1, 2, 8]))
-        cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 4096])), d * b * 8 * p, b, t, p, d,
-               int(rng.integers(0, 3)), 1e12, hw, DEFAULT_ARCH._replace(gated_mlp=float(rng.integers(0, 2))))
-        out = np.empty((step.NUM_OUTPUTS, 1))
-        code = step.step(*[float(x) for x in cfg[:9]], step.Layout(cfg[9], 1, cfg[11], cfg[10]), cfg[12], cfg[13],
-                         cfg[14], out, 0, cfg[15])
-        r_code, r_out = ref.step(*cfg)
-        assert code == r_code
-        for k, name in enumerate(step.OUTPUT_NAMES):
-            assert out[k, 0] == pytest.approx(r_out[name], rel=1e-12, nan_ok=True), (recipe, name)
+        check_step_against_twin(rng, hw, recipe)
 
 
 def test_mxfp8_needs_a_blackwell_gpu():

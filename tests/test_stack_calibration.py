@@ -15,14 +15,20 @@ from vtrain_fast.analysis import published as P
 from vtrain_fast.hardware.gpus import Calibration
 
 
-@pytest.fixture(scope="module")
-def runs():
-    return P.load_runs()
+from test_validate_published import rows, runs  # noqa: F401,E402 (the published set's fixtures, shared)
 
 
-@pytest.fixture(scope="module")
-def rows():
-    return P.validate_published()
+def stack_folder_with(folder, key, gemm_efficiency):
+    """``folder`` holding a copy of every shipped stack calibration, stack ``key``'s
+    gemm_efficiency set to ``gemm_efficiency``."""
+    for k, stack in P.STACKS.items():
+        if stack.fit:
+            shutil.copy(P.stack_calibration_path(k), folder / stack.fit.file)
+    path = folder / P.STACKS[key].fit.file
+    text = path.read_text(encoding="utf-8")
+    value = [ln for ln in text.splitlines() if ln.startswith("gemm_efficiency = ")][0]
+    path.write_text(text.replace(value, f"gemm_efficiency = {gemm_efficiency}", 1), encoding="utf-8")
+    return folder
 
 
 def _expressible_fit_rows(runs):
@@ -144,14 +150,7 @@ def test_the_shipped_stack_files_equal_a_fresh_fit(runs):
 
 
 def test_a_stale_stack_file_is_caught(runs, tmp_path):
-    for key, stack in P.STACKS.items():
-        if stack.fit:
-            shutil.copy(P.stack_calibration_path(key), tmp_path / stack.fit.file)
-    path = tmp_path / P.STACKS["narayanan21"].fit.file
-    text = path.read_text(encoding="utf-8")
-    value = [ln for ln in text.splitlines() if ln.startswith("gemm_efficiency = ")][0]
-    path.write_text(text.replace(value, "gemm_efficiency = 0.5", 1), encoding="utf-8")
-    diff = _differences(tmp_path, runs)
+    diff = _differences(stack_folder_with(tmp_path, "narayanan21", 0.5), runs)
     assert diff and all(d.startswith("narayanan21 a100-sxm4-80gb gemm_efficiency") for d in diff)
 
 
@@ -197,13 +196,7 @@ def test_parquet_has_the_stack_prediction_and_fit_role(rows):
 
 def test_the_stack_prediction_uses_the_stack_file(tmp_path):
     """A stack folder with a slower GEMM for one stack changes that stack's predictions only."""
-    for key, stack in P.STACKS.items():
-        if stack.fit:
-            shutil.copy(P.stack_calibration_path(key), tmp_path / stack.fit.file)
-    path = tmp_path / P.STACKS["korthikanti22"].fit.file
-    text = path.read_text(encoding="utf-8")
-    value = [ln for ln in text.splitlines() if ln.startswith("gemm_efficiency = ")][0]
-    path.write_text(text.replace(value, "gemm_efficiency = 0.4", 1), encoding="utf-8")
+    stack_folder_with(tmp_path, "korthikanti22", 0.4)
     a = P.validate_published()
     b = P.validate_published(stack_folder=tmp_path)
     j = a.select("id", "stack", x="stack_iteration_time_s").join(b.select("id", y="stack_iteration_time_s"), on="id")

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from ..model.arch import ARCH_FLAGS
 from ..model.params import NUM_HW_FIELDS, hw_index
 from ..model.settings import SETTINGS, unmet_requirements
 from ..model.step import stage_layers
@@ -377,25 +378,22 @@ def _precision(row):
     return v
 
 
-def _is_gated(row):
-    """Llama-family rows have a SwiGLU MLP (the CSV gives its gated width)."""
-    return "llama" in (row.get("model") or "").lower()
-
-
 def _arch(row) -> dict:
     """The architecture flags of a row's model (:mod:`vtrain_fast.model.arch`; the CSV has no
-    column for them), by family: Llama's layer (SwiGLU, RMSNorm, RoPE, no biases, untied head);
+    column for them), every flag, by family: Llama's layer (SwiGLU at the CSV's gated width, RMSNorm,
+    RoPE, no biases, untied head);
     MPT's (llm-foundry's mpt yamls: no_bias, ALiBi, tied); BLOOM's (ALiBi, tied); GPT's otherwise
     (Megatron-LM's defaults: GPT-3 and the Megatron papers' models tie the head)."""
     model = (row.get("model") or "").lower()
+    family = {}
     if "llama" in model:
-        return dict(gated_mlp=True, normalization="RMSNorm", position_embedding_type="rope", add_bias_linear=False,
-                    untie_embeddings_and_output_weights=True)
-    if "mpt" in model:
-        return dict(position_embedding_type="none", add_bias_linear=False)
-    if "bloom" in model:
-        return dict(position_embedding_type="none")
-    return {}
+        family = dict(gated_mlp=True, normalization="RMSNorm", position_embedding_type="rope", add_bias_linear=False,
+                      untie_embeddings_and_output_weights=True)
+    elif "mpt" in model:
+        family = dict(position_embedding_type="none", add_bias_linear=False)
+    elif "bloom" in model:
+        family = dict(position_embedding_type="none")
+    return {fl.name: fl.default for fl in ARCH_FLAGS} | family
 
 
 def _r_gpu(row):
@@ -517,7 +515,6 @@ def plan_row(row: dict) -> tuple[dict, str]:
     stack = STACKS[row["source_key"]]
     assumptions = []
     ffn = row["ffn_hidden_size"]
-    gated = _is_gated(row)      # a SwiGLU MLP: the model's gated_mlp, ffn_hidden_size as published
     settings = dict(stack.settings)
     settings["sequence_parallel"] = bool(row.get("sequence_parallel"))
     settings["zero_stage"] = _zero_stage(row)
@@ -533,7 +530,7 @@ def plan_row(row: dict) -> tuple[dict, str]:
         id=row["id"], num_layers=row["num_layers"], hidden_size=row["hidden_size"],
         num_attention_heads=row["num_heads"], num_query_groups=row["num_kv_heads"], ffn_hidden_size=ffn,
         vocab_size=row["vocab_size"], seq_length=row["seq_len"],
-        **{k: str(v).lower() if isinstance(v, bool) else v for k, v in ({"gated_mlp": gated} | _arch(row)).items()},
+        **{k: str(v).lower() if isinstance(v, bool) else v for k, v in _arch(row).items()},
         global_batch_size=row["global_batch_size"],
         micro_batch_size=row["micro_batch_size"], tp=row["tp"], cp=row.get("cp") or 1, pp=row["pp"], dp=row["dp"],
         num_gpus=row["num_gpus"], gpu=gm.preset, recompute=_recompute(row), precision=_precision(row),

@@ -19,7 +19,7 @@ import numpy as np
 from ..io.errors import InputError, check_plain_name
 from ..io.inputs import read_toml
 from ..model.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
-from ..model.settings import SETTINGS
+from ..model.settings import SETTINGS, with_registry_fields
 
 GiB = 1024.0 ** 3
 
@@ -78,16 +78,7 @@ class Calibration:
     fp8_gemm_efficiency: float = 0.0
 
 
-def _with_settings(cls):
-    """``cls`` as a frozen dataclass with one field per training setting after its own (name,
-    kind and default from the registry, :data:`vtrain_fast.model.settings.SETTINGS`)."""
-    for st in SETTINGS:
-        cls.__annotations__[st.name] = st.kind.__name__
-        setattr(cls, st.name, st.default)
-    return dataclass(frozen=True)(cls)
-
-
-@_with_settings
+@with_registry_fields(SETTINGS)         # one field per training setting (the registry's)
 class GPUPreset:
     """One GPU type as deployed in a typical node, with the training settings it runs.
 

@@ -366,7 +366,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     sp = sequence_split(t, hw)
     cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw)   # (0, 0) in bf16
     rope_bytes, rope_kernels = rope_costs(b, s, h, a, g, t, arch)   # (0, 0) without RoPE
-    cast_bytes += rope_bytes
+    cast_bytes += rope_bytes            # (cast_*: the layer's extra memory-bound kernels: FP8 casts, RoPE)
     cast_kernels += rope_kernels
     nbytes = (
         2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
@@ -413,7 +413,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     sp = sequence_split(t, hw)
     cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated)   # (0, 0) in bf16
     rope_bytes, rope_kernels = rope_costs(b, s, h, a, g, t, arch)   # (0, 0) without RoPE
-    cast_bytes += rope_bytes
+    cast_bytes += rope_bytes            # (cast_*: the layer's extra memory-bound kernels: FP8 casts, RoPE)
     cast_kernels += rope_kernels
     nbytes = (
         2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx

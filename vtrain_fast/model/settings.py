@@ -217,6 +217,26 @@ INT_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is int)
 CHOICES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is str)
 
 
+def with_registry_fields(records, last: tuple[str, ...] = ()):
+    """A class decorator: the class as a frozen dataclass with one field per record of ``records``
+    (anything with ``name``, ``kind`` and ``default``: the training settings here, the architecture
+    flags of :mod:`vtrain_fast.model.arch`) after its own fields, and its fields named in ``last``
+    after those (they keep their defaults). ``GPUPreset`` and ``ModelShape`` take their registry's
+    fields this way."""
+    def decorate(cls):
+        moved = {k: (cls.__annotations__.pop(k), cls.__dict__[k]) for k in last}
+        for k in last:
+            delattr(cls, k)
+        for rec in records:
+            cls.__annotations__[rec.name] = rec.kind.__name__
+            setattr(cls, rec.name, rec.default)
+        for k, (kind, default) in moved.items():
+            cls.__annotations__[k] = kind
+            setattr(cls, k, default)
+        return dataclass(frozen=True)(cls)
+    return decorate
+
+
 # Settings that spell one plan two ways: ZeRO stage 1 is Megatron-LM's distributed optimizer.
 SAME_PLAN = ("zero_stage", "distributed_optimizer")
 

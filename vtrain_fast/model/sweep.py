@@ -219,8 +219,8 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
     L, h, a = float(models[mi, MD_LAYERS]), float(models[mi, MD_HIDDEN]), float(models[mi, MD_HEADS])
     g, f = float(models[mi, MD_GROUPS]), float(models[mi, MD_FFN])
     v, s = float(models[mi, MD_VOCAB]), float(models[mi, MD_SEQ])
-    arch = model_arch(models, mi)
     if ctx[CTX_FILLED] == 0.0:
+        arch = model_arch(models, mi)
         sc = split_costs(L, h, a, g, f, v, s, lay, hw, arch)
         for k in range(NUM_SPLIT):
             ctx[k] = sc[k]
@@ -229,7 +229,7 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
             ctx[NUM_SPLIT + k] = mt[k]
         ctx[CTX_FILLED] = 1.0
     if micro_ok[db] == 0:
-        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, arch, float(lay.cp))
+        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, model_arch(models, mi), float(lay.cp))
         for k in range(NUM_MICRO):
             micro[db, k] = mc[k]
         micro_ok[db] = 1

@@ -12,32 +12,18 @@ GPT-2's 50,257.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..io.errors import InputError, did_you_mean
 from ..io.inputs import read_toml
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
 from ..model.params import MODEL_FIELDS, MODEL_SIZES
+from ..model.settings import with_registry_fields
 
 DEFAULT_VOCAB_SIZE = 50257
 
 
-def _with_arch_flags(cls):
-    """``cls`` as a frozen dataclass with one field per architecture flag after its own (name,
-    kind and default from the registry, :data:`vtrain_fast.model.arch.ARCH_FLAGS`), ``source`` last."""
-    source = cls.__annotations__.pop("source")
-    default_source = cls.__dict__["source"]
-    delattr(cls, "source")
-    for fl in ARCH_FLAGS:
-        cls.__annotations__[fl.name] = fl.kind.__name__
-        setattr(cls, fl.name, fl.default)
-    cls.__annotations__["source"] = source
-    cls.source = default_source
-    return dataclass(frozen=True)(cls)
-
-
-@_with_arch_flags
+@with_registry_fields(ARCH_FLAGS, last=("source",))   # one field per architecture flag, source last
 class ModelShape:
     """One transformer shape.
 
