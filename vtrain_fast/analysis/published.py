@@ -159,6 +159,7 @@ STACKS: dict[str, Stack] = {
 
 
 def source_label(row: dict) -> str:
+    """The display name of a published row's source (its :data:`STACKS` entry, keyed by the id's prefix)."""
     return STACKS[row["source_key"]].name
 
 
