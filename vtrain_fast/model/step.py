@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ._jit import jit
+from ._jit import jit, jit_inline
 from . import comm, memory, ops
 from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
@@ -219,7 +219,7 @@ def virtual_stages(p, hw):
     return hw[H_VPP] if p > 1.0 else 1.0
 
 
-@jit
+@jit_inline
 def validate_interleaving(L, B, b, p, d, hw):
     """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
     ``p > 1``): each stage's layers (:func:`stage_layers`; evenly: ``L / p``) divisible by

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import jit, pjit
+from ._jit import jit, jit_inline, pjit
 from .arch import NUM_FLAGS, Arch
 from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
@@ -180,7 +180,7 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     return gi, num_gpus, nodes, lay, ok, split_status
 
 
-@jit
+@jit_inline
 def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc, tok, models,
                hw, ctx, micro, micro_ok, inputs, token_col, out, status, j):
     """Write the inputs of one point into column ``j``, evaluate it and return its status.
@@ -361,7 +361,7 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
                        inputs, token_col, out, status, j)
 
 
-@jit
+@jit_inline
 def objective_value(src, col, inputs, token_col, out, j):
     """Value of one reduction objective for column ``j`` (see ``SRC_*``)."""
     if src == SRC_OUTPUT:
@@ -371,7 +371,7 @@ def objective_value(src, col, inputs, token_col, out, j):
     return token_col[j]
 
 
-@jit
+@jit_inline
 def _dominated(vals, idx, front_vals, front_idx):
     """True if a row of ``front_vals`` (``(F, k)``) dominates point ``vals`` with flat index
     ``idx``: ``f <= vals`` everywhere and ``f != vals`` or ``f`` has the lower index.
