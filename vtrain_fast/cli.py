@@ -303,7 +303,8 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
                                                        help="training context length; default: max_position_embeddings"),
               overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
-    Qwen2/3, Gemma, GPT-2, GPT-NeoX. What the cost model cannot express is refused; what it prices
+    Qwen2/3, Gemma, GPT-2, GPT-NeoX; mixture of experts (listed, not priced yet: issue 13): Mixtral,
+    Qwen3-MoE, DeepSeek-V3, gpt-oss. What the cost model cannot express is refused; what it prices
     differently is noted (stderr, and comments in the file). A spec reads the file with
     model_files = ["FILE.toml"]."""
     from .io.errors import check_output_file, file_exists_error, write_atomically
@@ -321,7 +322,10 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
     text = model_file_text(name, table, notes, config)
     for note in notes:
         err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
-    err.print(f"{name}: {shape_params(shape) / 1e9:.3f} B parameters as the cost model counts them ("
+    from .model.moe import is_moe, param_counts
+    counts = param_counts(shape)
+    active = f", {counts.active / 1e9:.3f} B active per token" if is_moe(shape) else ""
+    err.print(f"{name}: {counts.total / 1e9:.3f} B parameters{active} as the cost model counts them ("
               + ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in table.items()
                           if k != "source") + ")",
               markup=False, highlight=False)
