@@ -19,8 +19,7 @@ from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.params import MODEL_FIELDS
-from ..model.moe import check_priced
-from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
+from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES

@@ -1,7 +1,8 @@
 """Mixture-of-experts and attention-shape fields of a model, and the parameter counts of such a
 model (total and active per token). Pure Python, no Numba: the kernels do not read these fields
 yet (issue 13); until they do, a sweep or evaluate run naming a model that needs them is refused
-(:func:`unpriced_reason`), never priced as a dense model.
+(:func:`unpriced_reason`, raised by :func:`vtrain_fast.plan.models.check_priced`), never priced
+as a dense model.
 
 The fields are one registry, :data:`SHAPE_FIELDS`, as :mod:`vtrain_fast.model.arch` is for the
 architecture flags: ``ModelShape`` takes one field per record (``plan.models``), model files and
@@ -286,16 +287,3 @@ def unpriced_reason(shape) -> str | None:
                 f"{a} x {shape.kv_channels} wide, hidden_size is {h}")
     return None
 
-
-def check_priced(where: str, key: str, shape, fix: str) -> None:
-    """Refuse a shape the kernels cannot price (:func:`unpriced_reason`).
-
-    Raises
-    ------
-    InputError
-        Naming ``where``, ``key`` (the model column or ``model.presets``), the model and ``fix``.
-    """
-    reason = unpriced_reason(shape)
-    if reason is not None:
-        from ..io.errors import InputError
-        raise InputError(where, key, shape.name, "a model the cost model prices: " + reason, fix)

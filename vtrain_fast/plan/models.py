@@ -5,7 +5,7 @@ theirs) and its mixture-of-experts and attention-shape fields (the registry
 :mod:`vtrain_fast.model.moe`: experts, top-k, expert widths, MoE layer placement, capacity
 factor, kv_channels, multi-head latent attention; dense by default). The kernels price dense
 shapes only so far: a sweep or evaluate run naming one that needs the second registry is refused
-(:func:`vtrain_fast.model.moe.check_priced`). The shapes and their sources are data:
+(:func:`check_priced`). The shapes and their sources are data:
 ``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables, in the spec
 or in model files it names (``model_files``; ``vtrain-fast import-hf`` writes them from Hugging Face
 configs, :mod:`vtrain_fast.plan.hf`).
@@ -21,7 +21,7 @@ from pathlib import Path
 from ..io.errors import InputError, did_you_mean
 from ..io.inputs import read_toml
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
-from ..model.moe import BY_NAME as SHAPE_BY_NAME, MLA_FIELDS, SHAPE_FIELDS, is_moe, parse_layer_pattern
+from ..model.moe import BY_NAME as SHAPE_BY_NAME, MLA_FIELDS, SHAPE_FIELDS, is_moe, parse_layer_pattern, unpriced_reason
 from ..model.params import MODEL_FIELDS, MODEL_SIZES
 from ..model.settings import with_registry_fields
 
@@ -252,6 +252,19 @@ def shape_fields_from_table(where: str, table: dict, sizes: dict) -> dict:
                          "false with multi_latent_attention (its linears have no biases, as DeepSeek's)",
                          "add add_bias_linear = false")
     return out
+
+
+def check_priced(where: str, key: str, shape, fix: str) -> None:
+    """Refuse a shape the kernels cannot price (:func:`vtrain_fast.model.moe.unpriced_reason`).
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, ``key`` (the model column or ``model.presets``), the model and ``fix``.
+    """
+    reason = unpriced_reason(shape)
+    if reason is not None:
+        raise InputError(where, key, shape.name, "a model the cost model prices: " + reason, fix)
 
 
 def _load_presets() -> dict[str, ModelShape]:

@@ -73,8 +73,7 @@ from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
-from ..model.moe import check_priced
-from .models import arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
+from .models import check_priced, arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
 from ..model.settings import (BY_NAME, CHOICES, LAYOUT_SIZES, SAME_PLAN, SETTINGS, SWITCHES, canonical_values,
                               unmet_requirements)
 
