@@ -245,6 +245,18 @@ def shape_flags(m) -> str:
     return " ".join(words) or "gpt"
 
 
+def shape_experts(m) -> str:
+    """The experts of shape ``m``: ``"MoE 256 top-8 +shared, 3 dense"`` (routed experts, top-k, shared
+    experts, dense layers), ``"MLA"`` appended for multi-head latent attention; ``"dense"``."""
+    from .model.moe import is_moe, moe_layer_pattern
+    if not is_moe(m):
+        return "dense" + (" MLA" if m.multi_latent_attention else "")
+    dense = m.num_layers - sum(moe_layer_pattern(m.num_layers, m.moe_layer_freq))
+    return " ".join(["MoE", f"{m.num_experts}", f"top-{m.moe_router_topk}"]
+                    + (["+shared"] if m.moe_shared_expert_intermediate_size else [])
+                    + ([f"{dense}-dense"] if dense else []) + (["MLA"] if m.multi_latent_attention else []))
+
+
 @app.command()
 @_user_errors
 def presets(gpus_file: Optional[Path] = GpusOpt):
@@ -255,14 +267,19 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
     from .hardware.gpus import PRESETS
     from .plan.models import MODEL_PRESETS
     from .analysis.report import print_frame
+    from .model.moe import param_counts
+    counts = {m.name: param_counts(m) for m in MODEL_PRESETS.values()}
     models = pl.DataFrame([dict(model=m.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
                                 num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
                                 ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length,
                                 vocab_size=m.vocab_size,
-                                arch=shape_flags(m), params_billion=round(shape_params(m) / 1e9, 2))
+                                arch=shape_flags(m), experts=shape_experts(m),
+                                active_billion=round(counts[m.name].active / 1e9, 2),
+                                params_billion=round(counts[m.name].total / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
-    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml)",
-                console=console, keep=("model",))
+    print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml; "
+                "experts: MoE, listed but not priced yet, issue 13; active_billion: parameters per token, "
+                "the word embedding included)", console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
                               hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
                               intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
@@ -286,7 +303,8 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
                                                        help="training context length; default: max_position_embeddings"),
               overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
-    Qwen2/3, Gemma, GPT-2, GPT-NeoX. What the cost model cannot express is refused; what it prices
+    Qwen2/3, Gemma, GPT-2, GPT-NeoX; mixture of experts (listed, not priced yet: issue 13): Mixtral,
+    Qwen3-MoE, DeepSeek-V3, gpt-oss. What the cost model cannot express is refused; what it prices
     differently is noted (stderr, and comments in the file). A spec reads the file with
     model_files = ["FILE.toml"]."""
     from .io.errors import check_output_file, file_exists_error, write_atomically
@@ -304,7 +322,10 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
     text = model_file_text(name, table, notes, config)
     for note in notes:
         err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
-    err.print(f"{name}: {shape_params(shape) / 1e9:.3f} B parameters as the cost model counts them ("
+    from .model.moe import is_moe, param_counts
+    counts = param_counts(shape)
+    active = f", {counts.active / 1e9:.3f} B active per token" if is_moe(shape) else ""
+    err.print(f"{name}: {counts.total / 1e9:.3f} B parameters{active} as the cost model counts them ("
               + ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in table.items()
                           if k != "source") + ")",
               markup=False, highlight=False)

@@ -19,7 +19,7 @@ from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.params import MODEL_FIELDS
-from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS
+from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
@@ -247,6 +247,13 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                          "each column once", "remove the repeated column from the header")
     check_column_names(df.columns, where)
     models = models or MODEL_PRESETS
+    if "model" in df.columns:
+        names = df["model"].cast(pl.String).to_list()
+        for name, i in {n: i for i, n in reversed(list(enumerate(names)))}.items():   # each model's first row
+            if name in models:
+                check_priced(where, f"column model, row {i + 2}", models[name],
+                             "leave its rows out; vtrain-fast presets lists its total and active parameters, and "
+                             "the kernels price it once issue 13 is done")
     df = with_model_shapes(df, models)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:

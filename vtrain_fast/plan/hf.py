@@ -6,9 +6,14 @@
 :func:`model_file_text` writes that table as TOML, the notes as comments. A spec reads the file
 with ``model_files = ["FILE.toml"]`` (:func:`vtrain_fast.plan.spec.spec_models`).
 
+Mixture-of-experts families (:data:`MOE_TYPES`: Mixtral, Qwen3-MoE, DeepSeek-V3 with its
+multi-head latent attention, gpt-oss) are imported with their experts in Megatron-LM's names
+(:mod:`vtrain_fast.model.moe`; ``head_dim`` as ``kv_channels``); the kernels do not price them yet
+(issue 13), so a sweep naming one is refused.
+
 What the cost model cannot express is refused (:class:`~vtrain_fast.io.errors.InputError`
-naming the file, the key, the value, what is allowed and a fix): mixture-of-experts keys
-(:data:`REFUSED_KEYS`), a ``head_dim`` other than ``hidden_size / num_attention_heads``,
+naming the file, the key, the value, what is allowed and a fix): expert keys in a dense family's
+config (:data:`REFUSED_KEYS`), a dense family's ``head_dim`` other than ``hidden_size / num_attention_heads``,
 sliding-window attention narrower than ``seq_length``, an unknown ``model_type``, missing or
 non-integer shape keys. What the model does not represent but that barely changes the cost
 (RoPE, RMSNorm, absent biases, tied embeddings, ...) is accepted and noted: one row of
@@ -72,6 +77,10 @@ class Architecture:
         ``use_parallel_residual`` when absent (GPT-NeoX: true; the others have none).
     extra_notes : tuple of str
         What else this family does that the model does not time.
+    moe : callable, optional
+        ``(config, where, shape, notes) -> dict``: the mixture-of-experts (and MLA) fields of a
+        family with experts (:data:`vtrain_fast.model.moe.SHAPE_FIELDS`), notes appended; None for
+        a dense family, whose configs' expert keys are refused (:data:`REFUSED_KEYS`).
     """
 
     label: str
@@ -89,6 +98,122 @@ class Architecture:
     qk_layernorm: bool = False
     parallel_residual_default: bool = False
     extra_notes: tuple = field(default=())
+    moe: Callable | None = None
+
+
+def _moe_int(where: str, cfg: dict, key: str, name: str, default=None) -> int:
+    """The whole number ``cfg[key]`` in the range of MoE field ``name`` (``default`` when absent or
+    null and a default is given)."""
+    from ..model.moe import BY_NAME
+    f = BY_NAME[name]
+    v = cfg.get(key)
+    if v is None and default is not None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not max(f.lo, 1) <= v <= f.hi:
+        raise InputError(where, key, v, f"a whole number from {max(f.lo, 1):,.0f} to {f.hi:,.0f} (Megatron-LM's "
+                         f"{name}: {f.doc})", f"write {key} from the model's published config.json as a JSON integer")
+    return v
+
+
+def _layer_pattern(where: str, key: str, pattern: list[int], num_layers: int):
+    """``moe_layer_freq`` of a per-layer 0/1 list: 1 when every layer has experts, else Megatron-LM's
+    pattern text (``"([0]*3+[1]*58)"``, :func:`vtrain_fast.model.moe.parse_layer_pattern` reads it)."""
+    if 1 not in pattern:
+        raise InputError(where, key, pattern if len(pattern) < 10 else f"{len(pattern)} layers",
+                         "at least one layer with experts", "import the config of a mixture-of-experts model")
+    if all(pattern):
+        return 1
+    runs: list[list[int]] = []
+    for x in pattern:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    return "(" + "+".join(f"[{x}]*{n}" for x, n in runs) + ")"      # Megatron-LM's --moe-layer-freq text
+
+
+def _routed(cfg, where, shape, notes, experts_key, topk_keys, width_key):
+    """The routed experts: count, top-k (first of ``topk_keys`` present) and width."""
+    topk_key = next((k for k in topk_keys if cfg.get(k) is not None), topk_keys[0])
+    out = {"num_experts": _moe_int(where, cfg, experts_key, "num_experts"),
+           "moe_router_topk": _moe_int(where, cfg, topk_key, "moe_router_topk")}
+    if out["moe_router_topk"] > out["num_experts"]:
+        raise InputError(where, topk_key, out["moe_router_topk"], f"at most {experts_key} ({out['num_experts']})",
+                         "check the value in the published config.json")
+    out["moe_ffn_hidden_size"] = _moe_int(where, cfg, width_key, "moe_ffn_hidden_size")
+    notes.append("assumed: dropless routing (moe_expert_capacity_factor left out, Megatron-core's default); add "
+                 "moe_expert_capacity_factor to the table for a run that drops tokens")
+    return out
+
+
+def _mixtral_moe(cfg, where, shape, notes):
+    """Mixtral (transformers' configuration_mixtral.py): ``num_local_experts`` experts of
+    ``intermediate_size`` in every layer, top ``num_experts_per_tok``."""
+    return _routed(cfg, where, shape, notes, "num_local_experts", ("num_experts_per_tok",), "intermediate_size")
+
+
+def _qwen3_moe(cfg, where, shape, notes):
+    """Qwen3-MoE (configuration_qwen3_moe.py): ``num_experts`` of ``moe_intermediate_size``, top
+    ``num_experts_per_tok``; layer ``i`` has experts unless in ``mlp_only_layers`` and when
+    ``(i + 1) % decoder_sparse_step == 0`` (modeling_qwen3_moe.py), else a dense MLP of
+    ``intermediate_size``."""
+    out = _routed(cfg, where, shape, notes, "num_experts", ("num_experts_per_tok",), "moe_intermediate_size")
+    step = _moe_int(where, cfg, "decoder_sparse_step", "moe_layer_freq", 1)
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise InputError(where, "mlp_only_layers", only, "a list of layer indices (the dense layers)",
+                         "as in the published config.json, e.g. []")
+    n = shape["num_layers"]
+    out["moe_layer_freq"] = _layer_pattern(where, "decoder_sparse_step", [
+        0 if i in only or (i + 1) % step else 1 for i in range(n)], n)
+    if cfg.get("shared_expert_intermediate_size"):
+        out["moe_shared_expert_intermediate_size"] = _moe_int(where, cfg, "shared_expert_intermediate_size",
+                                                              "moe_shared_expert_intermediate_size")
+    return out
+
+
+def _deepseek_moe(cfg, where, shape, notes):
+    """DeepSeek-V3 (configuration_deepseek_v3.py): ``n_routed_experts`` of ``moe_intermediate_size``,
+    top ``num_experts_per_tok``, ``n_shared_experts`` shared ones of the same width; layer ``i``
+    has experts when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``
+    (modeling_deepseek.py); multi-head latent attention of ``q_lora_rank`` (null: none),
+    ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``."""
+    out = _routed(cfg, where, shape, notes, "n_routed_experts", ("num_experts_per_tok",), "moe_intermediate_size")
+    shared = _moe_int(where, cfg, "n_shared_experts", "moe_shared_expert_intermediate_size", 0) if cfg.get(
+        "n_shared_experts") else 0
+    if shared:
+        out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"]
+    first = cfg.get("first_k_dense_replace", 0)
+    if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < shape["num_layers"]:
+        raise InputError(where, "first_k_dense_replace", first, f"a whole number from 0 to num_hidden_layers - 1 "
+                         f"({shape['num_layers'] - 1})", "the dense layers before the first MoE layer")
+    freq = _moe_int(where, cfg, "moe_layer_freq", "moe_layer_freq", 1)
+    n = shape["num_layers"]
+    out["moe_layer_freq"] = _layer_pattern(where, "first_k_dense_replace", [
+        1 if i >= first and i % freq == 0 else 0 for i in range(n)], n)
+    out["multi_latent_attention"] = True
+    q = cfg.get("q_lora_rank")
+    out["q_lora_rank"] = 0 if q is None else _moe_int(where, cfg, "q_lora_rank", "q_lora_rank")
+    for hf_key, name in (("kv_lora_rank", "kv_lora_rank"), ("qk_nope_head_dim", "qk_head_dim"),
+                         ("qk_rope_head_dim", "qk_pos_emb_head_dim"), ("v_head_dim", "v_head_dim")):
+        out[name] = _moe_int(where, cfg, hf_key, name)
+    notes.append("not modelled: DeepSeek's sigmoid router scores with group-limited routing (n_group, topk_group) "
+                 "and the per-expert balancing bias (e_score_correction_bias) are priced as a top-k softmax router")
+    if cfg.get("num_nextn_predict_layers"):
+        notes.append(f"not modelled: the {cfg['num_nextn_predict_layers']} multi-token-prediction module(s) "
+                     "(num_nextn_predict_layers) are left out: the main model only")
+    return out
+
+
+def _gpt_oss_moe(cfg, where, shape, notes):
+    """gpt-oss (configuration_gpt_oss.py): ``num_local_experts`` of ``intermediate_size`` with
+    biases in every layer, top ``num_experts_per_tok`` (``experts_per_token`` in OpenAI's own
+    config)."""
+    out = _routed(cfg, where, shape, notes, "num_local_experts", ("num_experts_per_tok", "experts_per_token"),
+                  "intermediate_size")
+    notes.append("not modelled: gpt-oss's router bias and attention sinks (num_local_experts + num_attention_heads "
+                 "numbers a layer) are not counted; its SwiGLU clamp (swiglu_limit) is timed as SwiGLU")
+    return out
 
 
 _GEMMA = dict(keys=_LLAMA_KEYS, gated_mlp=True, normalization="RMSNorm", position_embedding_type="rope",
@@ -111,6 +236,13 @@ ARCHITECTURES: dict[str, Architecture] = {
                                    "seq_length": "n_positions"},
                          False, "LayerNorm", "learned_absolute", bias_default=True, tie_default=True,
                          activation_keys=("activation_function",), activation_default="gelu_new", ffn_default=4),
+    "mixtral": Architecture("Mixtral", _LLAMA_KEYS, True, "RMSNorm", "rope", moe=_mixtral_moe),
+    "qwen3_moe": Architecture("Qwen3-MoE", _LLAMA_KEYS, True, "RMSNorm", "rope", bias_keys=("attention_bias",),
+                              qk_layernorm=True, moe=_qwen3_moe),
+    "deepseek_v3": Architecture("DeepSeek-V3", _LLAMA_KEYS, True, "RMSNorm", "rope", bias_keys=("attention_bias",),
+                                moe=_deepseek_moe),
+    "gpt_oss": Architecture("gpt-oss", _LLAMA_KEYS, True, "RMSNorm", "rope", bias_keys=("attention_bias",),
+                            moe=_gpt_oss_moe),
     "gpt_neox": Architecture("GPT-NeoX", {k: v for k, v in _LLAMA_KEYS.items() if k != "num_query_groups"},
                              False, "LayerNorm", "rope", bias_keys=("attention_bias",), bias_default=True,
                              activation_default="gelu", parallel_residual_default=True),
@@ -122,8 +254,10 @@ def _experts(v) -> bool:
     return v not in (None, 0, 1, False)
 
 
-_MOE = ("a dense model: mixture of experts is issue 13 (the cost model has one MLP per layer, no routing, "
-        "no expert parallelism)", "import a dense model, or price the MoE by hand until issue 13")
+_MOE = ("a dense model of this model_type (its family has no experts)",
+        "a mixture-of-experts config names its own model_type: mixtral, qwen3_moe, deepseek_v3 or gpt_oss are "
+        "imported with their experts (priced once issue 13 is done)")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
 # Hugging Face keys the cost model cannot express: key -> (is it in use?, what is allowed, fix). Keys
 # starting with "moe_" are refused too (MOE_PREFIX) when set.
 REFUSED_KEYS: dict[str, tuple[Callable, str, str]] = {
@@ -137,6 +271,8 @@ REFUSED_KEYS: dict[str, tuple[Callable, str, str]] = {
                             "import the config of a decoder-only language model"),
 }
 MOE_PREFIX = "moe_"
+# The expert keys a family with experts (Architecture.moe) reads instead of refusing.
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok")
 
 SUPPORTED = tuple(ARCHITECTURES)
 
@@ -318,13 +454,14 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
     if not isinstance(cfg, dict):
         raise InputError(where, "config", type(cfg).__name__, "a JSON object (a Hugging Face config.json)",
                          "give the model's config.json")
+    mt = cfg.get("model_type")
+    moe_family = isinstance(mt, str) and mt in ARCHITECTURES and ARCHITECTURES[mt].moe is not None
     for key, (in_use, allowed, fix) in REFUSED_KEYS.items():
-        if key in cfg and in_use(cfg[key]):
+        if key in cfg and in_use(cfg[key]) and not (moe_family and key in _EXPERT_KEYS):
             raise InputError(where, key, cfg[key], allowed, fix)
     for key, v in cfg.items():
-        if key.startswith(MOE_PREFIX) and v not in (None, 0, False, "", [], {}):
+        if key.startswith(MOE_PREFIX) and v not in (None, 0, False, "", [], {}) and not moe_family:
             raise InputError(where, key, v, "absent or null for " + _MOE[0], _MOE[1])
-    mt = cfg.get("model_type")
     if not isinstance(mt, str) or mt not in ARCHITECTURES:
         allowed = "one of " + ", ".join(SUPPORTED)
         if mt is None:
@@ -367,6 +504,16 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
                          f"({a})", "grouped-query attention shares each key/value head among a whole number of "
                          "query heads; check the value")
     for key in ("head_dim", "kv_channels"):
+        if arch.moe is not None and mt != "deepseek_v3" and cfg.get(key) is not None and cfg[key] != h // a:
+            lo, hi = 1, 100_000
+            v = cfg[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise InputError(where, key, v, f"a whole number from {lo} to {hi:,} (Megatron-LM's kv_channels)",
+                                 "write it as a JSON integer, as transformers does")
+            shape["kv_channels"] = v
+            continue
+        if mt == "deepseek_v3":
+            continue            # MLA: its head widths are qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         if cfg.get(key) is not None and cfg[key] != h // a:
             raise InputError(where, key, cfg[key], f"null or hidden_size / num_attention_heads = {h} / {a} = {h // a} "
                              "(the cost model has no kv_channels: its heads are hidden_size / num_attention_heads wide)",
@@ -387,6 +534,13 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
                         "e.g. Llama 3.1 was pre-trained at 8192 and has a max_position_embeddings of 131072")
                      + "): pass --seq-length with the training run's context")
     window = cfg.get("sliding_window")
+    kinds = cfg.get("layer_types")
+    if (arch.moe is not None and window is not None and isinstance(kinds, list) and "full_attention" in kinds
+            and all(k in ("full_attention", "sliding_attention") for k in kinds)):
+        notes.append(f"not modelled: {kinds.count('sliding_attention')} of {len(kinds)} layers attend within a "
+                     f"sliding window of {window} tokens (layer_types); they are counted and will be timed as "
+                     "full attention (an over-estimate of their attention time)")
+        window = None
     if window is not None and cfg.get("use_sliding_window", True) is not False and not (
             isinstance(window, int) and not isinstance(window, bool) and window >= shape["seq_length"]):
         raise InputError(where, "sliding_window", window, f"null, or at least seq_length ({shape['seq_length']}): "
@@ -402,6 +556,8 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
         elif value != feat.modelled(shape):
             notes.append("not modelled: " + feat.explain(value, cfg, arch, shape))
     notes += ["not modelled: " + n for n in arch.extra_notes]
+    if arch.moe is not None:
+        shape.update(arch.moe(cfg, where, shape, notes))
     order = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "gated_mlp",
              "vocab_size", "seq_length")
     table = {k: shape[k] for k in order} | {k: v for k, v in shape.items() if k not in order}

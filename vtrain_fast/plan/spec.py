@@ -73,7 +73,7 @@ from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
                        with_overrides)
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
-from .models import arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
+from .models import check_priced, arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
 from ..model.settings import (BY_NAME, CHOICES, LAYOUT_SIZES, SAME_PLAN, SETTINGS, SWITCHES, canonical_values,
                               unmet_requirements)
 
@@ -629,6 +629,9 @@ def _models(where, t: dict, known: dict | None = None) -> tuple:
     models: list[ModelShape] = []
     if "presets" in t:
         for name in _strings(where, "model.presets", t["presets"], tuple(known)):
+            check_priced(where, "model.presets", known[name],
+                         "leave it out of model.presets; vtrain-fast presets lists its total and active "
+                         "parameters, and the kernels price it once issue 13 is done")
             models.append(known[name])
     shape_keys = [k for k in t if k != "presets"]
     if shape_keys:
