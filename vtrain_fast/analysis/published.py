@@ -6,7 +6,9 @@ rows, and no constant of the cost model may be tuned to them), and the stack cal
 few global parameters per software stack and GPU (:class:`StackFit` in :data:`STACKS`) fitted to
 a stated half of that stack's rows (:func:`fit_roles`) and reported on the other half.
 
-Three steps per row, each in one place:
+Three steps per row, each in one place, after :func:`apply_assumptions` has filled the empty
+cells that another documented source states (:data:`ASSUMPTIONS`, ``assumptions.toml``: every
+record with its citation; a row taking any is priced as ``assumed``, never as ``stated``):
 
 * :func:`unexpressible_reasons`: the rules (:data:`RULES`, one function per reason) that say why
   the cost model cannot price a row today. A row is priced only when no rule fires; when the
