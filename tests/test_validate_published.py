@@ -46,17 +46,107 @@ def test_every_row_is_mapped_or_has_a_one_line_reason(runs, rows):
 
 
 def test_reasons_name_what_the_model_lacks(runs):
-    reasons = {r["id"]: P.unexpressible_reasons(r) for r in runs}
-    assert reasons["narayanan21_t2_zero3_175B_384gpu"] == ["recompute not stated"]
-    assert reasons["mosaic_mpt7b_a100_40gb_128gpu"] == []
-    assert not any("fp8" in x for x in reasons["nemo2407_GPT3-175B_128gpu"])    # precision = fp8 is modelled
+    """As the CSV states them (no assumption), the rows name what their sources leave out; the
+    assumptions fill exactly that, and the rows no source fills keep their reasons."""
+    stated = {r["id"]: P.unexpressible_reasons(r) for r in P.load_runs(assume=False)}
+    assert stated["narayanan21_t2_zero3_175B_384gpu"] == ["recompute not stated"]
+    assert stated["mosaic_mpt7b_a100_40gb_128gpu"] == []
+    assert not any("fp8" in x for x in stated["nemo2407_GPT3-175B_128gpu"])    # precision = fp8 is modelled
     # context parallelism is modelled: the cp = 2 rows are kept out only by what they do not state
-    assert not any("context parallelism" in x for x in reasons["nemo2407_LLAMA3-8B_8gpu"])
-    assert reasons["nemo2407_LLAMA3-8B_8gpu"] == ["recompute not stated"]
-    assert reasons["bloom176b_gbs2048_iter85376"] == []      # BLOOM's partition: 5 + 10 x 6 + 5 layers
-    assert "tp/pp not stated" in reasons["narayanan21_t2_ptd_175B_384gpu"]
-    assert reasons["korthikanti22_1T_fullrecompute"] == ["virtual_pp not stated (pp > 1)"]
-    assert any("weak_scaling_efficiency" in x for x in reasons["shoeybi19_2.5B_mp2"])
+    assert not any("context parallelism" in x for x in stated["nemo2407_LLAMA3-8B_8gpu"])
+    assert stated["nemo2407_LLAMA3-8B_8gpu"] == ["recompute not stated"]
+    assert stated["bloom176b_gbs2048_iter85376"] == []      # BLOOM's partition: 5 + 10 x 6 + 5 layers
+    assert "tp/pp not stated" in stated["narayanan21_t2_ptd_175B_384gpu"]
+    assert stated["korthikanti22_1T_fullrecompute"] == ["virtual_pp not stated (pp > 1)"]
+    assert any("weak_scaling_efficiency" in x for x in stated["shoeybi19_2.5B_mp2"])
+    assumed = {r["id"]: P.unexpressible_reasons(r) for r in runs}
+    for id_ in ("narayanan21_t2_zero3_175B_384gpu", "narayanan21_t2_ptd_175B_384gpu", "nemo2407_LLAMA3-8B_8gpu",
+                "korthikanti22_1T_fullrecompute", "shoeybi19_gpt2train_355M", "nemo2407_Nemotron-8B_64gpu"):
+        assert assumed[id_] == [], (id_, assumed[id_])
+    assert any("weak_scaling_efficiency" in x for x in assumed["shoeybi19_2.5B_mp2"])     # no source converts it
+    readme = [i for i in assumed if i.startswith("megatronlm_")]
+    assert len(readme) == 11 and all("micro_batch_size not stated" in " ".join(assumed[i]) for i in readme)
+
+
+# ------------------------------------------------------------------------------ assumptions
+def test_every_assumption_has_its_source_and_fills_only_empty_cells(runs):
+    """Each record of assumptions.toml cites where its values come from, names rows that exist,
+    and fills cells the CSV leaves empty: a stated value is never replaced."""
+    stated = {r["id"]: r for r in P.load_runs(assume=False)}
+    assert P.ASSUMPTIONS
+    for a in P.ASSUMPTIONS:
+        assert a.name and len(a.source) >= 20 and a.rows, a
+        for rid in a.rows:
+            assert rid in stated, (a.name, rid)
+            for col in a.values:
+                assert stated[rid][col] is None, (a.name, rid, col)
+    got = {r["id"]: r for r in runs}
+    for rid, r in got.items():
+        for col, name in r["assumed"].items():
+            if not col.startswith("setting "):
+                assert stated[rid][col] is None and r[col] is not None, (rid, col)
+        # every other cell is the CSV's
+        for col, v in stated[rid].items():
+            if col not in r["assumed"] and col not in ("assumed", "assumed_settings"):
+                assert r[col] == v, (rid, col)
+
+
+def test_an_assumption_without_a_source_or_over_a_stated_cell_is_refused(tmp_path, runs):
+    path = tmp_path / "a.toml"
+    path.write_text('[[assumption]]\nname = "x"\nrows = ["narayanan21_t1_1.7B"]\nvalues = { recompute = "full" }\n'
+                    'source = ""\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="source"):
+        P.load_assumptions(path)
+    path.write_text('[[assumption]]\nname = "x"\nrows = ["narayanan21_t1_1.7B"]\nvalues = { recompute = "none" }\n'
+                    'source = "a citation that is long enough"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="stated"):
+        P.apply_assumptions(P.load_runs(assume=False), P.load_assumptions(path))
+    path.write_text('[[assumption]]\nname = "x"\nrows = ["no_such_row"]\nvalues = { recompute = "none" }\n'
+                    'source = "a citation that is long enough"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="no row"):
+        P.apply_assumptions(P.load_runs(assume=False), P.load_assumptions(path))
+    path.write_text('[[assumption]]\nname = "x"\nrows = ["narayanan21_t1_1.7B"]\nsettings = { no_setting = 1 }\n'
+                    'source = "a citation that is long enough"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="setting"):
+        P.load_assumptions(path)
+
+
+def test_a_row_relying_on_an_assumption_is_never_counted_as_stated(rows, runs):
+    """basis = stated only for rows that take no value from assumptions.toml; exactly those are
+    priced without the assumptions, with the same prediction; the stated MAPE is theirs."""
+    by_id = {r["id"]: r for r in runs}
+    for r in rows.iter_rows(named=True):
+        run = by_id[r["id"]]
+        assert r["basis"] == (P.ASSUMED if run["assumed"] else P.STATED)
+        if r["basis"] == P.ASSUMED:
+            assert r["assumed_values"] and r["assumption_sources"]
+            for a in P.ASSUMPTIONS:                   # every record it takes cites its source in the row
+                if r["id"] in a.rows:
+                    assert a.source in r["assumption_sources"]
+        else:
+            assert r["assumed_values"] is None and r["assumption_sources"] is None
+    bare = P.validate_published(assume=False)
+    stated_priced = rows.filter(pl.col("expressible") & (pl.col("basis") == P.STATED))
+    assert set(bare.filter(pl.col("expressible"))["id"]) == set(stated_priced["id"])
+    j = stated_priced.select("id", "iteration_time_s").join(bare.select("id", b="iteration_time_s"), on="id")
+    assert (j["iteration_time_s"] == j["b"]).all()
+    s = P.basis_summary(rows, "source").filter(pl.col("source") == "all").row(0, named=True)
+    assert s["stated"] == stated_priced["ape_pct"].drop_nulls().len()
+    assert math.isclose(s["stated_mape"], stated_priced["ape_pct"].mean(), rel_tol=1e-12)
+    assert s["stated"] + s["assumed"] == s["priced"] == rows["ape_pct"].drop_nulls().len()
+    assert s["assumed"] >= 25                # the rows this file prices
+
+
+def test_assumed_settings_reach_the_plan(runs):
+    plan, text = P.plan_row(_run(runs, "nemo2407_GPT3-175B_128gpu"))
+    assert plan["tp_comm_overlap"] == "false" and plan["sequence_parallel"] == "true"   # gpt3/175b.yaml
+    assert plan["ffn_hidden_size"] == 49152 and plan["vocab_size"] == 50688 and plan["precision"] == "fp8"
+    assert "assumed (not stated" in text and "tp_comm_overlap" in text
+    plan, _ = P.plan_row(_run(runs, "nemo2407_Nemotron-8B_64gpu"))
+    assert plan["untie_embeddings_and_output_weights"] == "true" and plan["position_embedding_type"] == "rope"
+    assert plan["gated_mlp"] == "false" and plan["add_bias_linear"] == "false"
+    plan, text = P.plan_row(_run(runs, "narayanan21_t1_1.7B"))
+    assert "assumed" not in text
 
 
 def test_deleting_a_rule_is_how_a_feature_lands(runs, monkeypatch):
@@ -135,9 +225,12 @@ def test_tokens_and_epoch_conversions(runs):
 
 
 def test_metrics_that_are_not_throughput_are_not_converted(runs):
-    for id_ in ("shoeybi19_2.5B_mp2", "shoeybi19_1.2B_1gpu_baseline", "korthikanti22_530B_dp8_fullrecompute"):
+    for id_ in ("shoeybi19_2.5B_mp2", "shoeybi19_1.2B_1gpu_baseline"):
         with pytest.raises(P.NotConvertible):
             P.measured_iteration_time(_run(runs, id_))
+    bare = {r["id"]: r for r in P.load_runs(assume=False)}      # its batch is an assumption
+    with pytest.raises(P.NotConvertible):
+        P.measured_iteration_time(bare["korthikanti22_530B_dp8_fullrecompute"])
 
 
 # ------------------------------------------------------------------------------ pricing
@@ -189,7 +282,9 @@ def test_command_prints_per_source_mape_and_writes_parquet(tmp_path, cli):
     assert "Held-out" in res.output and "Largest errors" in res.output
     df = pl.read_parquet(out)
     assert df.height == 79
-    for col in ("id", "source", "measured_iteration_time_s", "iteration_time_s", "ape_pct", "expressible", "reason"):
+    assert "stated and assumed rows" in res.output and "stated_mape" in res.output
+    for col in ("id", "source", "measured_iteration_time_s", "iteration_time_s", "ape_pct", "expressible", "reason",
+                "basis", "assumed_values", "assumption_sources"):
         assert col in df.columns
 
 
@@ -214,7 +309,7 @@ def test_a_plan_the_model_finds_infeasible_is_not_priced(monkeypatch):
     assert r["expressible"] and r["status"] == "out_of_memory"
     assert r["iteration_time_s"] is None and r["ape_pct"] is None
     s = P.summary(rows, "source").filter(pl.col("source") == "Narayanan et al. 2021").row(0, named=True)
-    assert (s["expressible"], s["priced"]) == (10, 9)
+    assert (s["expressible"], s["priced"]) == (22, 20)      # 21 priced (the 530B ZeRO-3 row at 640 GPUs: out of memory)
 
 
 @pytest.mark.parametrize("which", ["vtrain", "published"])

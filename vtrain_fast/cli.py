@@ -555,8 +555,8 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
     import polars as pl
 
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.published import (measured_frame, reason_counts, stack_parameters, stack_summary, summary,
-                                     validate_published)
+    from .analysis.published import (basis_summary, measured_frame, reason_counts, stack_parameters, stack_summary,
+                                     summary, validate_published)
     from .analysis.report import print_frame
     check_table_path(output)
     rows = validate_published(_calibration(calibration))
@@ -569,8 +569,15 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
                 "feasible in the model)", console=console, keep=("source",))
     print_frame(summary(rows, "gpu_preset"), "Iteration-time error by GPU preset (percent)", console=console,
                 keep=("gpu_preset",))
+    n_assumed = int(rows.filter(pl.col("expressible") & (pl.col("basis") == "assumed")).height)
+    console.print(f"{n_assumed} of the {k} expressible rows rely on values their source does not state, filled from "
+                  "other documented sources (vtrain_fast/data/published/assumptions.toml; columns basis, "
+                  "assumed_values, assumption_sources): MAPE of the stated and the assumed rows apart.", markup=False)
+    for by, title in (("source", "Shipped calibration: MAPE of stated and assumed rows, by source"),
+                      ("gpu_preset", "Shipped calibration: MAPE of stated and assumed rows, by GPU preset")):
+        print_frame(basis_summary(rows, by), title, console=console, keep=(by,))
     priced = rows.filter(pl.col("ape_pct").is_not_null()).sort("ape_pct", descending=True)
-    cols = [c for c in ("id", "gpu_preset", "tp", "pp", "dp", "vpp", "micro_batch_size", "global_batch_size",
+    cols = [c for c in ("id", "basis", "gpu_preset", "tp", "pp", "dp", "vpp", "micro_batch_size", "global_batch_size",
                         "recompute", "sequence_parallel", "measured_iteration_time_s", "iteration_time_s",
                         "error_pct") if c in priced.columns]
     if priced.height:
@@ -583,7 +590,8 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
                   "and held_n held-out rows; ship_ho = the shipped calibration on those held-out rows.",
                   markup=False)
     for by, title in (("stack", "Stack calibration: MAPE by stack (source key)"),
-                      ("gpu_preset", "Stack calibration: MAPE by GPU preset")):
+                      ("gpu_preset", "Stack calibration: MAPE by GPU preset"),
+                      ("basis", "Stack calibration: MAPE by basis (stated / assumed values)")):
         print_frame(stack_summary(rows.filter(pl.col("expressible")), by), title, console=console, keep=(by,))
     params = stack_parameters()
     if params.height:

@@ -6,7 +6,9 @@ rows, and no constant of the cost model may be tuned to them), and the stack cal
 few global parameters per software stack and GPU (:class:`StackFit` in :data:`STACKS`) fitted to
 a stated half of that stack's rows (:func:`fit_roles`) and reported on the other half.
 
-Three steps per row, each in one place:
+Three steps per row, each in one place, after :func:`apply_assumptions` has filled the empty
+cells that another documented source states (:data:`ASSUMPTIONS`, ``assumptions.toml``: every
+record with its citation; a row taking any is priced as ``assumed``, never as ``stated``):
 
 * :func:`unexpressible_reasons`: the rules (:data:`RULES`, one function per reason) that say why
   the cost model cannot price a row today. A row is priced only when no rule fires; when the
@@ -23,6 +25,7 @@ import csv
 import io
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -43,10 +46,17 @@ INT_COLUMNS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hi
 FLOAT_COLUMNS = ("params_b", "measured_value")
 
 
-def load_runs() -> list[dict]:
+def load_runs(assume: bool = True) -> list[dict]:
     """The rows of ``published_runs.csv`` as dicts: integer and float columns parsed, empty
     cells ``None`` (unknown: the source does not state the value), ``sequence_parallel`` a bool
-    or ``None``, other cells stripped text or ``None``."""
+    or ``None``, other cells stripped text or ``None``; with ``assume`` (default) the empty cells
+    :data:`ASSUMPTIONS` fills filled (:func:`apply_assumptions`; ``assumed`` lists them per row,
+    ``assumed_settings`` the stack settings they change; both empty without ``assume``)."""
+    rows = _read_csv_rows()
+    return apply_assumptions(rows) if assume else [dict(r, assumed={}, assumed_settings={}) for r in rows]
+
+
+def _read_csv_rows() -> list[dict]:
     text = (DATA / CSV_NAME).read_text(encoding="utf-8")
     rows = []
     for raw in csv.DictReader(io.StringIO(text)):
@@ -71,6 +81,111 @@ def load_runs() -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------ assumptions
+ASSUMPTIONS_NAME = "assumptions.toml"
+STATED, ASSUMED = "stated", "assumed"
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """Values a row's source does not state, filled from another documented source (one record
+    of ``vtrain_fast/data/published/assumptions.toml``): the rows (ids), the CSV columns filled
+    (``values``: empty cells only), the stack settings changed for those rows (``settings``) and
+    ``source``, the citation every value comes from. A row that takes any of them is priced as
+    :data:`ASSUMED`, never as :data:`STATED`."""
+
+    name: str
+    rows: tuple[str, ...]
+    values: dict
+    settings: dict
+    source: str
+
+
+def load_assumptions(path=None) -> tuple[Assumption, ...]:
+    """The records of ``assumptions.toml`` (or ``path``), checked: every record has a name, rows
+    and a non-empty ``source``; fills CSV columns or stack settings (:data:`SETTINGS`) only.
+
+    Raises
+    ------
+    ValueError
+        A record without a source, rows or values, or naming an unknown column or setting.
+    """
+    import tomllib
+    text = (DATA / ASSUMPTIONS_NAME).read_text(encoding="utf-8") if path is None else Path(path).read_text("utf-8")
+    columns = set(INT_COLUMNS + FLOAT_COLUMNS + ("recompute", "sequence_parallel", "precision"))
+    names = {s.name for s in SETTINGS}
+    out = []
+    for i, rec in enumerate(tomllib.loads(text).get("assumption", [])):
+        a = Assumption(str(rec.get("name", "")).strip(), tuple(rec.get("rows", ())), dict(rec.get("values", {})),
+                       dict(rec.get("settings", {})), " ".join(str(rec.get("source", "")).split()))
+        where = f"{ASSUMPTIONS_NAME}: record {i + 1} ({a.name or 'no name'})"
+        if not a.name or not a.rows:
+            raise ValueError(f"{where}: needs a name and rows")
+        if len(a.source) < 20:
+            raise ValueError(f"{where}: needs its source (a citation of where every value comes from)")
+        if not a.values and not a.settings:
+            raise ValueError(f"{where}: fills nothing")
+        if set(a.values) - columns:
+            raise ValueError(f"{where}: not a CSV column it may fill: {sorted(set(a.values) - columns)}")
+        if set(a.settings) - names:
+            raise ValueError(f"{where}: not a stack setting: {sorted(set(a.settings) - names)}")
+        out.append(a)
+    return tuple(out)
+
+
+ASSUMPTIONS: tuple[Assumption, ...] = load_assumptions()
+
+
+def apply_assumptions(rows: list[dict], assumptions: tuple[Assumption, ...] | None = None) -> list[dict]:
+    """Copies of ``rows`` with the empty cells the assumptions fill filled. Each row gets
+    ``assumed`` (column -> the record's name) and ``assumed_settings`` (setting -> value).
+
+    Raises
+    ------
+    ValueError
+        A record naming a row that does not exist, filling a cell its source states (an
+        assumption never overrides a stated value), or a cell two records fill.
+    """
+    assumptions = ASSUMPTIONS if assumptions is None else assumptions
+    out = {r["id"]: dict(r, assumed={}, assumed_settings={}) for r in rows}
+    for a in assumptions:
+        for rid in a.rows:
+            if rid not in out:
+                raise ValueError(f"{ASSUMPTIONS_NAME}: {a.name}: no row {rid!r} in {CSV_NAME}")
+            r = out[rid]
+            for col, v in a.values.items():
+                if col in r["assumed"]:
+                    raise ValueError(f"{ASSUMPTIONS_NAME}: {a.name}: {rid}: {col} is filled by {r['assumed'][col]!r} too")
+                if r.get(col) is not None:
+                    raise ValueError(f"{ASSUMPTIONS_NAME}: {a.name}: {rid}: {col} is stated ({r[col]!r}): "
+                                     "an assumption fills empty cells only")
+                r[col] = v
+                r["assumed"][col] = a.name
+            for k, v in a.settings.items():
+                r["assumed_settings"][k] = v
+                r["assumed"][f"setting {k}"] = a.name
+    return list(out.values())
+
+
+def row_basis(row: dict) -> str:
+    """:data:`ASSUMED` when any value the row is priced with comes from :data:`ASSUMPTIONS`,
+    else :data:`STATED` (every value from its source, as the CSV records it)."""
+    return ASSUMED if row.get("assumed") else STATED
+
+
+def assumption_sources(row: dict) -> str | None:
+    """The assumed values of a row with each record's source, '; '-joined (None: stated)."""
+    by_name = {a.name: a for a in ASSUMPTIONS}
+    parts = []
+    for name in dict.fromkeys(row.get("assumed", {}).values()):
+        a = by_name[name]
+        cols = [c for c, n in row["assumed"].items() if n == name]
+        vals = ", ".join(f"{c.removeprefix('setting ')} = {row['assumed_settings'][c.removeprefix('setting ')]}"
+                         if c.startswith("setting ") else f"{c} = {row[c]}" for c in cols)
+        parts.append(f"{vals} [{name}: {a.source}]")
+    return "; ".join(parts) or None
+
+
 # ------------------------------------------------------------------------------ sources and stacks
 @dataclass(frozen=True)
 class StackFit:
@@ -82,6 +197,8 @@ class StackFit:
     file: str
     params: tuple[str, ...]
     basis: str
+    covers: Callable[[dict], bool] | None = None    # the rows of the stack the fit covers (None: all)
+    covers_basis: str = ""                          # why only those
 
 
 # Two terms, fixed before any fit: one proportional to the compute (GEMM efficiency: the stack's
@@ -114,7 +231,13 @@ STACKS: dict[str, Stack] = {
         "the asynchronous TP all-reduce entered Megatron-LM on 2021-09-02 (commit 3f65246), after the "
         "paper and its script; gradient all-reduce by the local DDP after backward (--overlap-grad-reduce: "
         "2023-08, commit 2d5220a); no distributed optimizer (2022), no FlashAttention",
-        StackFit("stack-narayanan21.toml", TWO_TERMS, "the two terms (TWO_TERMS)")),
+        StackFit("stack-narayanan21.toml", TWO_TERMS, "the two terms (TWO_TERMS)",
+                 covers=lambda r: _zero_stage(r) != 3,
+                 covers_basis="the Megatron-LM PTD-P rows only: the six ZeRO-3 rows of Table 2 ran DeepSpeed's "
+                 "ZeRO-3 ('We integrated ZeRO into our codebase using the DeepSpeed Python library', Sec. 5.2), "
+                 "another stack; decided after the first fit over all 21 priced rows (2026-12-01), which put "
+                 "gemm_efficiency at 0.50 and the Megatron-LM rows at +15 to +42 %; they keep the shipped "
+                 "calibration's prediction")),
     "korthikanti22": Stack(
         "Korthikanti et al. 2022", "Megatron-LM, 2022",
         dict(_OFF, async_tensor_model_parallel_allreduce=True),
@@ -130,12 +253,22 @@ STACKS: dict[str, Stack] = {
         "Transformer Engine's fused attention assumed for use_flash_attn"),
     "nemo2407": Stack(
         "NeMo 24.07", "NeMo 24.07 (Megatron-Core)", dict(_MCORE_2024),
-        "NeMo's pre-training recipes run the distributed optimizer with overlapped gradient reduce and "
-        "parameter gather, sequence parallelism and Transformer Engine userbuffers (tp_comm_overlap); "
-        "not restated on the performance page (recipe defaults, assumed)"),
+        "NeMo-Framework-Launcher tag 24.07, launcher_scripts/conf/training/*/*.yaml (not restated on the "
+        "performance page): optim distributed_fused_adam with overlap_grad_sync and overlap_param_sync true "
+        "(distributed optimizer, overlapped reduce and gather), mcore_gpt and transformer_engine true, "
+        "use_flash_attention (TE fused attention); FP8 by Transformer Engine's delayed scaling (fp8_amax_history_len, "
+        "fp8_amax_compute_algo); tp_comm_overlap (ub_tp_comm_overlap) per model config: assumptions.toml",
+        StackFit("stack-nemo2407.toml", ("fp8_gemm_efficiency", "iteration_overhead_s"),
+                 "the two terms (TWO_TERMS) with FP8's GEMM efficiency as the compute term: every NeMo row runs "
+                 "its linear layers in FP8 (Transformer Engine), the bf16 gemm_efficiency prices only the "
+                 "attention core, embeddings and head")),
     "shoeybi19": Stack(
         "Shoeybi et al. 2019", "Megatron-LM v1, 2019", dict(_OFF),
-        "none of these settings existed in 2019 Megatron-LM"),
+        "none of these settings existed in 2019 Megatron-LM",
+        StackFit("stack-shoeybi19.toml", ("gemm_efficiency",),
+                 "3 priced rows (2 fitted, 1 held out) leave room for one parameter; the compute term, as the "
+                 "V100 preset's GEMM efficiency is assumed (0.70, no V100 measurement) and the rows differ by "
+                 "model size at one batch")),
     "bloom176b": Stack(
         "BLOOM-176B", "Megatron-DeepSpeed (BigScience tr11)",
         dict(_OFF, distributed_optimizer=True, account_for_embedding_in_pipeline_split=True,
@@ -383,11 +516,15 @@ def _arch(row) -> dict:
     """The architecture flags of a row's model (:mod:`vtrain_fast.model.arch`; the CSV has no
     column for them), every flag, by family: Llama's layer (SwiGLU at the CSV's gated width, RMSNorm,
     RoPE, no biases, untied head);
-    MPT's (llm-foundry's mpt yamls: no_bias, ALiBi, tied); BLOOM's (ALiBi, tied); GPT's otherwise
+    MPT's (llm-foundry's mpt yamls: no_bias, ALiBi, tied); BLOOM's (ALiBi, tied); Nemotron's
+    (NeMo-Framework-Launcher 24.07 conf/training/nemotron/*.yaml: squared-ReLU, not gated, at the
+    CSV's width; layernorm1p, a LayerNorm; RoPE, no biases, untied head); GPT's otherwise
     (Megatron-LM's defaults: GPT-3 and the Megatron papers' models tie the head)."""
     model = (row.get("model") or "").lower()
     family = {}
-    if "llama" in model:
+    if "nemotron" in model:
+        family = dict(position_embedding_type="rope", add_bias_linear=False, untie_embeddings_and_output_weights=True)
+    elif "llama" in model:
         family = dict(gated_mlp=True, normalization="RMSNorm", position_embedding_type="rope", add_bias_linear=False,
                       untie_embeddings_and_output_weights=True)
     elif "mpt" in model:
@@ -516,7 +653,7 @@ def plan_row(row: dict) -> tuple[dict, str]:
     stack = STACKS[row["source_key"]]
     assumptions = []
     ffn = row["ffn_hidden_size"]
-    settings = dict(stack.settings)
+    settings = dict(stack.settings) | row.get("assumed_settings", {})
     settings["sequence_parallel"] = bool(row.get("sequence_parallel"))
     settings["zero_stage"] = _zero_stage(row)
     # a stack default without what it needs (tp_comm_overlap without sequence parallelism) is
@@ -525,6 +662,10 @@ def plan_row(row: dict) -> tuple[dict, str]:
     for st, _, _ in unmet_requirements(values):
         settings[st.name] = st.default
     assumptions.append(f"stack defaults: {stack.label}")
+    if row.get("assumed"):
+        assumptions.append("assumed (not stated; assumptions.toml): " + ", ".join(
+            f"{c.removeprefix('setting ')} = {row['assumed_settings'][c.removeprefix('setting ')]}"
+            if c.startswith("setting ") else f"{c} = {row[c]}" for c in row["assumed"]))
     if row["precision"] and "16-bit" in row["precision"]:
         assumptions.append("16-bit mixed as fp16 (same peak as bf16)")
     plan = dict(
@@ -563,9 +704,17 @@ def fit_group(row: dict) -> tuple[str, str]:
     return row["source_key"], gm.fit_with or gm.preset
 
 
+def fit_covers(row: dict) -> bool:
+    """Whether a stack fit covers ``row``: its stack has a :class:`StackFit` and the row is one of
+    those the fit covers (:attr:`StackFit.covers`)."""
+    fit = STACKS[row["source_key"]].fit
+    return fit is not None and (fit.covers is None or fit.covers(row))
+
+
 def fit_roles(runs: list[dict] | None = None) -> dict[str, str]:
     """Which rows each stack calibration is fitted to, and which it holds out: row id ->
-    ``"fitted"`` | ``"held_out"``, for the expressible rows of stacks with a :class:`StackFit`.
+    ``"fitted"`` | ``"held_out"``, for the expressible rows a :class:`StackFit` covers
+    (:func:`fit_covers`).
 
     The rule, stated before any fit and the same for every stack: within a fit group
     (:func:`fit_group`: one stack on one GPU), the expressible rows in the order of
@@ -577,7 +726,7 @@ def fit_roles(runs: list[dict] | None = None) -> dict[str, str]:
     seen: dict[tuple, int] = {}
     roles = {}
     for r in runs:
-        if STACKS[r["source_key"]].fit is None or unexpressible_reasons(r):
+        if not fit_covers(r) or unexpressible_reasons(r):
             continue
         g = fit_group(r)
         i = seen.get(g, 0)
@@ -654,6 +803,8 @@ def write_stack_calibration(key: str, folder=None, runs: list[dict] | None = Non
                "`vtrain-fast calibrate-published` (make calibrate-published). Fitted: "
                + ", ".join(stack.fit.params) + "; the other values are the shipped preset's.",
                f"Why these: {stack.fit.basis}."]
+    if stack.fit.covers_basis:
+        comment.append(f"Rows covered: {stack.fit.covers_basis}.")
     for g in groups:
         comment += [f"[{g['gpu']}{''.join(' + ' + s for s in g['share'])}] fitted rows: " + ", ".join(g["fitted"]),
                     "  held out (never seen by the fit): " + (", ".join(g["held_out"]) or "none")]
@@ -681,16 +832,21 @@ def load_stack_calibration(key: str, folder=None) -> dict | None:
 
 
 # ------------------------------------------------------------------------------ the validation
-def validate_published(calibration: dict | None = None, stack_folder=None) -> pl.DataFrame:
+def validate_published(calibration: dict | None = None, stack_folder=None, assume: bool = True) -> pl.DataFrame:
     """Every published row with its measured seconds per iteration (where convertible), whether
-    the model can express it (and why not), and for expressible rows the prediction.
+    the model can express it (and why not), and for expressible rows the prediction. With
+    ``assume`` (default) the rows carry the values :data:`ASSUMPTIONS` fills; without, the rows
+    as the CSV states them (the stated rows only are then expressible; the fit roles stay those of
+    the shipped split, :func:`fit_roles` of the assumed rows).
 
     Returns
     -------
     polars.DataFrame
         One row per CSV row: ``id, source, gpu (as published), gpu_preset, measured_metric,
         measured_value, measured_iteration_time_s, conversion, expressible, reason`` (every
-        reason, '; '-joined; null when expressible), ``assumptions``, ``status`` (the model's,
+        reason, '; '-joined; null when expressible), ``basis`` (:func:`row_basis`: ``stated`` |
+        ``assumed``), ``assumed_values`` (the filled columns and settings, ', '-joined),
+        ``assumption_sources`` (:func:`assumption_sources`), ``assumptions``, ``status`` (the model's,
         null when not expressible), ``iteration_time_s`` (predicted; null unless expressible and
         ``ok``), ``error_pct`` (signed, predicted vs measured) and ``ape_pct``, then the plan
         columns of the expressible rows and the model's other outputs; last the stack
@@ -699,7 +855,7 @@ def validate_published(calibration: dict | None = None, stack_folder=None) -> pl
         ``stack_iteration_time_s``, ``stack_error_pct`` and ``stack_ape_pct`` (null where the
         stack has no calibration file: in ``stack_folder``, default the shipped one).
     """
-    runs = load_runs()
+    runs = load_runs(assume)
     base = []
     for r in runs:
         reasons = unexpressible_reasons(r)
@@ -713,6 +869,8 @@ def validate_published(calibration: dict | None = None, stack_folder=None) -> pl
                          measured_metric=r["measured_metric"], measured_value=r["measured_value"],
                          measured_iteration_time_s=measured, conversion=conversion,
                          expressible=not reasons, reason="; ".join(reasons) or None,
+                         basis=row_basis(r), assumed_values=", ".join(r["assumed"]) or None,
+                         assumption_sources=assumption_sources(r),
                          assumptions=plan_row(r)[1] if not reasons else None))
     frame = pl.DataFrame(base, infer_schema_length=None)
     ok_rows = [r for r, b in zip(runs, base) if b["expressible"]]
@@ -726,16 +884,16 @@ def validate_published(calibration: dict | None = None, stack_folder=None) -> pl
         pl.when(pl.col("status") == "ok").then(pl.col("iteration_time_s")).otherwise(None).alias("iteration_time_s"))
     err = (pl.col("iteration_time_s") - pl.col("measured_iteration_time_s")) / pl.col("measured_iteration_time_s") * 100.0
     frame = frame.with_columns(err.alias("error_pct"), err.abs().alias("ape_pct"))
-    return frame.join(_stack_predictions(runs, ok_rows, stack_folder), on="id", how="left")
+    roles = fit_roles(runs) if assume else fit_roles()
+    return frame.join(_stack_predictions(runs, ok_rows, stack_folder, roles), on="id", how="left")
 
 
-def _stack_predictions(runs: list[dict], ok_rows: list[dict], folder) -> pl.DataFrame:
+def _stack_predictions(runs: list[dict], ok_rows: list[dict], folder, roles: dict) -> pl.DataFrame:
     """Per row id: the stack calibration's file, fit role and prediction (columns of
     :func:`validate_published`)."""
-    roles = fit_roles(runs)
     parts = []
     for key in STACKS:
-        rows = [r for r in ok_rows if r["source_key"] == key]
+        rows = [r for r in ok_rows if r["source_key"] == key and fit_covers(r)]
         cal = load_stack_calibration(key, folder) if rows else None
         if cal is None:
             continue
@@ -769,6 +927,25 @@ def summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
     out.append(one("all", rows))
     return pl.DataFrame(out, schema_overrides={"mape_pct": pl.Float64, "median_ape_pct": pl.Float64,
                                                "max_ape_pct": pl.Float64, "mean_error_pct": pl.Float64})
+
+
+def basis_summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
+    """Per ``by`` value (and a last row 'all'): the priced rows and their MAPE with the shipped
+    calibration, then the same for the rows priced with stated values only (``stated``,
+    ``stated_mape``) and for those relying on an assumption (``assumed``, ``assumed_mape``):
+    :func:`row_basis`, column ``basis``."""
+    def mape(g):
+        a = g["ape_pct"].drop_nulls().to_numpy()
+        return len(a), (float(np.mean(a)) if len(a) else None)
+
+    def one(name, g):
+        n, m = mape(g)
+        ns, ms = mape(g.filter(pl.col("basis") == STATED))
+        na, ma = mape(g.filter(pl.col("basis") == ASSUMED))
+        return {by: name, "priced": n, "mape": m, "stated": ns, "stated_mape": ms, "assumed": na, "assumed_mape": ma}
+    out = [one(k[0], g) for k, g in rows.group_by(by, maintain_order=True)]
+    out.append(one("all", rows))
+    return pl.DataFrame(out, schema_overrides={c: pl.Float64 for c in ("mape", "stated_mape", "assumed_mape")})
 
 
 def stack_summary(rows: pl.DataFrame, by: str) -> pl.DataFrame:
@@ -812,7 +989,7 @@ def stack_parameters(folder=None) -> pl.DataFrame:
                 tol = 1e-6 * (hi - lo)
                 note = ("at its range's upper bound" if v >= hi - tol else "at its range's lower bound" if v <= lo + tol
                         else "below 80 % of the preset's published (matmul benchmark) value"
-                        if p == "gemm_efficiency" and v < 0.8 * ref else None)
+                        if p in ("gemm_efficiency", "fp8_gemm_efficiency") and v < 0.8 * ref else None)
                 out.append(dict(stack=key, gpu=gpu, param=p, value=v, shipped=ref, note=note))
     return pl.DataFrame(out, schema={"stack": pl.String, "gpu": pl.String, "param": pl.String, "value": pl.Float64,
                                      "shipped": pl.Float64, "note": pl.String})
