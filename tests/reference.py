@@ -665,6 +665,30 @@ def stage_layer_counts(L, p, hw=None):
     return counts if min(counts) >= 1 else None
 
 
+def bf16_layers_per_stage(L, counts, chunks, hw):
+    """Under FP8, how many of each pipeline device's layers run in bf16: Megatron-core keeps the
+    global layers ``j < num_layers_at_start_in_bf16`` and ``j >= L - num_layers_at_end_in_bf16``
+    in bf16 (fp8_utils.is_first_last_bf16_layer). The layers are dealt out in virtual-stage order:
+    chunk c of device i is virtual stage c p + i, 1 / chunks of the device's layers (the embedding
+    / loss slots counted as layers take one from the first / last chunk)."""
+    p = len(counts)
+    if not _fp8(hw):
+        return [0] * p
+    start, end = int(hw_get(hw, "num_layers_at_start_in_bf16")), int(hw_get(hw, "num_layers_at_end_in_bf16"))
+    e = int(hw_get(hw, "account_for_embedding_in_pipeline_split")) if p > 1 else 0
+    lo = int(hw_get(hw, "account_for_loss_in_pipeline_split")) if p > 1 else 0
+    slots = [c + (e if i == 0 else 0) + (lo if i == p - 1 else 0) for i, c in enumerate(counts)]
+    per_device, layer = [0] * p, 0
+    for c in range(chunks):
+        for i in range(p):
+            size = slots[i] // chunks - (e if (i == 0 and c == 0) else 0) - (lo if (i == p - 1 and c == chunks - 1) else 0)
+            for j in range(layer, layer + size):
+                per_device[i] += 1 if (j < start or j >= L - end) else 0
+            layer += size
+    assert layer == L
+    return per_device
+
+
 def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1):
     """First failing Megatron-LM rule as a status code, ``OK`` if none fails; context parallelism
     cuts each sequence into 2 cp equal chunks, so seq_length must divide by 2 cp."""
@@ -769,6 +793,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if status != OK:
         return status, nan_outputs()
     stage_layers = [float(n) for n in stage_layer_counts(L, p, hw)]
+    bf16_layers = [float(n) for n in bf16_layers_per_stage(L, stage_layer_counts(L, p, hw), chunks, hw)]
     L, h, a, g, f, v, s, B, b, t, p, d, cp = map(float, (L, h, a, g, f, v, s, B, b, t, p, d, cp))
     s_full = s
     s = s_full / cp               # every rank works on s / cp tokens of each sequence
@@ -797,25 +822,37 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     layer_cp = (1.0 + rc + (1.0 if selective else 0.0)) * cp_fwd_exposed + cp_bwd_exposed
     layer_compute = fwd + bwd + rc * fwd + core_again       # one layer; a stage: times its layers
     # Megatron TP: 2 all-reduces forward + 2 backward per layer, 2 more when recomputing
-    layer_tp = (4.0 + 2.0 * rc) * allreduce_act
     seq_par_on = hw_get(hw, "sequence_parallel") != 0.0
-    if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
-        # async TP: the input-gradient all-reduce of QKV and of FC1 (with sequence parallelism
-        # its reduce-scatter, half of the exchange, overlapped by Megatron-LM in any case) runs
-        # under their weight-gradient GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the
-        # GEMM's length
-        hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
-        _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
-        for cols in (qkv_cols, (1.0 + gated) * f / t):
-            layer_tp -= min(hideable, linear_gemm_s(h, cols, b * s, hw))
-    if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
-        # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
-        # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
-        # forward AG->QKV, proj->RS, AG->FC1, FC2->RS; backward AG->dgrad of proj and of FC2
-        _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
-        tokens = b * s
-        for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
-            layer_tp -= min(allreduce_act / 2.0, linear_gemm_s(tokens, n_out, k_in, hw))
+
+    def exposed_layer_tp(linears_hw):
+        """One layer's exposed TP exchange, its linears' GEMMs timed on ``linears_hw``."""
+        layer_tp = (4.0 + 2.0 * rc) * allreduce_act
+        if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
+            # async TP: the input-gradient all-reduce of QKV and of FC1 (with sequence parallelism
+            # its reduce-scatter, half of the exchange, overlapped by Megatron-LM in any case) runs
+            # under their weight-gradient GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the
+            # GEMM's length
+            hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
+            _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+            for cols in (qkv_cols, (1.0 + gated) * f / t):
+                layer_tp -= min(hideable, linear_gemm_s(h, cols, b * s, linears_hw))
+        if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
+            # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
+            # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
+            # forward AG->QKV, proj->RS, AG->FC1, FC2->RS; backward AG->dgrad of proj and of FC2
+            _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+            tokens = b * s
+            for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
+                layer_tp -= min(allreduce_act / 2.0, linear_gemm_s(tokens, n_out, k_in, linears_hw))
+        return layer_tp
+
+    layer_tp = exposed_layer_tp(hw)
+    # a layer kept in bf16 under FP8 (num_layers_at_start/end_in_bf16): its linears in bf16
+    hw16 = list(hw)
+    hw16[HW_FIELDS.index("precision")] = 0.0
+    layer16_compute = (layer_forward_s(b, s, h, a, g, f, t, hw16, arch) + cp_fwd) * (1.0 + rc) \
+        + layer_backward_s(b, s, h, a, g, f, t, hw16, arch) + cp_bwd + core_again
+    layer16_tp = exposed_layer_tp(hw16)
     emb_compute = embedding_s(b, s, h, v, t, hw, arch)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)
@@ -867,8 +904,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     stages = []
     for i in range(p_stages):
         first, last = i == 0, i == p_stages - 1
-        compute = stage_layers[i] * layer_compute + (emb_compute if first else 0.0) + (head_compute if last else 0.0)
-        tp = stage_layers[i] * layer_tp + (emb_tp if first else 0.0) + (head_tp if last else 0.0)
+        n16 = bf16_layers[i]            # of the stage's layers, those in bf16 (FP8 only)
+        compute = (stage_layers[i] * layer_compute + n16 * (layer16_compute - layer_compute)
+                   + (emb_compute if first else 0.0) + (head_compute if last else 0.0))
+        tp = (stage_layers[i] * layer_tp + n16 * (layer16_tp - layer_tp) + (emb_tp if first else 0.0)
+              + (head_tp if last else 0.0))
         pp = pp_per_mb
         params = stage_params(i)
         n = stage_layers[i]
@@ -896,6 +936,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
                                          seq_par, gated, _fp8(hw), _mxfp8(hw))
+            chunks_in_flight = in_flight
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
             # holds one more; a chunk is the stage's layers / vpp of one micro-batch
@@ -903,6 +944,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
                                          flash, seq_par, gated, _fp8(hw), _mxfp8(hw))
+            chunks_in_flight = in_flight       # a device's bf16 layers: in one chunk, counted so
+        if n16 > 0:
+            # bf16 layers save their linears' inputs in bf16 (the FP8 saving they lack); with full
+            # recomputation only the one rebuilt layer holds them
+            lacks = fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw))
+            act += lacks if recompute == 1 else chunks_in_flight * n16 * lacks
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -926,8 +973,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated), 4.0 * kernels, hw)
             regather = zero >= 3 and shard > 1
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
-            states += copies * (2.0 if regather else n) * linear_weights(h, a, g, f, t, gated)
-            compute += n * (2.0 * cast if regather else cast / m)
+            states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated)
+            compute += (n - n16) * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)

@@ -176,6 +176,18 @@ def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full,
     return in_flight * layers_on_stage * full
 
 
+@jit
+def bf16_layers_extra_bytes(n16, in_flight, extra, recompute):
+    """Activation bytes more that a stage's ``n16`` layers kept in bf16 under FP8 store than FP8
+    layers would, ``in_flight`` micro-batches held: ``extra`` per layer and micro-batch
+    (:func:`fp8_activation_saving_bytes`, the saving they lack). With full recomputation (``recompute``
+    true) the layers keep only their inputs, as FP8 ones do, and one layer is rebuilt at a time: ``extra``
+    once when the stage has any."""
+    if recompute:
+        return extra if n16 > 0.0 else 0.0
+    return in_flight * n16 * extra
+
+
 # FP8 (Transformer Engine): bytes per element of an FP8 tensor, and of the FP8 weight copies
 # TE keeps per linear weight between micro-batches (the FP8 weight and its FP8 transpose for the
 # data-gradient GEMM, Hopper's FP8 GEMMs taking only the TN layout).

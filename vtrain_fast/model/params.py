@@ -81,6 +81,7 @@ H_ZERO_STAGE = hw_index("zero_stage")                 # 0-3: what is sharded ove
 H_DP_SHARD = hw_index("dp_shard")                     # ranks of one shard group (0: all of dp x cp)
 H_PRECISION = hw_index("precision")                   # index of the precision among its choices
 PRECISION_FP8 = BY_NAME["precision"].encode("fp8")    # H_PRECISION's value for fp8 (Transformer Engine)
+PRECISION_BF16 = BY_NAME["precision"].encode("bf16")  # H_PRECISION's value for bf16
 H_FP8_RECIPE = hw_index("fp8_recipe")                # index of the FP8 scaling recipe among its choices
 FP8_TENSORWISE = BY_NAME["fp8_recipe"].encode("tensorwise")   # H_FP8_RECIPE's value for current scaling
 FP8_MXFP8 = BY_NAME["fp8_recipe"].encode("mxfp8")     # H_FP8_RECIPE's value for MXFP8 block scaling

@@ -207,6 +207,18 @@ SETTINGS: tuple[Setting, ...] = (
             "rowwise and columnwise copies, no amax pass; needs a GPU with MXFP8 tensor cores) (Megatron-LM "
             "--fp8-recipe; TE DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)",
             "--fp8-recipe", inert_with=(("precision", "bf16"),), choices=("delayed", "tensorwise", "mxfp8")),
+    Setting("num_layers_at_start_in_bf16", int, 0, "first transformer layers kept in bf16",
+            "under precision = fp8, this many of the first transformer layers (global layer index) run their "
+            "linears in bf16: no FP8 casts or weight copies there, bf16 GEMMs and saved inputs (Megatron-core "
+            "--first-last-layers-bf16 --num-layers-at-start-in-bf16, fp8_utils.is_first_last_bf16_layer; 0 = "
+            "the flag off)",
+            "--num-layers-at-start-in-bf16", inert_with=(("precision", "bf16"),), int_range=(0, 100_000),
+            example="num_layers_at_start_in_bf16 = 1 or [0, 1, 2] (0 = every layer in FP8)"),
+    Setting("num_layers_at_end_in_bf16", int, 0, "last transformer layers kept in bf16",
+            "under precision = fp8, this many of the last transformer layers run their linears in bf16 "
+            "(Megatron-core --first-last-layers-bf16 --num-layers-at-end-in-bf16; 0 = the flag off)",
+            "--num-layers-at-end-in-bf16", inert_with=(("precision", "bf16"),), int_range=(0, 100_000),
+            example="num_layers_at_end_in_bf16 = 1 or [0, 1, 4] (0 = every layer in FP8)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

@@ -23,7 +23,7 @@ from ._jit import jit, jit_inline
 from . import comm, memory, ops
 from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
-from .params import hw_index
+from .params import H_PRECISION, PRECISION_BF16, hw_index
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
@@ -32,6 +32,8 @@ H_FIRST_LAYERS = hw_index("first_pipeline_num_layers")   # layers on the first s
 H_LAST_LAYERS = hw_index("last_pipeline_num_layers")     # layers on the last stage (0: even split)
 H_EMB_SPLIT = hw_index("account_for_embedding_in_pipeline_split")  # 1: embedding counted as a layer
 H_LOSS_SPLIT = hw_index("account_for_loss_in_pipeline_split")      # 1: output layer + loss counted as a layer
+H_BF16_START = hw_index("num_layers_at_start_in_bf16")   # FP8: first layers kept in bf16
+H_BF16_END = hw_index("num_layers_at_end_in_bf16")       # FP8: last layers kept in bf16
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
 from .params import BAD_SEQ_LENGTH, O_CP  # noqa: F401 (context parallelism)
@@ -66,20 +68,26 @@ MICRO_NAMES = (
     "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
     "tp_backward_hidden_s", "fp8_weight_cast_s", "fp8_weight_bytes",
     "cp_forward_exposed_s", "cp_backward_exposed_s",
+    "bf16_layer_forward_extra_s", "bf16_layer_backward_extra_s", "bf16_layer_tp_hidden_extra_s",
+    "bf16_layer_activation_extra_bytes",
 )
 NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
- M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS, M_CP_FWD, M_CP_BWD) = range(NUM_MICRO)
+ M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS, M_CP_FWD, M_CP_BWD,
+ M_BF16_FWD, M_BF16_BWD, M_BF16_TP_HIDDEN, M_BF16_ACT) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
                "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes",
                "layers_first", "layers_middle", "layers_last", "params_middle", "accumulate_first_s",
-               "accumulate_last_s", "embedding_sync_s", "replica_allreduce_s")
+               "accumulate_last_s", "embedding_sync_s", "replica_allreduce_s",
+               "bf16_layers_first", "bf16_layers_second", "bf16_layers_last", "bf16_layers_middle_sum",
+               "bf16_layers_middle_max", "bf16_layers_middle_min")
 NUM_SPLIT = len(SPLIT_NAMES)
 (S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
  S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC,
- S_REPLICA) = range(NUM_SPLIT)
+ S_REPLICA, S_BF16_FIRST, S_BF16_SECOND, S_BF16_LAST, S_BF16_MID_SUM, S_BF16_MID_MAX,
+ S_BF16_MID_MIN) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -154,6 +162,64 @@ def chunks_split(L, p, vpp, hw):
         first += 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
         last += 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
     return first % vpp == 0.0 and (p <= 2.0 or mid % vpp == 0.0) and last % vpp == 0.0
+
+
+@jit
+def bf16_layers_of(lo, hi, L, hw):
+    """How many of the global layers ``lo .. hi - 1`` are kept in bf16 under FP8: the first
+    ``num_layers_at_start_in_bf16`` and the last ``num_layers_at_end_in_bf16`` of the ``L``
+    (Megatron-core ``fp8_utils.is_first_last_bf16_layer``: ``layer_no < start or layer_no >= L -
+    end``, a global index, so a count beyond a stage's layers goes on to the next stage)."""
+    start = hw[H_BF16_START]
+    end_from = max(start, L - hw[H_BF16_END])      # layers from here on: the end's (not counted twice)
+    return max(0.0, min(hi, start) - lo) + max(0.0, hi - max(lo, end_from))
+
+
+@jit
+def bf16_layer_counts(L, p, hw):
+    """Layers kept in bf16 under FP8 (:func:`bf16_layers_of`) per pipeline device:
+    ``(first, second, last, middle_sum, middle_max, middle_min)``, the middle ones over devices ``1 .. p - 2``
+    (all 0.0 in bf16 or with both counts 0). Device ``i`` holds, in interleaved 1F1B, chunk ``c``
+    of every row of ``p`` chunks (virtual stage ``c p + i``; Megatron-core), each ``1 / vpp`` of
+    its stage's layers (:func:`stage_layers`; with the embedding / loss counted as layers one fewer
+    in the first / last chunk, :func:`chunks_split`), so the global layers of each device follow
+    from walking the virtual stages in order."""
+    if not ops.fp8_on(hw) or (hw[H_BF16_START] <= 0.0 and hw[H_BF16_END] <= 0.0):
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    if p <= 1.0:
+        return bf16_layers_of(0.0, L, L, hw), 0.0, bf16_layers_of(0.0, L, L, hw), 0.0, 0.0, 0.0
+    l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
+    vs = virtual_stages(p, hw)
+    e = 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
+    lo = 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    first = second = last = mid_sum = mid_max = 0.0
+    mid_min = L
+    n_dev = int(p)
+    for i in range(n_dev):
+        n = l_first + e if i == 0 else (l_last + lo if i == n_dev - 1 else l_mid)
+        count = 0.0
+        for c in range(int(vs)):
+            size = n / vs
+            if i == 0 and c == 0:
+                size -= e
+            if i == n_dev - 1 and c == int(vs) - 1:
+                size -= lo
+            # layers before chunk c of device i: c full rows of (L + e + lo) / vs layer slots, then
+            # the earlier devices' chunks of this row (less the embedding slot of the first chunk)
+            row = c * (L + e + lo) / vs - (e if c > 0 else 0.0)
+            before = row + (0.0 if i == 0 else (l_first + e) / vs - (e if c == 0 else 0.0) + (i - 1) * l_mid / vs)
+            count += bf16_layers_of(before, before + size, L, hw)
+        if i == 0:
+            first = count
+        elif i == n_dev - 1:
+            last = count
+        else:
+            mid_sum += count
+            mid_max = max(mid_max, count)
+            mid_min = min(mid_min, count)
+            if i == 1:
+                second = count
+    return first, second, last, mid_sum, mid_max, mid_min if n_dev > 2 else 0.0
 
 
 @jit
@@ -349,8 +415,20 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     cp_fwd = ops.cp_attention_forward_extra_s(b, s, h, a, g, t, cp, hw)    # 0.0 at cp = 1
     cp_bwd = ops.cp_attention_backward_extra_s(b, s, h, a, g, t, cp, hw)
     cp_fwd_exposed, cp_bwd_exposed = cp_exchange_s(b, s, h, a, g, t, cp, hw)
-    return (ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch) + cp_fwd,
-            ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch) + cp_bwd,
+    layer_fwd = ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch)
+    layer_bwd = ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch)
+    tp_hidden = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated)
+    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8, mxfp8)
+    # a layer kept in bf16 under FP8 (num_layers_at_start/end_in_bf16): what it costs beyond an FP8 one
+    fwd16 = bwd16 = hidden16 = 0.0
+    if fp8 != 0.0 and (hw[H_BF16_START] > 0.0 or hw[H_BF16_END] > 0.0):
+        hw16 = hw.copy()
+        hw16[H_PRECISION] = PRECISION_BF16
+        fwd16 = ops.layer_forward_s(b, s, h, a, g, f, t, hw16, arch) - layer_fwd
+        bwd16 = ops.layer_backward_s(b, s, h, a, g, f, t, hw16, arch) - layer_bwd
+        hidden16 = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw16, gated) - tp_hidden
+    return (layer_fwd + cp_fwd,
+            layer_bwd + cp_bwd,
             tp_exchange,
             comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
             ops.embedding_s(b, s, h, v, t, hw, arch),
@@ -358,19 +436,30 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             gather,
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated)
-            - memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8, mxfp8),
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated) - act_saving,
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, h, a, g, t, hw) + cp_fwd,
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
-            (tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0), hw,
-                                  gated)
-             if (hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0) else 0.0)
-            + (tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated)
-               if (hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0) else 0.0),
+            tp_hidden,
             fp8_weight_cast_s(h, a, g, f, t, hw, gated),
             memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8),
-            cp_fwd_exposed, cp_bwd_exposed)
+            cp_fwd_exposed, cp_bwd_exposed,
+            fwd16, bwd16, hidden16, act_saving)
+
+
+@jit
+def tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated=0.0):
+    """Seconds of one layer's tensor-parallel exchanges (``tp_exchange``: one activation's) that
+    overlap hides, one micro-batch: :func:`tp_backward_hidden_s` with the asynchronous all-reduce
+    or sequence parallelism (half the exchange, the reduce-scatter, with sequence parallelism),
+    plus :func:`tp_comm_overlap_hidden_s` with ``tp_comm_overlap`` and sequence parallelism."""
+    hidden = 0.0
+    if hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0:
+        hidden = tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0),
+                                      hw, gated)
+    if hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0:
+        hidden += tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated)
+    return hidden
 
 
 @jit
@@ -565,10 +654,12 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         ag_head = comm.group_allgather_s(2.0 * p_head, d, dp_apart, hw)
     # one stage with a tied head: the shared table is accumulated once (with the embedding's)
     acc_head = p_head - (1.0 - untied) * v * h / t if p == 1.0 else p_head
+    n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min = bf16_layer_counts(L, p, hw)
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_mid,
             per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
             memory.zero3_gathered_bytes(p_layer, d, zero), l_first, l_mid, l_last, p_mid,
-            per_param * p_body, per_param * p_body_last, emb_sync_s, replica_s)
+            per_param * p_body, per_param * p_body_last, emb_sync_s, replica_s,
+            n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min)
 
 
 @jit
@@ -657,6 +748,16 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     first_compute += acc * split[S_ACC_FIRST] + l_first * cast
     mid_compute += acc * split[S_ACC_BODY] + l_mid * cast
     last_compute += acc * split[S_ACC_LAST] + l_last * cast
+    # layers kept in bf16 under FP8 (0 otherwise): each adds its bf16 GEMMs' extra time (forward,
+    # recomputed forward, backward) and the TP exchange they hide beyond the FP8 ones', and has no
+    # FP8 weight cast; a middle stage's time is that of a stage without them, plus theirs
+    n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
+    x16_compute = (1.0 + rc) * mb[M_BF16_FWD] + mb[M_BF16_BWD] - cast
+    x16_tp = -mb[M_BF16_TP_HIDDEN]
+    first_compute += n16_first * x16_compute
+    last_compute += n16_last * x16_compute
+    first_tp += n16_first * x16_tp
+    last_tp += n16_last * x16_tp
     emb_compute += acc * split[S_ACC_EMB]
     head_compute += acc * split[S_ACC_HEAD]
 
@@ -711,7 +812,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp + first_cp
         t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp + last_cp
         t_mid = mid_compute + mid_tp + pp_mb + mid_dp + mid_cp
-        total = t_first + t_last + (p - 2.0) * t_mid
+        x16 = x16_compute + x16_tp
+        total = t_first + t_last + (p - 2.0) * t_mid + split[S_BF16_MID_SUM] * x16
         if t_last >= t_first:
             c_slow = last_compute + head_compute
             tp_slow = last_tp + head_tp
@@ -724,12 +826,15 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
             dp_slow = first_dp + emb_dp
             cp_slow = first_cp
             t_slow = t_first
-        if p > 2.0 and t_mid > t_slow:      # uneven stages: a middle stage may be the slowest
-            c_slow = mid_compute
-            tp_slow = mid_tp
+        # the slowest middle stage: the one with the most bf16 layers, or the fewest where a bf16
+        # layer is the faster (small GEMMs, where FP8's quantize kernels cost more than they save)
+        n16_mid = split[S_BF16_MID_MAX] if x16 >= 0.0 else split[S_BF16_MID_MIN]
+        if p > 2.0 and t_mid + n16_mid * x16 > t_slow:      # uneven stages: a middle stage may be the slowest
+            c_slow = mid_compute + n16_mid * x16_compute
+            tp_slow = mid_tp + n16_mid * x16_tp
             dp_slow = mid_dp
             cp_slow = mid_cp
-            t_slow = t_mid
+            t_slow = t_mid + n16_mid * x16
         pp_slow = pp_mb
         # interleaving splits each device's work into vs chunks: warm-up and cool-down take
         # (p - 1) chunk times instead of (p - 1) stage times (Narayanan et al. 2021, Sec. 2.2.2)
@@ -772,40 +877,53 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
     rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
+    x16_act = mb[M_BF16_ACT]            # a bf16 layer under FP8 saves its linears' inputs in bf16
+    n16_second = split[S_BF16_SECOND]
+    # the second stage may be the fullest with more layers than the first (uneven stages), or
+    # when the first keeps bf16 layers (their activations against the second's FP8 weight copies)
+    check_mid = p > 2.0 and (l_mid > l_first or n16_first > 0.0)
     act_mid = 0.0
     if p == 1.0:
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, sl, hs, full, rc)
-                     + sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt)
+                     + sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
+                     + memory.bf16_layers_extra_bytes(n16_first, 1.0, x16_act, rc))
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
         act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, sl, hs, full, rc)
-                     + in_flight * sl * b * hs + rebuilt)
+                     + in_flight * sl * b * hs + rebuilt
+                     + memory.bf16_layers_extra_bytes(n16_first, in_flight, x16_act, rc))
         act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc)
-                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt)
+                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
+                    + memory.bf16_layers_extra_bytes(n16_last, 1.0, x16_act, rc))
         # the second stage holds min(p - 1, m) micro-batches of l_mid layers: fuller than the first
-        # only with more layers than it (uneven stages), never when even
-        if p > 2.0 and l_mid > l_first:
-            act_mid = memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc) + rebuilt
+        # only with more layers than it (uneven stages) or bf16 layers on the first, never when even
+        if check_mid:
+            act_mid = (memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc) + rebuilt
+                       + memory.bf16_layers_extra_bytes(n16_second, min(p - 1.0, m), x16_act, rc))
     else:
         # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
         # backward, device i 2(p-1-i) + (vs-1)p, the last device (vs-1)p (Megatron-LM's
         # interleaved schedule); each chunk holds a stage's layers / vs of one micro-batch
         chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
         chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
+        # (a device's bf16 layers sit in one chunk: counted at chunks / vs micro-batches in flight)
         act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, sl, hs, full, rc)
-                     + chunks_first / vs * sl * b * hs + rebuilt)
+                     + chunks_first / vs * sl * b * hs + rebuilt
+                     + memory.bf16_layers_extra_bytes(n16_first, chunks_first / vs, x16_act, rc))
         act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc)
-                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt)
-        if p > 2.0 and l_mid > l_first:
+                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
+                    + memory.bf16_layers_extra_bytes(n16_last, chunks_last / vs, x16_act, rc))
+        if check_mid:
             chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
-            act_mid = memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc) + rebuilt
+            act_mid = (memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc) + rebuilt
+                       + memory.bf16_layers_extra_bytes(n16_second, chunks_mid / vs, x16_act, rc))
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
-    # FP8 weight copies of a stage's layers (0 in bf16); with ZeRO-3 of the layers held gathered
-    fp8_first = (memory.ZERO3_GATHERED_LAYERS if regather else l_first) * mb[M_FP8_WEIGHTS]
-    fp8_mid = (memory.ZERO3_GATHERED_LAYERS if regather else l_mid) * mb[M_FP8_WEIGHTS]
-    fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last) * mb[M_FP8_WEIGHTS]
+    # FP8 weight copies of a stage's FP8 layers (0 in bf16); with ZeRO-3 of the layers held gathered
+    fp8_first = (memory.ZERO3_GATHERED_LAYERS if regather else l_first - n16_first) * mb[M_FP8_WEIGHTS]
+    fp8_mid = (memory.ZERO3_GATHERED_LAYERS if regather else l_mid - n16_second) * mb[M_FP8_WEIGHTS]
+    fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last - n16_last) * mb[M_FP8_WEIGHTS]
     state_first = memory.model_state_bytes(p_first, dz, zero) + split[S_GATHERED] + fp8_first
     state_last = memory.model_state_bytes(p_last, dz, zero) + split[S_GATHERED] + fp8_last
     mem_first = state_first + act_first

@@ -138,7 +138,7 @@ def model_arch(models, mi):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 18 or NUM_SPLIT != 20 or NUM_TOTALS != 3 or NUM_FLAGS != 5:     # grid_point unpacks them by hand
+if NUM_MICRO != 22 or NUM_SPLIT != 26 or NUM_TOTALS != 3 or NUM_FLAGS != 5:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
                       "or model.arch's flags")
 
@@ -235,11 +235,13 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
         micro_ok[db] = 1
     mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
           micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
-          micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15], micro[db, 16], micro[db, 17])
+          micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15], micro[db, 16], micro[db, 17],
+          micro[db, 18], micro[db, 19], micro[db, 20], micro[db, 21])
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10],
-                   ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18], ctx[19]),
-                  (ctx[20], ctx[21], ctx[22]),
+                   ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18], ctx[19], ctx[20],
+                   ctx[21], ctx[22], ctx[23], ctx[24], ctx[25]),
+                  (ctx[26], ctx[27], ctx[28]),
                   out, j)
     status[j] = st
     return st
