@@ -868,6 +868,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         if hw_get(hw, "sequence_parallel") != 0.0:
             gather = 0.0                           # the activation stays split over the TP ranks
         pp_per_mb = chunks * 2.0 * (send + gather)  # every model chunk sends and receives
+        if chunks > 1 and hw_get(hw, "overlap_p2p_comm") != 0.0:
+            # interleaved schedule with overlap_p2p_comm: each send / receive under the next chunk's
+            # forward (activations) or backward (gradients), a chunk of the shortest stage
+            chunk_fwd = fewest / chunks * fwd
+            chunk_bwd = fewest / chunks * (bwd + rc * fwd + core_again)
+            pp_per_mb = chunks * (max(0.0, send + gather - chunk_fwd) + max(0.0, send + gather - chunk_bwd))
 
     # --- ZeRO stage: 1 shards the Adam states (the distributed optimizer is stage 1), 2 also the
     # gradients, 3 also the weights (ZeRO paper, Figure 1)

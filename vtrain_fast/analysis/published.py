@@ -223,7 +223,8 @@ class Stack:
 _OFF = dict(overlap_grad_reduce=False, distributed_optimizer=False, use_flash_attn=False,
             async_tensor_model_parallel_allreduce=False, tp_comm_overlap=False, overlap_param_gather=False)
 _MCORE_2024 = dict(overlap_grad_reduce=True, distributed_optimizer=True, use_flash_attn=True,
-                   async_tensor_model_parallel_allreduce=True, tp_comm_overlap=True, overlap_param_gather=True)
+                   async_tensor_model_parallel_allreduce=True, tp_comm_overlap=True, overlap_param_gather=True,
+                   overlap_p2p_comm=True)
 
 STACKS: dict[str, Stack] = {
     "narayanan21": Stack(
@@ -250,13 +251,15 @@ STACKS: dict[str, Stack] = {
         "Megatron-LM README 2024", "Megatron-Core r0.8.0", dict(_MCORE_2024),
         "the README names --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap (which need "
         "the distributed optimizer and sequence parallelism); asynchronous TP all-reduce on by default; "
+        "overlap_p2p_comm on by default (--no-overlap-p2p-communication turns it off); "
         "Transformer Engine's fused attention assumed for use_flash_attn"),
     "nemo2407": Stack(
         "NeMo 24.07", "NeMo 24.07 (Megatron-Core)", dict(_MCORE_2024),
         "NeMo-Framework-Launcher tag 24.07, launcher_scripts/conf/training/*/*.yaml (not restated on the "
         "performance page): optim distributed_fused_adam with overlap_grad_sync and overlap_param_sync true "
         "(distributed optimizer, overlapped reduce and gather), mcore_gpt and transformer_engine true, "
-        "use_flash_attention (TE fused attention); FP8 by Transformer Engine's delayed scaling (fp8_amax_history_len, "
+        "use_flash_attention (TE fused attention); overlap_p2p_comm true, batch_p2p_comm false "
+        "(llama/llama2_70b.yaml, commit 0446d2c); FP8 by Transformer Engine's delayed scaling (fp8_amax_history_len, "
         "fp8_amax_compute_algo); tp_comm_overlap (ub_tp_comm_overlap) per model config: assumptions.toml",
         StackFit("stack-nemo2407.toml", ("fp8_gemm_efficiency", "iteration_overhead_s"),
                  "the two terms (TWO_TERMS) with FP8's GEMM efficiency as the compute term: every NeMo row runs "

@@ -219,6 +219,12 @@ SETTINGS: tuple[Setting, ...] = (
             "(Megatron-core --first-last-layers-bf16 --num-layers-at-end-in-bf16; 0 = the flag off)",
             "--num-layers-at-end-in-bf16", inert_with=(("precision", "bf16"),), int_range=(0, 100_000),
             example="num_layers_at_end_in_bf16 = 1 or [0, 1, 4] (0 = every layer in FP8)"),
+    Setting("overlap_p2p_comm", bool, False, "overlapped pipeline sends (interleaved 1F1B)",
+            "true overlaps the interleaved schedule's pipeline sends and receives with the neighbouring "
+            "model chunk's forward or backward instead of blocking on them (Megatron-core "
+            "overlap_p2p_comm: on by default in Megatron-LM since 2023, --no-overlap-p2p-communication turns "
+            "it off; NeMo's configs set it; only the interleaved schedule, vpp > 1)",
+            "--no-overlap-p2p-communication", inert_at=("pp",), inert_with=(("vpp", 1),), table="parallel"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

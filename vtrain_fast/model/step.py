@@ -34,6 +34,7 @@ H_EMB_SPLIT = hw_index("account_for_embedding_in_pipeline_split")  # 1: embeddin
 H_LOSS_SPLIT = hw_index("account_for_loss_in_pipeline_split")      # 1: output layer + loss counted as a layer
 H_BF16_START = hw_index("num_layers_at_start_in_bf16")   # FP8: first layers kept in bf16
 H_BF16_END = hw_index("num_layers_at_end_in_bf16")       # FP8: last layers kept in bf16
+H_P2P_OVERLAP = hw_index("overlap_p2p_comm")             # 1: interleaved 1F1B's sends behind the next chunk
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
 from .params import BAD_SEQ_LENGTH, O_CP  # noqa: F401 (context parallelism)
@@ -766,7 +767,15 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     pp_mb = 0.0
     if p > 1.0:
         send = mb[M_SEND_INTER] if split[S_CROSSES] != 0.0 else mb[M_SEND_INTRA]
-        pp_mb = 2.0 * vs * (send + mb[M_GATHER])   # each of the vs chunks sends and receives
+        exchange = send + mb[M_GATHER]
+        pp_mb = 2.0 * vs * exchange   # each of the vs chunks sends and receives
+        if vs > 1.0 and hw[H_P2P_OVERLAP] != 0.0:
+            # overlap_p2p_comm (Megatron-core's interleaved schedule, schedules.py): each chunk's send
+            # and receive run asynchronously under the next chunk's forward (activation) or backward
+            # (gradient), so only what is longer than a chunk of the shortest stage shows
+            chunk_layers = l_min / vs
+            pp_mb = vs * (max(0.0, exchange - chunk_layers * fwd)
+                          + max(0.0, exchange - chunk_layers * (mb[M_BWD] + rc * fwd + core)))
 
     # ---- sharded data parallelism per micro-batch (ZeRO-2/3), exposed part per stage
     # a stage's backward of one micro-batch (+ recompute); with uneven stages the shortest's
