@@ -310,6 +310,23 @@ def test_a_plan_the_model_finds_infeasible_is_not_priced(monkeypatch):
     assert r["iteration_time_s"] is None and r["ape_pct"] is None
     s = P.summary(rows, "source").filter(pl.col("source") == "Narayanan et al. 2021").row(0, named=True)
     assert (s["expressible"], s["priced"]) == (22, 20)      # 21 priced (the 530B ZeRO-3 row at 640 GPUs: out of memory)
+    # memory aside, its time still counts (kept apart from the priced MAPE)
+    assert r["iteration_time_memory_aside_s"] > 0 and r["ape_memory_aside_pct"] is not None
+    aside = P.memory_aside(rows)
+    assert aside["out_of_memory"] == rows.filter(pl.col("status") == "out_of_memory").height >= 1
+    assert aside["rows"] == rows.filter(pl.col("status").is_in(["ok", "out_of_memory"])).height
+
+
+def test_memory_aside_counts_the_runs_the_model_finds_out_of_memory(rows):
+    oom = rows.filter(pl.col("status") == "out_of_memory")
+    ok = rows.filter(pl.col("status") == "ok")
+    aside = P.memory_aside(rows)
+    assert aside["out_of_memory"] == oom.height and aside["rows"] == ok.height + oom.height
+    assert oom["ape_pct"].null_count() == oom.height          # never in the priced MAPE
+    # where the model finds the plan feasible the two errors are the same number
+    assert (ok["ape_memory_aside_pct"] - ok["ape_pct"]).abs().max() == 0.0
+    expect = pl.concat([ok["ape_pct"], oom["ape_memory_aside_pct"]]).mean()
+    assert aside["shipped_mape_pct"] == pytest.approx(expect, rel=1e-12)
 
 
 @pytest.mark.parametrize("which", ["vtrain", "published"])

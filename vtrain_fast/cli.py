@@ -555,8 +555,8 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
     import polars as pl
 
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.published import (basis_summary, measured_frame, reason_counts, stack_parameters, stack_summary,
-                                     summary, validate_published)
+    from .analysis.published import (basis_summary, measured_frame, memory_aside, reason_counts, stack_parameters,
+                                     stack_summary, summary, validate_published)
     from .analysis.report import print_frame
     check_table_path(output)
     rows = validate_published(_calibration(calibration))
@@ -569,6 +569,13 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
                 "feasible in the model)", console=console, keep=("source",))
     print_frame(summary(rows, "gpu_preset"), "Iteration-time error by GPU preset (percent)", console=console,
                 keep=("gpu_preset",))
+    aside = memory_aside(rows)
+    if aside["out_of_memory"]:
+        console.print(f"Memory aside: {aside['out_of_memory']} of the runs ran but the model finds them out of memory "
+                      f"(status out_of_memory; the memory model misses them). Their iteration times counted too: "
+                      f"{aside['rows']} rows, MAPE {aside['shipped_mape_pct']:.1f} % with the shipped calibration, "
+                      f"{aside['stack_mape_pct']:.1f} % with the stack calibrations where one covers the row "
+                      "(columns iteration_time_memory_aside_s, ape_memory_aside_pct).", markup=False)
     n_assumed = int(rows.filter(pl.col("expressible") & (pl.col("basis") == "assumed")).height)
     console.print(f"{n_assumed} of the {k} expressible rows rely on values their source does not state, filled from "
                   "other documented sources (vtrain_fast/data/published/assumptions.toml; columns basis, "
