@@ -39,16 +39,20 @@ def hw_get(hw, name: str) -> float:
 RMSNORM, LEARNED, ROPE = 1.0, 0.0, 1.0      # normalization 1: RMSNorm; position 0: learned, 1: rope, 2: none
 
 
+# ... then the MoE columns (restated: vtrain_fast.model.moe.KERNEL_COLUMNS), a dense model's by default
+MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "moe_layer_step", "moe_first_dense_layers")
+DENSE = (0.0, 2.0, 0.0, 0.0, 1.0, 0.0)
 ModelFlags = namedtuple("ModelFlags", ("gated_mlp", "normalization", "position_embedding_type", "add_bias_linear",
-                                       "untie_embeddings_and_output_weights"))
+                                       "untie_embeddings_and_output_weights") + MOE_FIELDS, defaults=DENSE)
 
 
 def flags(arch) -> dict:
     """The architecture flags of ``arch`` by name (a float: ``gated_mlp`` with Megatron-LM's defaults)."""
     if isinstance(arch, (int, float)):
         return dict(gated_mlp=float(arch), normalization=0.0, position_embedding_type=LEARNED, add_bias_linear=1.0,
-                    untie_embeddings_and_output_weights=0.0)
-    return {k: float(v) for k, v in arch._asdict().items()}
+                    untie_embeddings_and_output_weights=0.0, **dict(zip(MOE_FIELDS, DENSE)))
+    return {**dict(zip(MOE_FIELDS, DENSE)), **{k: float(v) for k, v in arch._asdict().items()}}
 
 
 def _rope(arch) -> bool:
@@ -65,12 +69,13 @@ OUTPUT_NAMES = (
     "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
     "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
     "num_parameters", "num_micro_batches", "num_steps",
-    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss", "cp_comm_s",
+    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss", "cp_comm_s", "ep_comm_s",
 )
 INPUT_NAMES = (
     "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
     "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "normalization",
-    "position_embedding_type", "add_bias_linear", "untie_embeddings_and_output_weights", "num_gpus", "num_nodes",
+    "position_embedding_type", "add_bias_linear", "untie_embeddings_and_output_weights", *MOE_FIELDS,
+    "num_gpus", "num_nodes",
     "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
 )
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "cp", "pp", "micro_batch_size",
@@ -689,7 +694,7 @@ def bf16_layers_per_stage(L, counts, chunks, hw):
     return per_device
 
 
-def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1):
+def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1, arch=0.0):
     """First failing Megatron-LM rule as a status code, ``OK`` if none fails; context parallelism
     cuts each sequence into 2 cp equal chunks, so seq_length must divide by 2 cp."""
     if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d, cp)):
@@ -703,6 +708,15 @@ def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1):
         sharded = max(hw_get(hw, "zero_stage"), hw_get(hw, "distributed_optimizer")) >= 1
         if k > 0 and sharded and (k > d * cp or (d * cp) % k):
             return BAD_NUM_GPUS
+        fl = flags(arch)
+        if fl["num_experts"] >= 1:      # MoE: experts split over ep, the expert grid tiles a stage's ranks
+            ep, etp = expert_sizes(t, hw)
+            if ep < 1:
+                return BAD_INPUT
+            if fl["num_experts"] % ep:
+                return BAD_HEADS
+            if (t * cp * d) % (etp * ep):
+                return BAD_NUM_GPUS
     if cp > 1 and s % (2 * cp):
         return BAD_SEQ_LENGTH
     if B % (d * b):
@@ -761,6 +775,133 @@ def context_parallel_attention(b, sl, h, a, g, t, cp, hw):
     return fwd, bwd, fwd_exposed, bwd_exposed
 
 
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts (issue 13, docs/moe.md)
+# ---------------------------------------------------------------------------------------------
+def expert_sizes(t, hw):
+    """(ep, etp); etp 0 is Megatron-core's unset expert TP size: the same as tp."""
+    etp = hw_get(hw, "etp")
+    return hw_get(hw, "ep"), (etp if etp > 0 else float(t))
+
+
+def is_moe_layer(j, fl):
+    """Layer j (global) is an MoE layer: from moe_first_dense_layers on, every moe_layer_step-th."""
+    return j >= fl["moe_first_dense_layers"] and j % fl["moe_layer_step"] == 0
+
+
+def moe_layers_per_stage(L, counts, chunks, hw, fl):
+    """MoE layers of each pipeline device, the layers dealt out in virtual-stage order (as
+    :func:`bf16_layers_per_stage`)."""
+    p = len(counts)
+    if fl["num_experts"] < 1:
+        return [0] * p
+    e = int(hw_get(hw, "account_for_embedding_in_pipeline_split")) if p > 1 else 0
+    lo = int(hw_get(hw, "account_for_loss_in_pipeline_split")) if p > 1 else 0
+    slots = [c + (e if i == 0 else 0) + (lo if i == p - 1 else 0) for i, c in enumerate(counts)]
+    per_device, layer = [0] * p, 0
+    for c in range(chunks):
+        for i in range(p):
+            size = slots[i] // chunks - (e if (i == 0 and c == 0) else 0) - (lo if (i == p - 1 and c == chunks - 1) else 0)
+            per_device[i] += sum(1 for j in range(layer, layer + size) if is_moe_layer(j, fl))
+            layer += size
+    return per_device
+
+
+def grouped_gemm_s(m, n, k, groups, hw):
+    """A rank's local experts as one grouped GEMM (bf16: one kernel over all groups' tiles), or one
+    FP8 GEMM per expert."""
+    if _fp8(hw):
+        return groups * fp8_gemm_time_s(m, n, k, hw)
+    return gemm_time_s(m, n, k, groups, hw)
+
+
+def moe_layer(b, s, h, f, t, hw, fl):
+    """An MoE layer beyond a dense one, one micro-batch, one rank (s: the rank's tokens of a
+    sequence): ``(forward s, backward s, stored bytes)``. Each TP rank routes b s / t tokens; each
+    of its E / ep local experts takes routed k etp / (E / ep) rows (uniform routing, balanced: the
+    load-imbalance factor 1.0); widths moe_ffn_hidden_size / etp; the router GEMM (E outputs) and
+    its softmax / top-k (8 bytes per logit, 2 kernels) and the permutation and unpermutation (read
+    the tokens, write k copies and back: 4 (1 + k) h bytes per token, 2 kernels), the same each way;
+    the shared experts a dense MLP over t; instead of the dense MLP."""
+    gated = fl["gated_mlp"]
+    e, k = fl["num_experts"], fl["moe_router_topk"]
+    ep, etp = expert_sizes(t, hw)
+    tokens = b * s
+    routed = tokens / t
+    local = e / ep
+    rows = routed * k * etp / local
+    fe = (fl["moe_ffn_hidden_size"] or f) / etp
+    fs = fl["moe_shared_expert_intermediate_size"] / t
+    router_mem = memory_bound_time_s(8.0 * routed * e + 4.0 * (1.0 + k) * routed * h, 4.0, hw)
+    fwd = gemm_time_s(routed, e, h, 1.0, hw) + router_mem
+    bwd = gemm_time_s(routed, h, e, 1.0, hw) + gemm_time_s(h, e, routed, 1.0, hw) + router_mem
+    fc1 = (1.0 + gated) * fe
+    fwd += grouped_gemm_s(rows, fc1, h, local, hw) + grouped_gemm_s(rows, h, fe, local, hw)
+    bwd += (grouped_gemm_s(rows, h, fc1, local, hw) + grouped_gemm_s(h, fc1, rows, local, hw)
+            + grouped_gemm_s(rows, fe, h, local, hw) + grouped_gemm_s(fe, h, rows, local, hw))
+    dense_fc1 = (1.0 + gated) * f / t
+    fwd -= linear_gemm_s(tokens, dense_fc1, h, hw) + linear_gemm_s(tokens, h, f / t, hw)
+    bwd -= (linear_gemm_s(tokens, h, dense_fc1, hw) + linear_gemm_s(h, dense_fc1, tokens, hw)
+            + linear_gemm_s(tokens, f / t, h, hw) + linear_gemm_s(f / t, h, tokens, hw))
+    fwd_bytes = (4.0 + 2.0 * gated) * (local * rows * fe - tokens * f / t)
+    bwd_bytes = (6.0 + 4.0 * gated) * (local * rows * fe - tokens * f / t)
+    stored = (local * rows * (2.0 * h + (4.0 + 2.0 * gated) * fe) + 2.0 * 2.0 * k * routed * h + 4.0 * routed * e
+              - (4.0 + 2.0 * gated) * tokens * f / t)
+    launches = 0.0
+    if fs > 0:
+        sfc1 = (1.0 + gated) * fs
+        fwd += linear_gemm_s(tokens, sfc1, h, hw) + linear_gemm_s(tokens, h, fs, hw)
+        bwd += (linear_gemm_s(tokens, h, sfc1, hw) + linear_gemm_s(h, sfc1, tokens, hw)
+                + linear_gemm_s(tokens, fs, h, hw) + linear_gemm_s(fs, h, tokens, hw))
+        fwd_bytes += (4.0 + 2.0 * gated) * tokens * fs
+        bwd_bytes += (6.0 + 4.0 * gated) * tokens * fs
+        stored += (4.0 + 2.0 * gated) * tokens * fs
+        launches = 1.0
+    return (fwd + memory_bound_time_s(fwd_bytes, launches, hw), bwd + memory_bound_time_s(bwd_bytes, launches, hw),
+            stored)
+
+
+def all_to_all_s(nbytes, n, stride, hw):
+    """Each of n ranks (stride apart) sends nbytes / n to every rank; the node's peers over NVLink,
+    the others over the NIC at the same time."""
+    if n <= 1:
+        return 0.0
+    per_node = members_per_node(stride, n, hw_get(hw, "gpus_per_node"))
+    intra = hw_get(hw, "intra_node_Bps") * hw_get(hw, "intra_node_efficiency")
+    if per_node >= n:
+        return hw_get(hw, "intra_node_latency_s") + nbytes * (n - 1) / n / intra
+    inter = hw_get(hw, "inter_node_Bps") * hw_get(hw, "inter_node_efficiency")
+    return hw_get(hw, "inter_node_latency_s") + max(nbytes * (per_node - 1) / n / intra, nbytes * (n - per_node) / n / inter)
+
+
+def ep_exchange(b, s, h, t, hw, fl):
+    """One MoE layer's dispatch and combine all-to-all (k h bf16 values per routed token, over the
+    ep ranks, etp apart), and over etp > 1 the all-gather and reduce-scatter of the received tokens;
+    one way (forward; backward the same)."""
+    ep, etp = expert_sizes(t, hw)
+    nbytes = 2.0 * fl["moe_router_topk"] * h * b * s / t
+    x = 2.0 * all_to_all_s(nbytes, ep, etp, hw)
+    if etp > 1:
+        x += 2.0 * group_reduce_scatter_allgather_s(nbytes * etp, etp, 1.0, hw) / 2.0
+    return x
+
+
+def moe_layer_params(h, a, g, f, t, ep, etp, arch):
+    """(dense part, local experts) of one MoE layer's parameters on one rank: attention and norms
+    as a dense layer's, the router E h replicated, the shared experts over t (FC2 bias replicated),
+    E / ep experts over etp (FC2 biases replicated)."""
+    fl = flags(arch)
+    gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
+    q = _qkv_cols(h, a, g)
+    dense = (h * q + bias * q + h * h) / t + bias * h + 2.0 * _norm(h, arch) + fl["num_experts"] * h
+    fs = fl["moe_shared_expert_intermediate_size"]
+    if fs:
+        dense += ((h * fs + bias * fs) * (1.0 + gated) + fs * h) / t + bias * h
+    fe = fl["moe_ffn_hidden_size"] or f
+    experts = fl["num_experts"] / ep * (((h * fe + bias * fe) * (1.0 + gated) + fe * h) / etp + bias * h)
+    return dense, experts
+
+
 def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0, cp=1):
     """One configuration. Returns ``(status, outputs)``, outputs keyed by :data:`OUTPUT_NAMES`
     (all NaN for a shape error).
@@ -770,7 +911,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     interleaved over ``vpp`` chunks per device, the warm-up/cool-down part ``sum_i T_i - max_i T_i``
     is divided by ``vpp``.
     """
-    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw, cp)
+    status = validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw, cp, arch)
     # interleaved 1F1B (vpp model chunks per device, only with a pipeline): Megatron-core refuses
     # it over 2 stages (a settings rule: before the batch rule, after the shape rules), and needs
     # the layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
@@ -794,6 +935,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         return status, nan_outputs()
     stage_layers = [float(n) for n in stage_layer_counts(L, p, hw)]
     bf16_layers = [float(n) for n in bf16_layers_per_stage(L, stage_layer_counts(L, p, hw), chunks, hw)]
+    fl0 = flags(arch)
+    moe_layers = [float(n) for n in moe_layers_per_stage(L, stage_layer_counts(L, p, hw), chunks, hw, fl0)]
+    n_moe_total = float(sum(1 for j in range(L) if is_moe_layer(j, fl0))) if fl0["num_experts"] >= 1 else 0.0
     L, h, a, g, f, v, s, B, b, t, p, d, cp = map(float, (L, h, a, g, f, v, s, B, b, t, p, d, cp))
     s_full = s
     s = s_full / cp               # every rank works on s / cp tokens of each sequence
@@ -853,6 +997,25 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     layer16_compute = (layer_forward_s(b, s, h, a, g, f, t, hw16, arch) + cp_fwd) * (1.0 + rc) \
         + layer_backward_s(b, s, h, a, g, f, t, hw16, arch) + cp_bwd + core_again
     layer16_tp = exposed_layer_tp(hw16)
+    # an MoE layer (issue 13): its MLP beyond a dense one's, its token exchange, and the attention's
+    # TP exchange only (no dense MLP: its exchange and what its linears hid are not there)
+    moe_on = fl["num_experts"] >= 1
+    moe_compute = moe_tp = moe_ep = moe_stored = 0.0
+    if moe_on:
+        moe_fwd, moe_bwd, moe_stored = moe_layer(b, s, h, f, t, hw, fl)
+        moe_compute = (1.0 + rc) * moe_fwd + moe_bwd
+        moe_ep = (2.0 + rc) * ep_exchange(b, s, h, t, hw, fl)
+        attn_tp = (2.0 + rc) * allreduce_act
+        if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
+            hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
+            attn_tp -= min(hideable, linear_gemm_s(h, _layer_dims(b, s, h, a, g, t)[3], b * s, hw))
+        if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
+            for n_out, k_in in ((_layer_dims(b, s, h, a, g, t)[3], h), (h, h / t), (h / t, h)):
+                attn_tp -= min(allreduce_act / 2.0, linear_gemm_s(b * s, n_out, k_in, hw))
+        moe_tp = attn_tp - layer_tp
+        ep_size, etp_size = expert_sizes(t, hw)
+        moe_dense_params, moe_expert_params = moe_layer_params(h, a, g, f, t, ep_size, etp_size, arch)
+        edg = t * cp * d / (etp_size * ep_size)      # expert data parallelism: a stage's ranks over etp x ep
     emb_compute = embedding_s(b, s, h, v, t, hw, arch)
     emb_tp = allreduce_act                                  # vocab-parallel embedding output
     head_compute = head_s(b, s, h, v, t, hw)
@@ -889,6 +1052,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     def stage_params(i):
         first, last = i == 0, i == p_stages - 1
         params = stage_layers[i] * layer_on_rank
+        if moe_on:
+            params += moe_layers[i] * (moe_dense_params - layer_on_rank)
         if first:
             params += embedding_params             # word embedding shard + learned positions
         if last:
@@ -902,6 +1067,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
 
     # the largest stage's exchange (one stage holds everything at p = 1)
     stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i)) for i in range(p_stages))
+    expert_params = [moe_layers[i] * moe_expert_params if moe_on else 0.0 for i in range(p_stages)]
+    if moe_on and edg > 1:
+        # the experts' gradients: over the expert-data-parallel ranks (etp ep apart), after the dense ones
+        stage_exchange += (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(
+            BYTES_FP16 * max(expert_params), edg, etp_size * ep_size, hw)
 
     def all_gather(n_params):
         return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, shard, t, hw) / 2.0
@@ -911,10 +1081,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     for i in range(p_stages):
         first, last = i == 0, i == p_stages - 1
         n16 = bf16_layers[i]            # of the stage's layers, those in bf16 (FP8 only)
+        nm = moe_layers[i]              # of the stage's layers, the MoE ones
         compute = (stage_layers[i] * layer_compute + n16 * (layer16_compute - layer_compute)
-                   + (emb_compute if first else 0.0) + (head_compute if last else 0.0))
+                   + (emb_compute if first else 0.0) + (head_compute if last else 0.0)) + nm * moe_compute
         tp = (stage_layers[i] * layer_tp + n16 * (layer16_tp - layer_tp) + (emb_tp if first else 0.0)
-              + (head_tp if last else 0.0))
+              + (head_tp if last else 0.0)) + nm * moe_tp
         pp = pp_per_mb
         params = stage_params(i)
         n = stage_layers[i]
@@ -956,6 +1127,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # recomputation only the one rebuilt layer holds them
             lacks = fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw))
             act += lacks if recompute == 1 else chunks_in_flight * n16 * lacks
+        if nm > 0:
+            # MoE layers store their routed rows' tensors instead of a dense MLP's; with full
+            # recomputation one rebuilt layer holds them
+            act += moe_stored if recompute == 1 else chunks_in_flight * nm * moe_stored
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
         if first:
             act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
@@ -967,6 +1142,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         grad = 2.0 / (shard if zero >= 2 else 1.0)
         adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
+        if moe_on:
+            # the local experts' states, sharded (ZeRO) over the expert-data-parallel ranks
+            eshard = edg
+            states += expert_params[i] * (2.0 / (eshard if zero >= 3 else 1.0) + 2.0 / (eshard if zero >= 2 else 1.0)
+                                          + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (eshard if zero >= 1 else 1.0))
         if zero >= 3 and shard > 1:
             states += 2.0 * layer_on_rank * 4.0
         if _fp8(hw):
@@ -984,10 +1164,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)
-        compute += ((m - 1.0) / m * 6.0 * params / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
-                    / (shard if zero >= 2 else 1.0))
+        compute += ((m - 1.0) / m * 6.0 * (params + expert_params[i])
+                    / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency")) / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
-        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, cp=cpx, time=compute + tp + pp + dp + cpx,
+        epx = nm * moe_ep
+        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, cp=cpx, ep=epx,
+                           time=compute + tp + pp + dp + cpx + epx,
                            params=params, states=states, act=act, mem=states + act))
 
     # slowest stage (ties: the later stage); fullest stage (ties: the earlier stage)
@@ -1032,10 +1214,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
                                     t * shard, hw)
         hides = zero >= 3 or hw_get(hw, "overlap_grad_reduce") != 0.0
         dp_comm_s += replica - (1.0 if hides else 0.0) * min(replica, backward_window)
-    adam_s = optimizer_s(max(st["params"] for st in stages) / (shard if zero >= 1 else 1.0), hw)
+    adam_s = optimizer_s(max(st["params"] for st in stages) / (shard if zero >= 1 else 1.0)
+                         + (max(expert_params) / (edg if zero >= 1 else 1.0) if moe_on else 0.0), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     cp_comm_s = m * stages[slow]["cp"]
-    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s + cp_comm_s
+    ep_comm_s = m * stages[slow]["ep"]
+    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s + cp_comm_s + ep_comm_s
 
     states, act = stages[full]["states"], stages[full]["act"]
     mem_total = states + act + hw_get(hw, "reserved_bytes")
@@ -1046,6 +1230,13 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     n_params = model_params(L, h, a, g, f, v, s, arch)
     tokens_per_iter = B * s
     fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated)
+    if moe_on:
+        # every expert's parameters; FLOPs of the active ones (2 per weight: top-k experts, router, shared)
+        dense_part, experts = moe_layer_params(h, a, g, f, 1.0, 1.0, 1.0, arch)
+        n_params += n_moe_total * (dense_part + experts - layer_params(h, a, g, f, arch))
+        fe, fs = fl["moe_ffn_hidden_size"] or f, fl["moe_shared_expert_intermediate_size"]
+        fwd_flops += n_moe_total * (2.0 * fl["num_experts"] * h
+                                    + 2.0 * (2.0 + gated) * h * (fl["moe_router_topk"] * fe + fs - f))
     model_flops = 3.0 * tokens_per_iter * fwd_flops
     # recomputation repeats every layer's forward, not the LM head
     hardware_flops = model_flops + rc * tokens_per_iter * (fwd_flops - 2.0 * h * v)
@@ -1080,6 +1271,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         "energy_kWh": gpu_hours * hw_get(hw, "tdp_W") / 1000.0 * hw_get(hw, "pue"),
         "loss": chinchilla_loss(n_params, num_tokens),
         "cp_comm_s": cp_comm_s,
+        "ep_comm_s": ep_comm_s,
     }
     return status, out
 

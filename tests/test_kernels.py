@@ -64,6 +64,7 @@ SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCH
            "first_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0), "dp_shard": (0.0, 0.0, 0.0, 2.0, 4.0, 8.0),
            "last_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
            "num_layers_at_start_in_bf16": (0.0, 0.0, 1.0, 2.0, 7.0), "num_layers_at_end_in_bf16": (0.0, 0.0, 1.0, 4.0),
+           "ep": (1.0, 1.0, 2.0, 4.0, 8.0), "etp": (0.0, 0.0, 1.0, 2.0),    # MoE (no effect on dense models)
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
@@ -326,7 +327,29 @@ def random_config(rng, invalid_fraction=0.4):
         hw = _vec(vals)
     if cp > 1 and rng.random() < 0.85 and hw[HW_FIELDS.index("flash_attention_efficiency")] > 0.0:
         hw[HW_FIELDS.index("use_flash_attn")] = 1.0     # cp > 1 needs FlashAttention (else status refused)
+    if rng.random() < 0.35:
+        flags = random_moe_flags(np.random.default_rng(int(rng.integers(2 ** 32))), flags, h, p)
+    elif flags.num_experts >= 1 and p > 2:
+        # an MoE preset over a pipeline with middle stages: every layer an MoE layer (the kernel
+        # bounds the middle stages by their largest MoE count, exact when they are equal)
+        flags = flags._replace(moe_layer_step=1.0, moe_first_dense_layers=0.0)
     return (*sizes, rc, tokens, hw, flags, cp)
+
+
+def random_moe_flags(rng, flags, h, p):
+    """``flags`` as a mixture-of-experts model's: experts, top-k, expert and shared widths, and
+    (without middle pipeline stages, p <= 2) a layer placement of every 2nd layer or dense first layers."""
+    e = int(rng.choice([1, 2, 4, 8, 16, 64]))
+    k = int(rng.choice([1, 2, min(e, 8)]))
+    h = max(int(h), 1)
+    fe = int(rng.choice([0, h, int(rng.integers(64, 4 * h + 64))]))
+    fs = int(rng.choice([0, 0, h, 2 * h]))
+    step_, first = 1, 0
+    if p <= 2:
+        step_, first = int(rng.choice([1, 1, 2])), int(rng.choice([0, 0, 1, 3]))
+    return flags._replace(num_experts=float(e), moe_router_topk=float(k), moe_ffn_hidden_size=float(fe),
+                          moe_shared_expert_intermediate_size=float(fs), moe_layer_step=float(step_),
+                          moe_first_dense_layers=float(first))
 
 
 def run_rows(configs):

@@ -170,38 +170,52 @@ def test_capacity_factor_and_pattern_are_read():
 
 
 # ------------------------------------------------------------------------------- refused for pricing
-def test_a_sweep_naming_an_moe_preset_is_refused(tmp_path, cli):
+def test_a_sweep_naming_an_moe_preset_is_priced_and_an_mla_one_refused(tmp_path, cli):
     spec = tmp_path / "spec.toml"
     spec.write_text(SMALL_SWEEP.format(training="").replace('presets = ["gpt3-1.3b"]',
                                                             'presets = ["gpt3-1.3b", "mixtral-8x7b"]'))
+    assert cli("sweep", spec, "-o", tmp_path / "out", "--dry-run").exit_code == 0
+    spec.write_text(SMALL_SWEEP.format(training="").replace('presets = ["gpt3-1.3b"]',
+                                                            'presets = ["gpt3-1.3b", "deepseek-v3"]'))
     res = cli("sweep", spec, "-o", tmp_path / "out", "--dry-run")
     out = flat(res.output)
     assert res.exit_code == 2, res.output
-    assert "mixture-of-experts models are not priced yet (issue 13)" in out and "model.presets" in out, out
-    assert "mixtral-8x7b" in out and "46.7 B parameters, 12.9 B active" in out and "Traceback" not in out
+    assert "multi-head latent attention is not priced yet (issue 13)" in out and "model.presets" in out, out
+    assert "deepseek-v3" in out and "Traceback" not in out
 
 
-def test_a_model_file_with_an_moe_model_is_read_but_refused_where_named(tmp_path, cli):
+def test_a_model_file_with_an_moe_model_is_priced_unless_it_sets_a_capacity_factor(tmp_path, cli):
     (tmp_path / "m.toml").write_text("[models.my-moe]\nnum_layers = 4\nhidden_size = 64\nnum_attention_heads = 4\n"
-                                     "seq_length = 128\nnum_experts = 8\nmoe_router_topk = 2\n")
+                                     "seq_length = 128\nnum_experts = 8\nmoe_router_topk = 2\n"
+                                     "[models.my-capped-moe]\nnum_layers = 4\nhidden_size = 64\n"
+                                     "num_attention_heads = 4\nseq_length = 128\nnum_experts = 8\n"
+                                     "moe_expert_capacity_factor = 1.25\n")
     spec = tmp_path / "spec.toml"
     base = 'model_files = ["m.toml"]\n' + SMALL_SWEEP.format(training="")
-    spec.write_text(base)
-    assert cli("sweep", spec, "--dry-run").exit_code == 0          # defined, not named: nothing to price
     spec.write_text(base.replace('presets = ["gpt3-1.3b"]', 'presets = ["my-moe"]'))
+    assert cli("sweep", spec, "--dry-run").exit_code == 0
+    spec.write_text(base.replace('presets = ["gpt3-1.3b"]', 'presets = ["my-capped-moe"]'))
     res = cli("sweep", spec, "--dry-run")
-    assert res.exit_code == 2 and "not priced yet (issue 13)" in flat(res.output), res.output
+    assert res.exit_code == 2 and "moe_expert_capacity_factor is not priced yet (issue 13)" in flat(res.output), \
+        res.output
 
 
-def test_evaluate_refuses_a_row_naming_an_moe_model(tmp_path, cli):
+def test_evaluate_prices_mixtral_and_refuses_a_row_naming_an_unpriced_moe_model(tmp_path, cli):
     csv = tmp_path / "plans.csv"
+    csv.write_text("model,global_batch_size,micro_batch_size,tp,pp,dp,ep,gpu,use_flash_attn\n"
+                   "mixtral-8x7b,64,1,1,4,16,8,h100-sxm-80gb,true\n")
+    res = cli("evaluate", csv, "-o", tmp_path / "out.csv")
+    assert res.exit_code == 0, res.output
+    import polars as pl
+    df = pl.read_csv(tmp_path / "out.csv")
+    assert df["num_experts"].to_list() == [8] and df["ep"].to_list() == [8] and df["ep_comm_s"][0] > 0
     csv.write_text("model,global_batch_size,micro_batch_size,tp,pp,dp,gpu\n"
                    "llama3-8b,64,1,4,2,1,h100-sxm-80gb\nqwen3-30b-a3b,64,1,4,2,1,h100-sxm-80gb\n")
-    res = cli("evaluate", csv, "-o", tmp_path / "out.csv")
+    res = cli("evaluate", csv, "-o", tmp_path / "out2.csv")
     out = flat(res.output)
     assert res.exit_code == 2, res.output
-    assert "column model, row 3" in out and "mixture-of-experts models are not priced yet (issue 13)" in out, out
-    assert not (tmp_path / "out.csv").exists()
+    assert "column model, row 3" in out and "kv_channels = 128" in out, out
+    assert not (tmp_path / "out2.csv").exists()
 
 
 def test_kv_channels_and_mla_on_a_dense_shape_are_refused_too():

@@ -150,6 +150,15 @@ def full_model_cp_spec_text(num_tokens: int = 32) -> str:
     return head.replace("[cluster]\n", extra_training + "[cluster]\n") + "[parallel]\n" + parallel + extra_parallel
 
 
+def full_model_moe_spec_text(num_tokens: int = 64) -> str:
+    """Spec text of the full-model sweep on a mixture-of-experts model (issue 13): Mixtral 8x7B
+    with ep = [1, 8] and pp up to 8 (its 32 layers), 1,179,648 points, 96 % reaching the whole model
+    (the rest: bad_num_gpus, tp x dp not a multiple of etp x ep with etp = tp)."""
+    text = full_model_spec_text(num_tokens).replace('name = "bench-full-model"', 'name = "bench-full-model-moe"')
+    return (text.replace('presets = ["gpt3-175b"]', 'presets = ["mixtral-8x7b"]')
+            .replace("pp = [1, 2, 4, 8, 16]", "pp = [1, 2, 4, 8]\nep = [1, 8]"))
+
+
 def full_model_spec_text(num_tokens: int = 64) -> str:
     """Spec text of the sweep whose every point reaches the whole cost model."""
     return _FULL_MODEL_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
@@ -255,6 +264,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     full = bench_sweep(full_model_spec_text(), "bench-full-model.toml", threads, repeat, b, batch)
     stack = bench_sweep(stack_axes_spec_text(), "bench-stack-axes.toml", threads, repeat, b, batch)
     cp = bench_sweep(full_model_cp_spec_text(), "bench-full-model-cp.toml", threads, repeat, b, batch)
+    moe = bench_sweep(full_model_moe_spec_text(), "bench-full-model-moe.toml", threads, repeat, b, batch)
     return {
         "points": n, "threads": threads,
         "rows_per_s": n / t_rows,
@@ -267,6 +277,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
         **{f"full_sweep_{k}": v for k, v in full.items()},
         **{f"stack_sweep_{k}": v for k, v in stack.items()},
         **{f"cp_sweep_{k}": v for k, v in cp.items()},
+        **{f"moe_sweep_{k}": v for k, v in moe.items()},
     }
 
 
@@ -445,6 +456,12 @@ def main(argv=None) -> int:
     print(f"        row kernel (full rows):               {k['cp_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
           f"  ({k['cp_sweep_rows_ns_core']:.0f} core-ns/point; {k['cp_sweep_reached_per_s'] / 1e6:.2f} M/s of "
           "those that reach it)")
+    print(f"      full cost model on a mixture of experts (mixtral-8x7b, ep = [1, 8]), {k['moe_sweep_points']:,} "
+          f"points ({k['moe_sweep_reached']:.0%} reach the whole model):")
+    print(f"        row kernel (full rows):               {k['moe_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
+          f"  ({k['moe_sweep_rows_ns_core']:.0f} core-ns/point; {k['moe_sweep_reached_per_s'] / 1e6:.2f} M/s of "
+          "those that reach it; dense full-model sweep above)")
+    print(f"        scan kernel (--keep frontier):        {k['moe_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s")
     print(f"      full cost model one configuration at a time (evaluate_rows on the "
           f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
           f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")

@@ -18,6 +18,7 @@ from ..model.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
 from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
+from ..model.moe import KERNEL_COLUMNS as MOE_COLUMNS, KERNEL_NAMES as MOE_NAMES
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
@@ -29,7 +30,7 @@ from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, ch
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
-OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", *ARCH_NAMES, "recompute", "precision",
+OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", *ARCH_NAMES, *MOE_NAMES, "recompute", "precision",
             *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS), "cp",
             *(st.name for st in CHOICES if st.name != "precision"))
 # Optional, and checked: num_gpus must be tp x cp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
@@ -88,7 +89,8 @@ UNMODELLED = {
 
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
-                  **{st.name: st.int_range for st in INT_SETTINGS}}
+                  **{st.name: st.int_range for st in INT_SETTINGS},
+                  **{name: (0, 10_000_000) for name in MOE_NAMES}}
 # The precision column: the registry's choices, plus fp16, priced as bf16 (the same tensor-core peak
 # on every preset that has both, and 2-byte operands; loss scaling is not modelled) and written
 # back as given.
@@ -253,7 +255,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             if name in models:
                 check_priced(where, f"column model, row {i + 2}", models[name],
                              "leave its rows out; vtrain-fast presets lists its total and active parameters, and "
-                             "the kernels price it once issue 13 is done")
+                             "issue 13 prices mixture-of-experts models with standard attention, dropless")
     df = with_model_shapes(df, models)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
@@ -281,6 +283,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     groups = np.where(groups == 0, a, groups)
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
     arch_codes = {fl.name: arch_column(df, fl, where) for fl in ARCH_FLAGS}
+    moe_cols = {name: _int_column(df, name, where, default) for name, default in MOE_COLUMNS}
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     precision = _str_column(df, "precision", where, PRECISIONS, BY_NAME["precision"].default)
     known = gpus or PRESETS
@@ -350,7 +353,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                              f"{rule} = {int(value[i])}, or an empty cell",
                              f"fix {name} or tp, cp, pp, dp" + (", gpus_per_node" if name == "num_nodes" else ""))
     row = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
-               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], **arch_codes,
+               ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"], **arch_codes, **moe_cols,
                global_batch_size=ints["global_batch_size"], micro_batch_size=ints["micro_batch_size"], **sizes,
                recompute=np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64))
     cols = np.stack([row[k] for k in ROW_FIELDS])
@@ -362,7 +365,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     result = result.with_columns(pl.col("status").cast(pl.String))
     used = dict(num_layers=ints["num_layers"], hidden_size=h, num_attention_heads=a, num_query_groups=groups,
                 ffn_hidden_size=ffn, vocab_size=vocab, seq_length=ints["seq_length"],
-                **{k: ARCH_BY_NAME[k].decode_all(c) for k, c in arch_codes.items()},
+                **{k: ARCH_BY_NAME[k].decode_all(c) for k, c in arch_codes.items()}, **moe_cols,
                 num_tokens=tokens,
                 gpu=gpu, num_gpus=num_gpus, num_nodes=num_nodes, tp=ints["tp"], cp=cp, pp=ints["pp"], dp=ints["dp"],
                 micro_batch_size=ints["micro_batch_size"], global_batch_size=ints["global_batch_size"],

@@ -13,6 +13,7 @@ import pyarrow as pa
 from .errors import InputError, did_you_mean
 from ..model import params as step     # the output layout; no Numba
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
+from ..model.moe import KERNEL_DOCS, KERNEL_NAMES
 from ..model.settings import BY_NAME, SETTINGS
 
 
@@ -41,6 +42,8 @@ INPUT_COLUMNS = (
     *(Column(fl.name, pa.bool_() if fl.kind is bool else _dict, "",
              f"{fl.doc} (Megatron-LM {fl.megatron})" + (f": {' | '.join(fl.choices)}" if fl.choices else ""))
       for fl in ARCH_FLAGS),
+    # the MoE columns of the kernels' model table (vtrain_fast.model.moe.KERNEL_NAMES; a dense model's values)
+    *(Column(name, pa.int64(), "", KERNEL_DOCS[name]) for name in KERNEL_NAMES),
     Column("num_tokens", pa.float64(), "tokens", "tokens to train on"),
     Column("gpu", _dict, "", "GPU preset"),
     Column("num_gpus", pa.int64(), "", "GPUs in the job (tp x cp x pp x dp)"),
@@ -99,7 +102,8 @@ def setting_array(column: str, field_values, rows) -> pa.Array:
 STATUS_LABELS = ("ok", "bad_input", "bad_num_gpus", "bad_heads", "bad_layers", "bad_batch",
                  "out_of_memory", "repeat", "refused", "bad_seq_length")
 STATUS_COLUMN = Column("status", _dict, "",
-                       "ok | out_of_memory | bad_num_gpus | bad_heads | bad_layers | bad_batch | bad_input | "
+                       "ok | out_of_memory | bad_num_gpus (also: tp x cp x dp not divisible by etp x ep, MoE) | "
+                       "bad_heads (also: num_experts not divisible by ep, MoE) | bad_layers | bad_batch | bad_input | "
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
                        "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, vpp > 1 at pp = 2, "
                        "cp > 1 without use_flash_attn) | bad_seq_length (seq_length not divisible by 2 x cp)")
@@ -130,6 +134,9 @@ _OUT_DOCS = {
     "loss": ("nats/token", "Chinchilla L(N, D) = E + A/N^a + B/D^b (Hoffmann et al. 2022, Eq. 10)"),
     "cp_comm_s": ("s", "slowest stage's exposed context-parallel K/V exchange (ring steps beyond their attention "
                        "blocks, or the all-gathers and reduce-scatters)"),
+    "ep_comm_s": ("s", "slowest stage's exposed MoE token dispatch and combine (all-to-all over ep, all-gather and "
+                       "reduce-scatter over etp), forward, recomputed forward and backward; 0 for a dense model or "
+                       "at ep = etp = 1"),
 }
 INTEGER_OUTPUTS = ("num_parameters", "num_micro_batches", "num_steps")
 

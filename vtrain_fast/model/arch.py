@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import namedtuple
 from dataclasses import dataclass
 
+from .moe import KERNEL_DEFAULTS, KERNEL_NAMES
+
 
 @dataclass(frozen=True)
 class ArchFlag:
@@ -106,11 +108,14 @@ ARCH_NAMES = tuple(f.name for f in ARCH_FLAGS)
 NUM_FLAGS = len(ARCH_FLAGS)
 
 # The kernels' record of a shape's flags: float codes (ArchFlag.encode), one field per flag, in
-# registry order (a Numba named tuple, as model.layout.Layout).
-Arch = namedtuple("Arch", ARCH_NAMES)
-Arch.__doc__ = """A model's architecture flags as ``float64`` codes (:data:`ARCH_FLAGS` order)."""
-# Megatron-LM's defaults: GPT's layer (GeLU MLP, LayerNorm, learned positions, biases, tied head).
-DEFAULT_ARCH = Arch(*(float(f.encode(f.default)) for f in ARCH_FLAGS))
+# registry order (a Numba named tuple, as model.layout.Layout), then the MoE columns
+# (model.moe.KERNEL_NAMES: experts, top-k, widths, layer placement), a dense model's values by default.
+Arch = namedtuple("Arch", ARCH_NAMES + KERNEL_NAMES, defaults=KERNEL_DEFAULTS)
+Arch.__doc__ = """A model's architecture flags as ``float64`` codes (:data:`ARCH_FLAGS` order), then its MoE
+columns (:data:`vtrain_fast.model.moe.KERNEL_NAMES`; a dense model's when left out)."""
+# Megatron-LM's defaults: GPT's layer (GeLU MLP, LayerNorm, learned positions, biases, tied head), dense.
+DEFAULT_ARCH = Arch(*(float(f.encode(f.default)) for f in ARCH_FLAGS), *KERNEL_DEFAULTS)
+NUM_RECORD = len(Arch._fields)      # fields of the kernels' record (flags + MoE columns)
 # Codes the kernels compare against.
 RMSNORM = float(BY_NAME["normalization"].encode("RMSNorm"))
 LEARNED_POSITIONS = float(BY_NAME["position_embedding_type"].encode("learned_absolute"))
@@ -118,5 +123,5 @@ ROPE = float(BY_NAME["position_embedding_type"].encode("rope"))
 
 
 def arch_of(values: dict) -> Arch:
-    """The :data:`Arch` of flag values by name (missing flags take their default)."""
-    return Arch(*(float(f.encode(values.get(f.name, f.default))) for f in ARCH_FLAGS))
+    """The :data:`Arch` of flag values by name (missing flags take their default; a dense model)."""
+    return Arch(*(float(f.encode(values.get(f.name, f.default))) for f in ARCH_FLAGS), *KERNEL_DEFAULTS)

@@ -110,6 +110,29 @@ def layer_params_per_rank(h, a, g, f, t, arch=DEFAULT_ARCH):
 
 
 @jit
+def moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch):
+    """``(dense part, experts)`` of one MoE layer's parameters held by one rank: the attention and
+    norms as :func:`layer_params_per_rank` holds them, the router (``E h``, replicated: Megatron-core
+    ``TopKRouter.weight``) and the shared experts (an MLP of ``moe_shared_expert_intermediate_size``
+    split over ``t``, its FC2 bias replicated) over the tensor-parallel group; and the ``E / ep``
+    local routed experts, each ``(2 + gated) h f_e`` weights (+ ``(1 + gated) f_e`` biases) over
+    ``etp`` and its FC2 bias ``h`` replicated. At ``t = ep = etp = 1``, with
+    :func:`layer_params`, :func:`vtrain_fast.model.moe.param_counts`'s counts."""
+    gated = arch.gated_mlp
+    bias = arch.add_bias_linear
+    qkv_out = h + 2.0 * h * g / a
+    attn = (h * qkv_out + h * h + bias * qkv_out) / t + bias * h + 2.0 * norm_params(h, arch)
+    fs = arch.moe_shared_expert_intermediate_size
+    shared = 0.0
+    if fs > 0.0:
+        shared = ((2.0 + gated) * h * fs + bias * (1.0 + gated) * fs) / t + bias * h
+    fe = arch.moe_ffn_hidden_size if arch.moe_ffn_hidden_size > 0.0 else f
+    local = arch.num_experts / ep
+    experts = local * (((2.0 + gated) * h * fe + bias * (1.0 + gated) * fe) / etp + bias * h)
+    return attn + arch.num_experts * h + shared, experts
+
+
+@jit
 def position_table_params(s, h, arch):
     """Parameters of the position embedding: the learned ``s x h`` table, none with RoPE or none
     (``arch.position_embedding_type``)."""

@@ -1,8 +1,9 @@
 """Mixture-of-experts and attention-shape fields of a model, and the parameter counts of such a
-model (total and active per token). Pure Python, no Numba: the kernels do not read these fields
-yet (issue 13); until they do, a sweep or evaluate run naming a model that needs them is refused
-(:func:`unpriced_reason`, raised by :func:`vtrain_fast.plan.models.check_priced`), never priced
-as a dense model.
+model (total and active per token). Pure Python, no Numba: the kernels read the integer columns of
+:data:`KERNEL_COLUMNS` (issue 13's first kernel slice); a model that needs what they do not price
+(multi-head latent attention, ``kv_channels`` heads, other layer patterns, a capacity factor) is
+refused (:func:`unpriced_reason`, raised by :func:`vtrain_fast.plan.models.check_priced`), never
+priced as another model.
 
 The fields are one registry, :data:`SHAPE_FIELDS`, as :mod:`vtrain_fast.model.arch` is for the
 architecture flags: ``ModelShape`` takes one field per record (``plan.models``), model files and
@@ -12,11 +13,11 @@ import-hf`` writes them and ``vtrain-fast presets`` shows them. Names are Megatr
 same name in both: ``megatron/core/transformer/transformer_config.py``); where Megatron-core's
 default is ``None`` the field's 0 stands for it (TOML has no null).
 
-How the kernels will read them (``docs/moe.md``): the model table ``params.MODEL_FIELDS`` gains
-the integer fields of :data:`KERNEL_FIELDS` after the architecture flags (``MD_MOE`` on), with
-``moe_layer_freq`` as the count of MoE layers on each pipeline stage (:func:`moe_layer_pattern`)
-and the capacity factor as a float column; the counts here (:func:`param_counts`) are the
-reference the kernels' per-rank counts are tested against.
+How the kernels read them (``docs/moe.md``): the model table ``params.MODEL_FIELDS`` holds the
+columns of :data:`KERNEL_COLUMNS` after the architecture flags (``MD_MOE`` on), with
+``moe_layer_freq`` as a step and a count of dense first layers (:func:`layer_placement`), from which
+the kernels count each pipeline device's MoE layers; the counts here (:func:`param_counts`) are the
+reference the kernels' parameter counts are tested against.
 
 Adding a field: a record at the end of :data:`SHAPE_FIELDS`, its formula here, its tests.
 """
@@ -111,10 +112,58 @@ SHAPE_FIELDS: tuple[ShapeField, ...] = (
 BY_NAME: dict[str, ShapeField] = {f.name: f for f in SHAPE_FIELDS}
 SHAPE_FIELD_NAMES = tuple(f.name for f in SHAPE_FIELDS)
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-# The integer columns the kernels' model table will gain (docs/moe.md): moe_layer_freq enters as
-# the MoE layers per stage, the capacity factor as a float.
+# The shape fields the kernels' model table was planned to gain (docs/moe.md); the first slice takes
+# KERNEL_COLUMNS (below); MLA and kv_channels are refused until priced.
 KERNEL_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                  "kv_channels", "multi_latent_attention", *MLA_FIELDS)
+
+# The MoE columns of the kernels' model table (``params.MODEL_FIELDS``, after the architecture
+# flags) and of the kernels' record ``arch.Arch``, with the value of a dense model: the routed
+# experts, top-k, one expert's width (0: ffn_hidden_size), the shared experts' total width, and
+# the layer placement as two integers (:func:`layer_placement`): every ``moe_layer_step``-th layer
+# from layer ``moe_first_dense_layers`` on is an MoE layer.
+KERNEL_COLUMNS = (("num_experts", 0), ("moe_router_topk", 2), ("moe_ffn_hidden_size", 0),
+                  ("moe_shared_expert_intermediate_size", 0), ("moe_layer_step", 1), ("moe_first_dense_layers", 0))
+KERNEL_NAMES = tuple(n for n, _ in KERNEL_COLUMNS)
+KERNEL_DEFAULTS = tuple(float(d) for _, d in KERNEL_COLUMNS)
+KERNEL_DOCS = {
+    "num_experts": "routed experts per MoE layer (0: a dense model; Megatron-LM --num-experts)",
+    "moe_router_topk": "experts each token is routed to (Megatron-LM --moe-router-topk)",
+    "moe_ffn_hidden_size": "one routed expert's MLP width (0: ffn_hidden_size; Megatron-LM --moe-ffn-hidden-size)",
+    "moe_shared_expert_intermediate_size": "total width of the shared experts (0: none; Megatron-LM "
+                                           "--moe-shared-expert-intermediate-size)",
+    "moe_layer_step": "MoE layer placement: every moe_layer_step-th layer is an MoE layer (Megatron-LM "
+                      "--moe-layer-freq k; 1: every layer)",
+    "moe_first_dense_layers": "MoE layer placement: the first this many layers are dense (DeepSeek-V3's "
+                              "--moe-layer-freq \"([0]*3+[1]*58)\": 3)",
+}
+
+
+def layer_placement(num_layers: int, moe_layer_freq) -> tuple[int, int] | None:
+    """``(moe_layer_step, moe_first_dense_layers)`` of a layer placement the kernels price: layer
+    ``i`` is an MoE layer when ``i >= first_dense`` and ``i % step == 0`` (an int ``k``: ``(k, 0)``;
+    a pattern of ``n`` zeros then ones: ``(1, n)``; a pattern equal to an int's), or None for a
+    pattern of another form."""
+    if isinstance(moe_layer_freq, int):
+        return moe_layer_freq, 0
+    pat = tuple(moe_layer_freq)
+    for k in range(1, max(len(pat), 1) + 1):
+        if pat == moe_layer_pattern(num_layers, k):
+            return k, 0
+    n0 = pat.index(1) if 1 in pat else len(pat)
+    if all(x == 0 for x in pat[:n0]) and all(x == 1 for x in pat[n0:]) and n0 < len(pat):
+        return 1, n0
+    return None
+
+
+def kernel_values(shape) -> tuple[int, ...]:
+    """The :data:`KERNEL_NAMES` values of a (resolved) model shape; a dense model's defaults."""
+    if not is_moe(shape):
+        return tuple(int(d) for _, d in KERNEL_COLUMNS)
+    step_, first = layer_placement(shape.num_layers, shape.moe_layer_freq) or (1, 0)
+    return (shape.num_experts, shape.moe_router_topk, shape.moe_ffn_hidden_size or shape.ffn_hidden_size,
+            shape.moe_shared_expert_intermediate_size, step_, first)
+
 
 _PATTERN_PART = re.compile(r"\[\s*([01])\s*\]\s*\*\s*(\d+)|\[\s*([01](?:\s*,\s*[01])*)\s*\]")
 
@@ -268,15 +317,12 @@ def param_counts(shape) -> ParamCounts:
 
 
 def unpriced_reason(shape) -> str | None:
-    """Why the kernels cannot price ``shape`` yet, or None: routed experts (issue 13), multi-head
-    latent attention, or heads whose width differs from ``hidden_size / num_attention_heads``
-    (``kv_channels``). The kernels read the sizes and flags of ``params.MODEL_FIELDS`` only; such a
-    shape priced by them would silently be a dense model of another shape."""
-    if is_moe(shape):
-        c = param_counts(shape)
-        return (f"mixture-of-experts models are not priced yet (issue 13): {shape.name} has {shape.num_experts} "
-                f"experts, top-{shape.moe_router_topk} ({c.total / 1e9:.1f} B parameters, {c.active / 1e9:.1f} B "
-                "active); the kernels would price it as a dense model")
+    """Why the kernels cannot price ``shape`` yet, or None: multi-head latent attention, heads
+    whose width differs from ``hidden_size / num_attention_heads`` (``kv_channels``), an MoE layer
+    placement that is neither every k-th layer nor dense first layers then MoE ones
+    (:func:`layer_placement`), or a capacity factor (the kernels price dropless routing). Routed
+    experts themselves are priced (issue 13, docs/moe.md). The kernels read the sizes, flags and MoE
+    columns of ``params.MODEL_FIELDS`` only; such a shape priced by them would silently be another."""
     if shape.multi_latent_attention:
         return (f"multi-head latent attention is not priced yet (issue 13): {shape.name} sets "
                 "multi_latent_attention = true")
@@ -285,5 +331,11 @@ def unpriced_reason(shape) -> str | None:
         return (f"attention heads of kv_channels = {shape.kv_channels} channels, not hidden_size / "
                 f"num_attention_heads, are not priced yet: {shape.name}'s projections are "
                 f"{a} x {shape.kv_channels} wide, hidden_size is {h}")
+    if is_moe(shape):
+        if layer_placement(shape.num_layers, shape.moe_layer_freq) is None:
+            return (f"{shape.name}'s moe_layer_freq pattern is not priced yet (issue 13): the kernels take every "
+                    "k-th layer, or dense first layers then MoE layers")
+        if shape.moe_expert_capacity_factor is not None:
+            return (f"moe_expert_capacity_factor is not priced yet (issue 13): {shape.name} sets "
+                    f"{shape.moe_expert_capacity_factor}; the kernels price dropless routing (leave it out)")
     return None
-

@@ -9,6 +9,7 @@ Field meanings, units and sources live in :mod:`vtrain_fast.hardware.gpus`.
 from __future__ import annotations
 
 from .arch import ARCH_NAMES
+from .moe import KERNEL_NAMES as MOE_NAMES
 from .settings import BY_NAME, SETTINGS
 
 # Hardware, price and calibration fields, then one field per training setting (its registry name,
@@ -101,14 +102,18 @@ CALIBRATION_FIELDS = (
 
 # Model layout: column k of the int64 model table the sweep kernels read (one row per model): the
 # sizes, then one column per architecture flag (vtrain_fast.model.arch, its ArchFlag.encode code:
-# gated_mlp 1 for a SwiGLU MLP, normalization 1 for RMSNorm, ...), in registry order.
+# gated_mlp 1 for a SwiGLU MLP, normalization 1 for RMSNorm, ...), in registry order, then the
+# MoE columns (vtrain_fast.model.moe.KERNEL_NAMES; a dense model: num_experts 0).
 MODEL_SIZES = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                "ffn_hidden_size", "vocab_size", "seq_length")
-MODEL_FIELDS = MODEL_SIZES + ARCH_NAMES
+MODEL_FIELDS = MODEL_SIZES + ARCH_NAMES + MOE_NAMES
 NUM_MODEL_FIELDS = len(MODEL_FIELDS)
 (MD_LAYERS, MD_HIDDEN, MD_HEADS, MD_GROUPS, MD_FFN, MD_VOCAB, MD_SEQ) = range(len(MODEL_SIZES))
 MD_ARCH = len(MODEL_SIZES)       # first architecture column (Arch(*row[MD_ARCH:]))
 NUM_ARCH = len(ARCH_NAMES)
+MD_MOE = MD_ARCH + NUM_ARCH      # first MoE column (the kernels' Arch record: row[MD_ARCH:MD_ARCH + NUM_RECORD])
+NUM_MOE = len(MOE_NAMES)
+NUM_RECORD = NUM_ARCH + NUM_MOE
 # Row layout of the explicit configurations evaluate_rows walks (int64 matrix, one column each).
 ROW_FIELDS = MODEL_FIELDS + ("global_batch_size", "micro_batch_size", "tp", "cp", "pp", "dp", "recompute")
 (R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ) = range(len(MODEL_SIZES))
@@ -124,18 +129,20 @@ OUTPUT_NAMES = (
     "num_parameters", "num_micro_batches", "num_steps",
     "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
     "cp_comm_s",              # added with context parallelism: last, so that the rows before it keep their index
+    "ep_comm_s",              # added with expert parallelism (MoE token dispatch and combine)
 )
 NUM_OUTPUTS = len(OUTPUT_NAMES)
 (O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
  O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
- O_LOSS, O_CP) = range(NUM_OUTPUTS)
+ O_LOSS, O_CP, O_EP) = range(NUM_OUTPUTS)
 
 # Status codes, one per row. vtrain_fast.io.schema.STATUS_LABELS names them.
 OK = 0
 BAD_INPUT = 1        # a size is zero or negative
 BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (model.layout.split_world), or with sharding
-                     # dp * cp not divisible by dp_shard
-BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads
+                     # dp * cp not divisible by dp_shard, or (MoE) tp * cp * dp not divisible by etp * ep
+BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads, or (MoE) num_experts
+                     # not divisible by ep
 BAD_LAYERS = 4       # the layers do not split over pp stages (model.step.stage_layers; into vpp chunks each
                      # when interleaved)
 BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:

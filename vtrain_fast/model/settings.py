@@ -71,6 +71,9 @@ class Setting:
     choices : tuple of str
         The values of a ``str`` setting (empty for the others); its machine-vector field holds
         the index of the value in this tuple (:meth:`encode`), its column the text.
+    inert_models : str
+        Models on which it changes no cost, in words (``ep``, ``etp``: dense models); README's rules
+        say so. The sweep's repeat status does not see it (the kernels give such rows the same numbers).
     """
 
     name: str
@@ -88,6 +91,7 @@ class Setting:
     int_range: tuple[int, int] = (0, 0)
     example: str = ""
     choices: tuple[str, ...] = ()
+    inert_models: str = ""
 
     def encode(self, value) -> float:
         """The machine-vector value of ``value``: the index of a choice (``str`` settings), 1.0 /
@@ -225,6 +229,19 @@ SETTINGS: tuple[Setting, ...] = (
             "overlap_p2p_comm: on by default in Megatron-LM since 2023, --no-overlap-p2p-communication turns "
             "it off; NeMo's configs set it; only the interleaved schedule, vpp > 1)",
             "--no-overlap-p2p-communication", inert_at=("pp",), inert_with=(("vpp", 1),), table="parallel"),
+    Setting("ep", int, 1, "expert parallelism",
+            "expert-parallel size: each MoE layer's routed experts split over ep ranks (num_experts / ep each), "
+            "tokens sent to their experts and back by all-to-all (Megatron-LM --expert-model-parallel-size); "
+            "num_experts must divide by ep and tp x cp x dp by etp x ep; no effect on dense models",
+            "--expert-model-parallel-size", table="parallel", int_range=(1, 100_000),
+            inert_models="dense models (num_experts = 0)",
+            example="ep = 8 or ep = [1, 2, 4, 8] (1 = no expert parallelism)"),
+    Setting("etp", int, 0, "expert tensor parallelism",
+            "expert-tensor-parallel size: each routed expert's MLP split over etp ranks (0: etp = tp, Megatron-core's "
+            "default when --expert-tensor-parallel-size is unset); no effect on dense models",
+            "--expert-tensor-parallel-size", table="parallel", int_range=(0, 100_000),
+            inert_models="dense models (num_experts = 0)",
+            example="etp = 1 or etp = [0, 1] (0 = the same as tp)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
@@ -299,6 +316,7 @@ def rules_markdown() -> str:
             with_values.setdefault(k, []).append(val(v))
         parts += [f"no effect with {k} = {' or '.join(vs)}" for k, vs in with_values.items()]
         parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
+        parts += [f"no effect on {st.inert_models}"] if st.inert_models else []
         values = f" [{' | '.join(st.choices)}]" if st.choices else ""
         lines.append(f"- `{st.name}`{values} ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ from . import comm, memory, ops
 from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import H_PRECISION, PRECISION_BF16, hw_index
+from .params import H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTRA_BPS, H_INTRA_EFF, H_INTRA_LAT_S
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
@@ -35,9 +36,22 @@ H_LOSS_SPLIT = hw_index("account_for_loss_in_pipeline_split")      # 1: output l
 H_BF16_START = hw_index("num_layers_at_start_in_bf16")   # FP8: first layers kept in bf16
 H_BF16_END = hw_index("num_layers_at_end_in_bf16")       # FP8: last layers kept in bf16
 H_P2P_OVERLAP = hw_index("overlap_p2p_comm")             # 1: interleaved 1F1B's sends behind the next chunk
+H_EP = hw_index("ep")                                    # MoE: expert-parallel size
+H_ETP = hw_index("etp")                                  # MoE: expert-tensor-parallel size (0: tp)
+# MoE (issue 13, docs/moe.md): the busiest expert's tokens over the mean, which sets the slowest
+# rank's grouped GEMMs. Dropless routing with an auxiliary load-balancing loss is assumed to keep
+# the experts balanced on average: 1.0, an assumption (not fitted: no MoE measurements here).
+MOE_LOAD_IMBALANCE = 1.0
+# Router memory-bound work per routed token and expert: the fp32 logits read and the fp32
+# probabilities written by the softmax and the top-k (4 + 4 bytes), two kernels each way.
+MOE_ROUTER_BYTES_PER_LOGIT = 8.0
+MOE_ROUTER_KERNELS = 2.0
+# Permutation (token -> expert order) and unpermutation: read the tokens, write their k copies
+# and back (bf16), one kernel each, each way.
+MOE_PERMUTE_KERNELS = 2.0
 # The output layout (OUTPUT_NAMES, O_*) and the status codes live in params (no Numba there, so
 # that spec, schema and query load without it); re-exported here for the kernels.
-from .params import BAD_SEQ_LENGTH, O_CP  # noqa: F401 (context parallelism)
+from .params import BAD_SEQ_LENGTH, O_CP, O_EP  # noqa: F401 (context parallelism, expert parallelism)
 from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, NUM_OUTPUTS,  # noqa: F401
                      NUM_STATUS, O_ACT, O_BUBBLE, O_COMPUTE, O_COST, O_DAYS, O_DP, O_ENERGY, O_GPU_HOURS,
                      O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU, O_MICRO, O_OPT, O_OVERHEAD, O_PARAMS, O_PP,
@@ -71,11 +85,14 @@ MICRO_NAMES = (
     "cp_forward_exposed_s", "cp_backward_exposed_s",
     "bf16_layer_forward_extra_s", "bf16_layer_backward_extra_s", "bf16_layer_tp_hidden_extra_s",
     "bf16_layer_activation_extra_bytes",
+    "moe_layer_forward_extra_s", "moe_layer_backward_extra_s", "ep_forward_s", "ep_backward_s",
+    "moe_layer_activation_extra_bytes", "moe_mlp_tp_hidden_s",
 )
 NUM_MICRO = len(MICRO_NAMES)
 (M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
  M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS, M_CP_FWD, M_CP_BWD,
- M_BF16_FWD, M_BF16_BWD, M_BF16_TP_HIDDEN, M_BF16_ACT) = range(NUM_MICRO)
+ M_BF16_FWD, M_BF16_BWD, M_BF16_TP_HIDDEN, M_BF16_ACT, M_MOE_FWD, M_MOE_BWD, M_EP_FWD, M_EP_BWD,
+ M_MOE_ACT, M_MOE_TP_HIDDEN) = range(NUM_MICRO)
 # Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
 SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
                "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
@@ -83,12 +100,16 @@ SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "cross
                "layers_first", "layers_middle", "layers_last", "params_middle", "accumulate_first_s",
                "accumulate_last_s", "embedding_sync_s", "replica_allreduce_s",
                "bf16_layers_first", "bf16_layers_second", "bf16_layers_last", "bf16_layers_middle_sum",
-               "bf16_layers_middle_max", "bf16_layers_middle_min")
+               "bf16_layers_middle_max", "bf16_layers_middle_min",
+               "expert_params_first", "expert_params_middle", "expert_params_last", "expert_shard_ranks",
+               "moe_layers_first", "moe_layers_second", "moe_layers_last", "moe_layers_middle_sum",
+               "moe_layers_middle_max")
 NUM_SPLIT = len(SPLIT_NAMES)
 (S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
  S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC,
  S_REPLICA, S_BF16_FIRST, S_BF16_SECOND, S_BF16_LAST, S_BF16_MID_SUM, S_BF16_MID_MAX,
- S_BF16_MID_MIN) = range(NUM_SPLIT)
+ S_BF16_MID_MIN, S_E_FIRST, S_E_MID, S_E_LAST, S_EDZ, S_MOE_FIRST, S_MOE_SECOND, S_MOE_LAST, S_MOE_MID_SUM,
+ S_MOE_MID_MAX) = range(NUM_SPLIT)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -177,18 +198,18 @@ def bf16_layers_of(lo, hi, L, hw):
 
 
 @jit
-def bf16_layer_counts(L, p, hw):
-    """Layers kept in bf16 under FP8 (:func:`bf16_layers_of`) per pipeline device:
+def device_layer_counts(L, p, hw, moe, step_, first_dense):
+    """Layers of a kind per pipeline device: kept in bf16 under FP8 (:func:`bf16_layers_of`), or
+    with ``moe`` true MoE layers (:func:`moe_layers_of` with ``step_``, ``first_dense``):
     ``(first, second, last, middle_sum, middle_max, middle_min)``, the middle ones over devices ``1 .. p - 2``
     (all 0.0 in bf16 or with both counts 0). Device ``i`` holds, in interleaved 1F1B, chunk ``c``
     of every row of ``p`` chunks (virtual stage ``c p + i``; Megatron-core), each ``1 / vpp`` of
     its stage's layers (:func:`stage_layers`; with the embedding / loss counted as layers one fewer
     in the first / last chunk, :func:`chunks_split`), so the global layers of each device follow
     from walking the virtual stages in order."""
-    if not ops.fp8_on(hw) or (hw[H_BF16_START] <= 0.0 and hw[H_BF16_END] <= 0.0):
-        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     if p <= 1.0:
-        return bf16_layers_of(0.0, L, L, hw), 0.0, bf16_layers_of(0.0, L, L, hw), 0.0, 0.0, 0.0
+        whole = layers_of(0.0, L, L, hw, moe, step_, first_dense)
+        return whole, 0.0, whole, 0.0, 0.0, 0.0
     l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
     vs = virtual_stages(p, hw)
     e = 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
@@ -209,7 +230,7 @@ def bf16_layer_counts(L, p, hw):
             # the earlier devices' chunks of this row (less the embedding slot of the first chunk)
             row = c * (L + e + lo) / vs - (e if c > 0 else 0.0)
             before = row + (0.0 if i == 0 else (l_first + e) / vs - (e if c == 0 else 0.0) + (i - 1) * l_mid / vs)
-            count += bf16_layers_of(before, before + size, L, hw)
+            count += layers_of(before, before + size, L, hw, moe, step_, first_dense)
         if i == 0:
             first = count
         elif i == n_dev - 1:
@@ -224,12 +245,79 @@ def bf16_layer_counts(L, p, hw):
 
 
 @jit
-def validate_split(L, h, a, g, f, v, s, lay, hw):
+def bf16_layer_counts(L, p, hw):
+    """Layers kept in bf16 under FP8 (:func:`bf16_layers_of`) per pipeline device
+    (:func:`device_layer_counts`); all 0.0 in bf16 or with both counts 0."""
+    if not ops.fp8_on(hw) or (hw[H_BF16_START] <= 0.0 and hw[H_BF16_END] <= 0.0):
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    return device_layer_counts(L, p, hw, False, 1.0, 0.0)
+
+
+@jit
+def moe_layers_of(lo, hi, step_, first_dense):
+    """How many of the global layers ``lo .. hi - 1`` are MoE layers: layer ``i`` is one when
+    ``i >= first_dense`` and ``i % step_ == 0`` (Megatron-core ``--moe-layer-freq``: an int ``k``
+    is ``i % k == 0``, DeepSeek-V3's ``[0]*3 + [1]*58`` is ``first_dense`` 3, step 1;
+    :func:`vtrain_fast.model.moe.layer_placement`)."""
+    lo2 = max(lo, first_dense)
+    if hi <= lo2:
+        return 0.0
+    return math.ceil(hi / step_) - math.ceil(lo2 / step_)
+
+
+@jit
+def layers_of(lo, hi, L, hw, moe, step_, first_dense):
+    """:func:`moe_layers_of` with ``moe`` true, else :func:`bf16_layers_of`."""
+    if moe:
+        return moe_layers_of(lo, hi, step_, first_dense)
+    return bf16_layers_of(lo, hi, L, hw)
+
+
+@jit
+def moe_layer_counts(L, p, hw, arch):
+    """MoE layers per pipeline device (:func:`device_layer_counts`, :func:`moe_layers_of` with the
+    model's ``moe_layer_step`` and ``moe_first_dense_layers``): ``(first, second, last, middle_sum,
+    middle_max, middle_min)``; all 0.0 for a dense model (``num_experts`` 0)."""
+    if arch.num_experts < 1.0:
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    return device_layer_counts(L, p, hw, True, arch.moe_layer_step, arch.moe_first_dense_layers)
+
+
+@jit
+def expert_sizes(t, hw):
+    """``(ep, etp)`` of a machine vector at tensor-parallel size ``t``: ``etp`` 0 stands for ``t``
+    (Megatron-core: ``expert_tensor_parallel_size`` None is ``tensor_model_parallel_size``)."""
+    etp = hw[H_ETP]
+    return hw[H_EP], (etp if etp > 0.0 else t)
+
+
+@jit
+def validate_experts(lay, hw, arch):
+    """Status code of expert parallelism's rules for an MoE model (``OK`` for a dense one, where
+    ``ep`` and ``etp`` have no effect): ``num_experts`` divisible by ``ep`` (Megatron-core
+    ``MoELayer``: ``num_moe_experts % ep_size == 0``; ``BAD_HEADS``, as heads by tp), and the expert
+    grid ``etp x ep x edp`` tiling the ranks of one pipeline stage, ``tp x cp x dp`` divisible by
+    ``etp x ep`` (``parallel_state.initialize_model_parallel``; ``BAD_NUM_GPUS``)."""
+    if arch.num_experts < 1.0:
+        return OK
+    ep, etp = expert_sizes(float(lay.tp), hw)
+    if ep < 1.0:
+        return BAD_INPUT
+    if arch.num_experts % ep != 0.0:
+        return BAD_HEADS
+    if float(lay.tp * lay.cp * lay.dp) % (etp * ep) != 0.0:
+        return BAD_NUM_GPUS
+    return OK
+
+
+@jit
+def validate_split(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
     (:data:`~vtrain_fast.model.layout.Layout`) on machine ``hw``: every size positive
     (``BAD_INPUT``), heads and query groups divisible by ``tp`` and hidden by heads
     (``BAD_HEADS``), the layers split over ``pp`` stages (:func:`stage_layers`: evenly, or as the
-    machine's uneven-stage settings ask; ``BAD_LAYERS``); ``OK`` when all hold."""
+    machine's uneven-stage settings ask; ``BAD_LAYERS``), an MoE model's expert grid
+    (:func:`validate_experts`); ``OK`` when all hold."""
     t, p, d = lay.tp, lay.pp, lay.dp
     if L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or t <= 0 or p <= 0 or d <= 0:
         return BAD_INPUT
@@ -239,6 +327,9 @@ def validate_split(L, h, a, g, f, v, s, lay, hw):
         return BAD_LAYERS
     if not memory.shards_divide(float(dp_cp_size(lay)), hw):
         return BAD_NUM_GPUS             # hybrid sharding: dp_shard does not divide dp x cp
+    st = validate_experts(lay, hw, arch)
+    if st != OK:
+        return st
     return validate_context(s, lay)
 
 
@@ -428,6 +519,11 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         fwd16 = ops.layer_forward_s(b, s, h, a, g, f, t, hw16, arch) - layer_fwd
         bwd16 = ops.layer_backward_s(b, s, h, a, g, f, t, hw16, arch) - layer_bwd
         hidden16 = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw16, gated) - tp_hidden
+    moe_fwd = moe_bwd = ep_fwd = moe_act = mlp_hidden = 0.0
+    if arch.num_experts >= 1.0:
+        moe_fwd, moe_bwd, moe_act = moe_layer_extra(b, s, h, f, t, hw, arch)
+        ep_fwd = ep_exchange_s(b, s, h, t, hw, arch)
+        mlp_hidden = mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated)
     return (layer_fwd + cp_fwd,
             layer_bwd + cp_bwd,
             tp_exchange,
@@ -445,7 +541,173 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             fp8_weight_cast_s(h, a, g, f, t, hw, gated),
             memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8),
             cp_fwd_exposed, cp_bwd_exposed,
-            fwd16, bwd16, hidden16, act_saving)
+            fwd16, bwd16, hidden16, act_saving,
+            moe_fwd, moe_bwd, ep_fwd, ep_fwd, moe_act, mlp_hidden)
+
+
+@jit
+def mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated=0.0):
+    """The part of :func:`tp_hidden_s` that the dense MLP's linears hide: the FC1 weight-gradient
+    GEMM under the backward exchange (:func:`tp_backward_hidden_s`), and with ``tp_comm_overlap``
+    FC1 after the all-gather, FC2 before the reduce-scatter and FC2's data gradient after the
+    backward all-gather (:func:`tp_comm_overlap_hidden_s`). An MoE layer has no dense MLP: its
+    tensor-parallel exchange is the attention's only (:func:`schedule` takes the MLP's exchange,
+    less this, off the layer's), and its experts' tokens travel by :func:`ep_exchange_s`."""
+    if t <= 1.0:
+        return 0.0
+    tokens = b * s
+    hidden = 0.0
+    if hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0:
+        ex = tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0)
+        hidden = min(ex, ops.linear_gemm_time_s(h, (1.0 + gated) * f / t, tokens, hw))
+    if hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0:
+        half_s = 0.5 * tp_exchange
+        hidden += (min(half_s, ops.linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw))
+                   + min(half_s, ops.linear_gemm_time_s(tokens, h, f / t, hw))
+                   + min(half_s, ops.linear_gemm_time_s(tokens, f / t, h, hw)))
+    return hidden
+
+
+@jit
+def grouped_gemm_time_s(m, n, k, groups, hw):
+    """Seconds of a grouped GEMM of ``groups`` equal GEMMs ``(m x k) @ (k x n)``, a rank's local
+    experts (Megatron-core ``GroupedMLP`` / TE ``GroupedLinear``): in bf16 one kernel whose SM
+    utilisation counts the tiles of all groups (:func:`~vtrain_fast.model.ops.gemm_time_s` with
+    ``batch = groups``: few rows per expert keep few SMs busy, the small-GEMM tail); in FP8
+    ``groups`` FP8 GEMMs (:func:`~vtrain_fast.model.ops.fp8_gemm_time_s`)."""
+    if ops.fp8_on(hw):
+        return groups * ops.fp8_gemm_time_s(m, n, k, hw)
+    return ops.gemm_time_s(m, n, k, groups, hw)
+
+
+@jit
+def moe_rows(b, s, t, hw, arch):
+    """``(routed, rows, local)`` of one MoE layer on one rank, one micro-batch (``s`` the rank's
+    tokens of a sequence): the tokens this rank routes, ``b s / t`` (Megatron-core's MoE layer takes
+    the sequence-parallel input: each TP rank routes its share), the rows each local expert's GEMMs
+    take, ``routed k etp / (E / ep)`` (uniform routing: the all-to-all over ``ep`` brings as many
+    token copies as the rank sent, the all-gather over ``etp`` multiplies them by ``etp``) times
+    :data:`MOE_LOAD_IMBALANCE` for the busiest rank, and the local experts ``E / ep``."""
+    ep, etp = expert_sizes(t, hw)
+    routed = b * s / t
+    local = arch.num_experts / ep
+    return routed, routed * arch.moe_router_topk * etp / local * MOE_LOAD_IMBALANCE, local
+
+
+@jit
+def moe_expert_width(f, arch):
+    """One routed expert's width: ``moe_ffn_hidden_size``, or ``ffn_hidden_size`` when 0."""
+    return arch.moe_ffn_hidden_size if arch.moe_ffn_hidden_size > 0.0 else f
+
+
+@jit
+def moe_router_s(b, s, h, t, hw, arch):
+    """``(forward, backward)`` seconds of an MoE layer's router and token permutation, one
+    micro-batch, one rank: the router GEMM ``routed x h x E`` (Megatron-core ``TopKRouter``, bf16;
+    backward its data and weight gradients), softmax and top-k over the fp32 logits
+    (:data:`MOE_ROUTER_BYTES_PER_LOGIT`) and the permutation into expert order and back
+    (``2 (1 + k) routed h`` bytes read and written each, bf16), memory-bound, the same each way."""
+    routed, _, _ = moe_rows(b, s, t, hw, arch)
+    e, k = arch.num_experts, arch.moe_router_topk
+    mem = ops.memory_bound_time_s(MOE_ROUTER_BYTES_PER_LOGIT * routed * e + 4.0 * routed * h * (1.0 + k),
+                                  MOE_ROUTER_KERNELS + MOE_PERMUTE_KERNELS, hw)
+    fwd = ops.gemm_time_s(routed, e, h, 1.0, hw) + mem
+    bwd = ops.gemm_time_s(routed, h, e, 1.0, hw) + ops.gemm_time_s(h, e, routed, 1.0, hw) + mem
+    return fwd, bwd
+
+
+@jit
+def moe_layer_extra(b, s, h, f, t, hw, arch):
+    """``(forward s, backward s, activation bytes)`` an MoE layer costs beyond a dense layer of
+    ``ffn_hidden_size`` ``f``, one micro-batch, one rank: its MLP is the router
+    (:func:`moe_router_s`), the local experts' grouped GEMMs (:func:`grouped_gemm_time_s`, rows
+    :func:`moe_rows`, width ``moe_ffn_hidden_size / etp``, gated as the dense MLP) and their
+    activation, and the shared experts as a dense MLP of ``moe_shared_expert_intermediate_size``
+    over ``t``, instead of the dense MLP's FC1, FC2 and activation (the same GEMMs and bytes as
+    :func:`~vtrain_fast.model.ops.layer_forward_s` / ``layer_backward_s`` count; the difference is
+    added outside their host-launch floor). Stored: the experts' FC1 input and output and the
+    activation output per row (``2 h + (4 + 2 gated) f_e / etp`` bytes), the permuted tokens before
+    the all-to-all, in and out (``2 x 2 k h`` per routed token), the fp32 logits (``4 E``) and the
+    shared experts' ``(4 + 2 gated) f_s / t`` per token, instead of the dense MLP's
+    ``(4 + 2 gated) f / t`` (Korthikanti et al. 2022's MLP terms at the expert width)."""
+    gated = arch.gated_mlp
+    ep, etp = expert_sizes(t, hw)
+    routed, rows, local = moe_rows(b, s, t, hw, arch)
+    fe = moe_expert_width(f, arch) / etp
+    fs = arch.moe_shared_expert_intermediate_size / t
+    tokens = b * s
+    k = arch.moe_router_topk
+    router_fwd, router_bwd = moe_router_s(b, s, h, t, hw, arch)
+    fwd = (router_fwd + grouped_gemm_time_s(rows, (1.0 + gated) * fe, h, local, hw)
+           + grouped_gemm_time_s(rows, h, fe, local, hw)
+           - ops.linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw) - ops.linear_gemm_time_s(tokens, h, f / t, hw))
+    bwd = (router_bwd + grouped_gemm_time_s(rows, h, (1.0 + gated) * fe, local, hw)
+           + grouped_gemm_time_s(h, (1.0 + gated) * fe, rows, local, hw)
+           + grouped_gemm_time_s(rows, fe, h, local, hw) + grouped_gemm_time_s(fe, h, rows, local, hw)
+           - ops.linear_gemm_time_s(tokens, h, (1.0 + gated) * f / t, hw)
+           - ops.linear_gemm_time_s(h, (1.0 + gated) * f / t, tokens, hw)
+           - ops.linear_gemm_time_s(tokens, f / t, h, hw) - ops.linear_gemm_time_s(f / t, h, tokens, hw))
+    act_fwd = (4.0 + 2.0 * gated) * (local * rows * fe - tokens * f / t)     # the activation kernel's bytes
+    act_bwd = (6.0 + 4.0 * gated) * (local * rows * fe - tokens * f / t)
+    kernels = 0.0
+    stored = (local * rows * (2.0 * h + (4.0 + 2.0 * gated) * fe) + 4.0 * k * routed * h + 4.0 * routed * arch.num_experts
+              - (4.0 + 2.0 * gated) * tokens * f / t)
+    if fs > 0.0:
+        fwd += (ops.linear_gemm_time_s(tokens, (1.0 + gated) * fs, h, hw) + ops.linear_gemm_time_s(tokens, h, fs, hw))
+        bwd += (ops.linear_gemm_time_s(tokens, h, (1.0 + gated) * fs, hw)
+                + ops.linear_gemm_time_s(h, (1.0 + gated) * fs, tokens, hw)
+                + ops.linear_gemm_time_s(tokens, fs, h, hw) + ops.linear_gemm_time_s(fs, h, tokens, hw))
+        act_fwd += (4.0 + 2.0 * gated) * tokens * fs
+        act_bwd += (6.0 + 4.0 * gated) * tokens * fs
+        kernels = 1.0
+        stored += (4.0 + 2.0 * gated) * tokens * fs
+    fwd += ops.memory_bound_time_s(act_fwd, kernels, hw)
+    bwd += ops.memory_bound_time_s(act_bwd, kernels, hw)
+    return fwd, bwd, stored
+
+
+@jit
+def all_to_all_s(nbytes, n, stride, hw):
+    """Seconds of an all-to-all in which each of ``n`` ranks spaced ``stride`` apart sends
+    ``nbytes`` in all, ``nbytes / n`` to each rank (itself included: ``(n - 1) / n`` leaves it).
+    Inside one node (``n * stride <= gpus_per_node``): latency + the bytes over NVLink. Across
+    nodes, with ``g`` members per node (:func:`~vtrain_fast.model.comm.members_per_node`), the
+    ``(g - 1) / n`` to its node's peers go over NVLink and the ``(n - g) / n`` to other nodes over
+    the NIC at the same time: the inter-node latency + the longer of the two. 0 at ``n = 1``."""
+    if n <= 1.0:
+        return 0.0
+    gpn = hw[H_GPUS_PER_NODE]
+    g = comm.members_per_node(stride, n, gpn)
+    intra = hw[H_INTRA_BPS] * hw[H_INTRA_EFF]
+    if g >= n:
+        return hw[H_INTRA_LAT_S] + nbytes * (n - 1.0) / n / intra
+    return hw[H_INTER_LAT_S] + max(nbytes * (g - 1.0) / n / intra,
+                                   nbytes * (n - g) / n / (hw[H_INTER_BPS] * hw[H_INTER_EFF]))
+
+
+@jit
+def dispatch_bytes(b, s, h, t, arch):
+    """Bytes one rank sends in one MoE all-to-all (dispatch, or combine), one micro-batch: its
+    routed tokens' ``k`` copies of ``h`` bf16 activations, ``2 k h b s / t`` (Megatron-core
+    ``MoEAlltoAllTokenDispatcher``; the fp32 routing probabilities sent along are not counted)."""
+    return 2.0 * arch.moe_router_topk * h * b * s / t
+
+
+@jit
+def ep_exchange_s(b, s, h, t, hw, arch):
+    """Exposed seconds of one MoE layer's token exchange in forward (the same in backward), one
+    micro-batch: the dispatch and the combine all-to-all over the ``ep`` ranks of the expert
+    group, spaced ``etp`` (Megatron-core's expert rank order etp-ep-edp-pp; :func:`all_to_all_s` of
+    :func:`dispatch_bytes`), and with ``etp > 1`` the all-gather of the received tokens over the
+    ``etp`` ranks (stride 1) before the experts and the reduce-scatter after them
+    (``gather_from_sequence_parallel_region``, ``reduce_scatter_to_sequence_parallel_region``).
+    Not overlapped with compute (DeepEP's overlap is not modelled)."""
+    ep, etp = expert_sizes(t, hw)
+    nbytes = dispatch_bytes(b, s, h, t, arch)
+    x = 2.0 * all_to_all_s(nbytes, ep, etp, hw)
+    if etp > 1.0:
+        x += 2.0 * comm.group_allgather_s(nbytes * etp, etp, 1.0, hw)
+    return x
 
 
 @jit
@@ -611,6 +873,24 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     p_body = l_first * p_layer             # the first stage's layers (L / p each when even)
     p_body_last = l_last * p_layer
     p_mid = l_mid * p_layer
+    # MoE: each MoE layer holds its dense part (attention, norms, router, shared experts) over t
+    # instead of a dense layer, and its local experts' weights over etp (the middle: the one with most)
+    nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max, _ = moe_layer_counts(L, p, hw, arch)
+    moe = arch.num_experts >= 1.0
+    e_first = e_mid = e_last = 0.0
+    edz = 1.0
+    ep, etp = expert_sizes(t, hw)
+    if moe:
+        p_moe, p_exp = memory.moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch)
+        p_body += nm_first * (p_moe - p_layer)
+        p_body_last += nm_last * (p_moe - p_layer)
+        p_mid += nm_mid_max * (p_moe - p_layer)
+        e_first, e_mid, e_last = nm_first * p_exp, nm_mid_max * p_exp, nm_last * p_exp
+        if p <= 2.0:        # no middle stage: its counts enter no maximum
+            p_mid = min(p_body, p_body_last)
+            e_mid = min(e_first, e_last)
+        # the expert-data-parallel group: the ranks of a stage over the expert grid, etp x ep apart
+        edz = float(lay.tp * lay.cp * lay.dp) / (etp * ep)
     untied = arch.untie_embeddings_and_output_weights
     p_emb = v * h / t + memory.position_table_params(s, h, arch)   # word embedding shard + positions
     p_head = v * h / t + memory.norm_params(h, arch)               # LM head shard + final norm
@@ -635,12 +915,23 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
                         comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
         if p_mid > p_first and p_mid > p_last:
             dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(2.0 * p_mid, d, dp_apart, hw))
+    if moe and edz > 1.0:
+        # the experts' gradients: reduced (reduce-scatter + all-gather with ZeRO) over their own
+        # expert-data-parallel group, after the dense ones
+        e_max = max(e_first, e_mid, e_last)
+        if zero >= 1.0:
+            dp_comm_s += comm.group_reduce_scatter_allgather_s(2.0 * e_max, edz, etp * ep, hw)
+        else:
+            dp_comm_s += comm.group_allreduce_s(2.0 * e_max, edz, etp * ep, hw)
     # hybrid sharding: the replicas of a shard group all-reduce their 1/d gradient shards
     replica_s = 0.0
     if d < d_all:
         replica_s = comm.group_allreduce_s(2.0 * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
     # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
+    if moe:     # + the expert parameters' shard (over the expert-data-parallel ranks)
+        optimizer_time_s = ops.optimizer_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero)
+                                           + max(e_first, e_mid, e_last) / memory.optimizer_shards(edz, zero), hw)
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
@@ -656,11 +947,12 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     # one stage with a tied head: the shared table is accumulated once (with the embedding's)
     acc_head = p_head - (1.0 - untied) * v * h / t if p == 1.0 else p_head
     n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min = bf16_layer_counts(L, p, hw)
-    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * p_mid,
+    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * (p_mid + e_mid),
             per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
             memory.zero3_gathered_bytes(p_layer, d, zero), l_first, l_mid, l_last, p_mid,
-            per_param * p_body, per_param * p_body_last, emb_sync_s, replica_s,
-            n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min)
+            per_param * (p_body + e_first), per_param * (p_body_last + e_last), emb_sync_s, replica_s,
+            n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min,
+            e_first, e_mid, e_last, edz, nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max)
 
 
 @jit
@@ -669,8 +961,27 @@ def model_totals(L, h, a, g, f, v, s, num_tokens, arch=DEFAULT_ARCH):
     trained on ``num_tokens`` tokens (:func:`~vtrain_fast.model.memory.model_params`,
     :func:`forward_flops_per_token`, :func:`chinchilla_loss`); layout :data:`TOTAL_NAMES`."""
     n_params = memory.model_params(L, h, a, g, f, v, s, arch)
-    return (n_params, forward_flops_per_token(L, h, a, g, f, v, s, arch.gated_mlp),
-            chinchilla_loss(n_params, num_tokens))
+    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, arch.gated_mlp)
+    if arch.num_experts >= 1.0:
+        # MoE layers: all experts' parameters; FLOPs of the active ones (top-k routed experts, the
+        # router and the shared experts) instead of the dense MLP's
+        n_moe = moe_layers_of(0.0, L, arch.moe_layer_step, arch.moe_first_dense_layers)
+        p_moe, p_exp = memory.moe_layer_params_per_rank(h, a, g, f, 1.0, 1.0, 1.0, arch)
+        n_params += n_moe * (p_moe + p_exp - memory.layer_params(h, a, g, f, arch))
+        fwd_flops += n_moe * moe_mlp_extra_flops_per_token(h, f, arch)
+    return (n_params, fwd_flops, chinchilla_loss(n_params, num_tokens))
+
+
+@jit
+def moe_mlp_extra_flops_per_token(h, f, arch):
+    """Forward FLOPs per token of an MoE layer's MLP beyond a dense layer's (``(4 + 2 gated) h f``):
+    the router ``2 E h``, ``k`` routed experts and the shared experts, ``(4 + 2 gated) h`` per
+    unit of width (2 FLOPs per active weight: the MFU convention of 6 x active parameters per token
+    for training, plus attention)."""
+    per_width = (4.0 + 2.0 * arch.gated_mlp) * h
+    return (2.0 * arch.num_experts * h + per_width * (arch.moe_router_topk * moe_expert_width(f, arch)
+                                                     + arch.moe_shared_expert_intermediate_size)
+            - per_width * f)
 
 
 @jit
@@ -761,6 +1072,22 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     last_tp += n16_last * x16_tp
     emb_compute += acc * split[S_ACC_EMB]
     head_compute += acc * split[S_ACC_HEAD]
+    # MoE layers (0 for a dense model): each adds what its MLP costs beyond a dense one (forward,
+    # recomputed forward, backward) and its exposed token dispatch and combine (expert parallelism,
+    # forward and recomputed forward, backward); a middle stage's time is that of a stage without
+    # them, plus theirs
+    nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
+    xm_compute = (1.0 + rc) * mb[M_MOE_FWD] + mb[M_MOE_BWD]
+    xm_ep = (1.0 + rc) * mb[M_EP_FWD] + mb[M_EP_BWD]
+    first_compute += nm_first * xm_compute
+    last_compute += nm_last * xm_compute
+    first_ep = nm_first * xm_ep
+    last_ep = nm_last * xm_ep
+    # an MoE layer runs no dense MLP: the MLP's tensor-parallel exchange (forward, recomputed
+    # forward, backward: one activation's each), less what its linears hid, comes off the layer's
+    xm_tp = mb[M_MOE_TP_HIDDEN] - (2.0 + rc) * ar_act
+    first_tp += nm_first * xm_tp
+    last_tp += nm_last * xm_tp
 
     # ---- pipeline point-to-point per micro-batch (activation forward, gradient backward);
     # scatter-gather: each TP rank sends 1/t, then an intra-node all-gather (Megatron-LM).
@@ -815,35 +1142,42 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         tp_slow = first_tp + emb_tp + head_tp
         dp_slow = first_dp + emb_dp + head_dp
         cp_slow = first_cp
+        ep_slow = first_ep
         pp_slow = 0.0
         bubble = 0.0
     else:
-        t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp + first_cp
-        t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp + last_cp
+        t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp + first_cp + first_ep
+        t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp + last_cp + last_ep
         t_mid = mid_compute + mid_tp + pp_mb + mid_dp + mid_cp
         x16 = x16_compute + x16_tp
-        total = t_first + t_last + (p - 2.0) * t_mid + split[S_BF16_MID_SUM] * x16
+        xm = xm_compute + xm_ep + xm_tp
+        total = t_first + t_last + (p - 2.0) * t_mid + split[S_BF16_MID_SUM] * x16 + split[S_MOE_MID_SUM] * xm
         if t_last >= t_first:
             c_slow = last_compute + head_compute
             tp_slow = last_tp + head_tp
             dp_slow = last_dp + head_dp
             cp_slow = last_cp
+            ep_slow = last_ep
             t_slow = t_last
         else:
             c_slow = first_compute + emb_compute
             tp_slow = first_tp + emb_tp
             dp_slow = first_dp + emb_dp
             cp_slow = first_cp
+            ep_slow = first_ep
             t_slow = t_first
         # the slowest middle stage: the one with the most bf16 layers, or the fewest where a bf16
         # layer is the faster (small GEMMs, where FP8's quantize kernels cost more than they save)
+        # (and the one with the most MoE layers: with bf16 layers too, an upper bound)
         n16_mid = split[S_BF16_MID_MAX] if x16 >= 0.0 else split[S_BF16_MID_MIN]
-        if p > 2.0 and t_mid + n16_mid * x16 > t_slow:      # uneven stages: a middle stage may be the slowest
-            c_slow = mid_compute + n16_mid * x16_compute
-            tp_slow = mid_tp + n16_mid * x16_tp
+        nm_mid = split[S_MOE_MID_MAX]
+        if p > 2.0 and t_mid + n16_mid * x16 + nm_mid * xm > t_slow:   # uneven stages: a middle stage may be the slowest
+            c_slow = mid_compute + n16_mid * x16_compute + nm_mid * xm_compute
+            tp_slow = mid_tp + n16_mid * x16_tp + nm_mid * xm_tp
             dp_slow = mid_dp
             cp_slow = mid_cp
-            t_slow = t_mid + n16_mid * x16
+            ep_slow = nm_mid * xm_ep
+            t_slow = t_mid + n16_mid * x16 + nm_mid * xm
         pp_slow = pp_mb
         # interleaving splits each device's work into vs chunks: warm-up and cool-down take
         # (p - 1) chunk times instead of (p - 1) stage times (Narayanan et al. 2021, Sec. 2.2.2)
@@ -852,6 +1186,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     tp_comm_s = m * tp_slow
     pp_comm_s = m * pp_slow
     cp_comm_s = m * cp_slow
+    ep_comm_s = m * ep_slow
     # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
     # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
     # recomputation) runs on each stage, so only the part longer than that backward is exposed.
@@ -881,6 +1216,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     optimizer_time_s = split[S_OPT]
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s + cp_comm_s
+    iteration += ep_comm_s
 
     # ---- memory per GPU (the fullest of the first, the second and the last stage)
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
@@ -890,26 +1226,33 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     n16_second = split[S_BF16_SECOND]
     # the second stage may be the fullest with more layers than the first (uneven stages), or
     # when the first keeps bf16 layers (their activations against the second's FP8 weight copies)
-    check_mid = p > 2.0 and (l_mid > l_first or n16_first > 0.0)
+    # (or with more MoE layers than the first: dense first layers)
+    xm_act = mb[M_MOE_ACT]              # an MoE layer's stored bytes beyond a dense layer's
+    nm_mid = split[S_MOE_MID_MAX]
+    check_mid = p > 2.0 and (l_mid > l_first or n16_first > 0.0 or nm_mid > nm_first)
     act_mid = 0.0
     if p == 1.0:
         act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, sl, hs, full, rc)
                      + sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
-                     + memory.bf16_layers_extra_bytes(n16_first, 1.0, x16_act, rc))
+                     + memory.bf16_layers_extra_bytes(n16_first, 1.0, x16_act, rc)
+                     + memory.bf16_layers_extra_bytes(nm_first, 1.0, xm_act, rc))
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
         act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, sl, hs, full, rc)
                      + in_flight * sl * b * hs + rebuilt
-                     + memory.bf16_layers_extra_bytes(n16_first, in_flight, x16_act, rc))
+                     + memory.bf16_layers_extra_bytes(n16_first, in_flight, x16_act, rc)
+                     + memory.bf16_layers_extra_bytes(nm_first, in_flight, xm_act, rc))
         act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc)
                     + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
-                    + memory.bf16_layers_extra_bytes(n16_last, 1.0, x16_act, rc))
+                    + memory.bf16_layers_extra_bytes(n16_last, 1.0, x16_act, rc)
+                    + memory.bf16_layers_extra_bytes(nm_last, 1.0, xm_act, rc))
         # the second stage holds min(p - 1, m) micro-batches of l_mid layers: fuller than the first
         # only with more layers than it (uneven stages) or bf16 layers on the first, never when even
         if check_mid:
             act_mid = (memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc) + rebuilt
-                       + memory.bf16_layers_extra_bytes(n16_second, min(p - 1.0, m), x16_act, rc))
+                       + memory.bf16_layers_extra_bytes(n16_second, min(p - 1.0, m), x16_act, rc)
+                       + memory.bf16_layers_extra_bytes(nm_mid, min(p - 1.0, m), xm_act, rc))
     else:
         # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
         # backward, device i 2(p-1-i) + (vs-1)p, the last device (vs-1)p (Megatron-LM's
@@ -919,14 +1262,17 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         # (a device's bf16 layers sit in one chunk: counted at chunks / vs micro-batches in flight)
         act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, sl, hs, full, rc)
                      + chunks_first / vs * sl * b * hs + rebuilt
-                     + memory.bf16_layers_extra_bytes(n16_first, chunks_first / vs, x16_act, rc))
+                     + memory.bf16_layers_extra_bytes(n16_first, chunks_first / vs, x16_act, rc)
+                     + memory.bf16_layers_extra_bytes(nm_first, chunks_first / vs, xm_act, rc))
         act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc)
                     + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
-                    + memory.bf16_layers_extra_bytes(n16_last, chunks_last / vs, x16_act, rc))
+                    + memory.bf16_layers_extra_bytes(n16_last, chunks_last / vs, x16_act, rc)
+                    + memory.bf16_layers_extra_bytes(nm_last, chunks_last / vs, xm_act, rc))
         if check_mid:
             chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
             act_mid = (memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc) + rebuilt
-                       + memory.bf16_layers_extra_bytes(n16_second, chunks_mid / vs, x16_act, rc))
+                       + memory.bf16_layers_extra_bytes(n16_second, chunks_mid / vs, x16_act, rc)
+                       + memory.bf16_layers_extra_bytes(nm_mid, chunks_mid / vs, xm_act, rc))
     p_first = split[S_P_FIRST]
     p_last = split[S_P_LAST]
     # FP8 weight copies of a stage's FP8 layers (0 in bf16); with ZeRO-3 of the layers held gathered
@@ -935,6 +1281,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last - n16_last) * mb[M_FP8_WEIGHTS]
     state_first = memory.model_state_bytes(p_first, dz, zero) + split[S_GATHERED] + fp8_first
     state_last = memory.model_state_bytes(p_last, dz, zero) + split[S_GATHERED] + fp8_last
+    edz = split[S_EDZ]                  # MoE: the experts' states over the expert-data-parallel ranks
+    state_first += memory.model_state_bytes(split[S_E_FIRST], edz, zero)
+    state_last += memory.model_state_bytes(split[S_E_LAST], edz, zero)
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
@@ -942,7 +1291,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         states, act = state_last, act_last
     if act_mid > 0.0:
-        state_mid = memory.model_state_bytes(split[S_P_MID], dz, zero) + split[S_GATHERED] + fp8_mid
+        state_mid = (memory.model_state_bytes(split[S_P_MID], dz, zero) + split[S_GATHERED] + fp8_mid
+                     + memory.model_state_bytes(split[S_E_MID], edz, zero))
         if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]
@@ -986,6 +1336,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     out[O_ENERGY, i] = gpu_hours * hw[H_TDP_W] * 1e-3 * hw[H_PUE]
     out[O_LOSS, i] = totals[T_LOSS]
     out[O_CP, i] = cp_comm_s
+    out[O_EP, i] = ep_comm_s
     return status
 
 
@@ -1028,7 +1379,7 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch
         Status code (``OK``, ``OUT_OF_MEMORY`` or a shape error). Never raises; rows with a
         shape error are NaN.
     """
-    status = validate_split(L, h, a, g, f, v, s, lay, hw)
+    status = validate_split(L, h, a, g, f, v, s, lay, hw, arch)
     if status == OK and (refused_interleaving(lay.pp, hw) or refused_context_parallel(lay, hw)):
         status = REFUSED                # a settings rule, before the batch rule (as sweeps check it)
     status = validate_batch(status, B, b, lay.dp)

@@ -24,7 +24,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import jit, jit_inline, pjit
-from .arch import NUM_FLAGS, Arch
+from .arch import NUM_FLAGS, NUM_RECORD, Arch
 from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
                      MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
@@ -123,10 +123,12 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps):
 
 @jit
 def model_arch(models, mi):
-    """The :data:`~vtrain_fast.model.arch.Arch` of row ``mi`` of the model table (its flag columns
-    from ``MD_ARCH`` on, as floats)."""
+    """The :data:`~vtrain_fast.model.arch.Arch` of row ``mi`` of the model table (its flag and MoE
+    columns from ``MD_ARCH`` on, as floats)."""
     return Arch(float(models[mi, MD_ARCH]), float(models[mi, MD_ARCH + 1]), float(models[mi, MD_ARCH + 2]),
-                float(models[mi, MD_ARCH + 3]), float(models[mi, MD_ARCH + 4]))
+                float(models[mi, MD_ARCH + 3]), float(models[mi, MD_ARCH + 4]), float(models[mi, MD_ARCH + 5]),
+                float(models[mi, MD_ARCH + 6]), float(models[mi, MD_ARCH + 7]), float(models[mi, MD_ARCH + 8]),
+                float(models[mi, MD_ARCH + 9]), float(models[mi, MD_ARCH + 10]))
 
 
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
@@ -138,7 +140,7 @@ def model_arch(models, mi):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 22 or NUM_SPLIT != 26 or NUM_TOTALS != 3 or NUM_FLAGS != 5:     # grid_point unpacks them by hand
+if NUM_MICRO != 28 or NUM_SPLIT != 35 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 11:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
                       "or model.arch's flags")
 
@@ -164,7 +166,7 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     if ok:
         split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
                                       models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
-                                      models[mi, MD_SEQ], lay, hw_table[gi])
+                                      models[mi, MD_SEQ], lay, hw_table[gi], model_arch(models, mi))
         if split_status == OK and (refused(lay, hw_table[gi]) or refused_interleaving(lay.pp, hw_table[gi])
                                    or refused_context_parallel(lay, hw_table[gi])):
             split_status = REFUSED      # Megatron-LM refuses these settings on this plan
@@ -233,15 +235,15 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
         for k in range(NUM_MICRO):
             micro[db, k] = mc[k]
         micro_ok[db] = 1
-    mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5],
-          micro[db, 6], micro[db, 7], micro[db, 8], micro[db, 9], micro[db, 10], micro[db, 11],
-          micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15], micro[db, 16], micro[db, 17],
-          micro[db, 18], micro[db, 19], micro[db, 20], micro[db, 21])
+    mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5], micro[db, 6], micro[db, 7], micro[db, 8],
+          micro[db, 9], micro[db, 10], micro[db, 11], micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15], micro[db, 16], micro[db, 17],
+          micro[db, 18], micro[db, 19], micro[db, 20], micro[db, 21], micro[db, 22], micro[db, 23], micro[db, 24], micro[db, 25], micro[db, 26],
+          micro[db, 27])
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
-                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10],
-                   ctx[11], ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18], ctx[19], ctx[20],
-                   ctx[21], ctx[22], ctx[23], ctx[24], ctx[25]),
-                  (ctx[26], ctx[27], ctx[28]),
+                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10], ctx[11],
+                   ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18], ctx[19], ctx[20], ctx[21], ctx[22], ctx[23],
+                   ctx[24], ctx[25], ctx[26], ctx[27], ctx[28], ctx[29], ctx[30], ctx[31], ctx[32], ctx[33], ctx[34]),
+                  (ctx[35], ctx[36], ctx[37]),
                   out, j)
     status[j] = st
     return st
@@ -628,7 +630,8 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cp
                         for pd in range(radices[A_PP]):
                             lay, ok = split_world(num_gpus, tps[td], cps[cd], pps[pd])
                             if ok:
-                                ok = validate_split(L, h, a, g, f, v, s, lay, hw_table[gpus[gd]]) == OK
+                                ok = validate_split(L, h, a, g, f, v, s, lay, hw_table[gpus[gd]],
+                                                    model_arch(models, mi)) == OK
                             if ok:
                                 hw = hw_table[gpus[gd]]
                                 vs = virtual_stages(float(lay.pp), hw)
@@ -662,7 +665,9 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
                          cols[R_VOCAB, j], cols[R_SEQ, j], cols[R_GBS, j], cols[R_MBS, j], lay,
                          cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j,
                          Arch(float(cols[R_ARCH, j]), float(cols[R_ARCH + 1, j]), float(cols[R_ARCH + 2, j]),
-                              float(cols[R_ARCH + 3, j]), float(cols[R_ARCH + 4, j])))
+                              float(cols[R_ARCH + 3, j]), float(cols[R_ARCH + 4, j]), float(cols[R_ARCH + 5, j]),
+                              float(cols[R_ARCH + 6, j]), float(cols[R_ARCH + 7, j]), float(cols[R_ARCH + 8, j]),
+                              float(cols[R_ARCH + 9, j]), float(cols[R_ARCH + 10, j])))
 
 
 def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..io.errors import InputError, did_you_mean
 from ..io.inputs import read_toml
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
+from ..model.moe import KERNEL_NAMES, kernel_values
 from ..model.moe import BY_NAME as SHAPE_BY_NAME, MLA_FIELDS, SHAPE_FIELDS, is_moe, parse_layer_pattern, unpriced_reason
 from ..model.params import MODEL_FIELDS, MODEL_SIZES
 from ..model.settings import with_registry_fields
@@ -46,8 +47,8 @@ class ModelShape:
     moe_layer_freq, moe_expert_capacity_factor, kv_channels, multi_latent_attention, q_lora_rank,
     kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim
         The mixture-of-experts and attention-shape fields
-        (:data:`vtrain_fast.model.moe.SHAPE_FIELDS`), added from that registry; not in
-        :meth:`as_row` (the kernels do not read them yet).
+        (:data:`vtrain_fast.model.moe.SHAPE_FIELDS`), added from that registry; :meth:`as_row`
+        gives the kernels their MoE columns (:data:`vtrain_fast.model.moe.KERNEL_NAMES`).
     source : str
         Paper and table the shape comes from.
     """
@@ -80,10 +81,21 @@ class ModelShape:
     def as_row(self) -> tuple[int, ...]:
         """Integers in the kernels' model order (:data:`~vtrain_fast.model.params.MODEL_FIELDS`:
         the sizes num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
-        vocab_size, seq_length, then each architecture flag's code, ``ArchFlag.encode``)."""
+        vocab_size, seq_length, then each architecture flag's code, ``ArchFlag.encode``, then the
+        MoE columns, :func:`~vtrain_fast.model.moe.kernel_values`)."""
         r = self.resolved()
         return (tuple(int(getattr(r, k)) for k in MODEL_SIZES)
-                + tuple(fl.encode(getattr(r, fl.name)) for fl in ARCH_FLAGS))
+                + tuple(fl.encode(getattr(r, fl.name)) for fl in ARCH_FLAGS) + kernel_values(r))
+
+    @property
+    def moe_layer_step(self) -> int:
+        """The kernels' MoE layer placement: every this many layers (:func:`~vtrain_fast.model.moe.layer_placement`)."""
+        return kernel_values(self.resolved())[KERNEL_NAMES.index("moe_layer_step")]
+
+    @property
+    def moe_first_dense_layers(self) -> int:
+        """The kernels' MoE layer placement: dense first layers (:func:`~vtrain_fast.model.moe.layer_placement`)."""
+        return kernel_values(self.resolved())[KERNEL_NAMES.index("moe_first_dense_layers")]
 
     def arch_values(self) -> dict:
         """The architecture flags by name."""

@@ -631,7 +631,8 @@ def _models(where, t: dict, known: dict | None = None) -> tuple:
         for name in _strings(where, "model.presets", t["presets"], tuple(known)):
             check_priced(where, "model.presets", known[name],
                          "leave it out of model.presets; vtrain-fast presets lists its total and active "
-                         "parameters, and the kernels price it once issue 13 is done")
+                         "parameters (issue 13 prices mixture-of-experts models with standard attention, "
+                         "every k-th layer or dense first layers as MoE, dropless)")
             models.append(known[name])
     shape_keys = [k for k in t if k != "presets"]
     if shape_keys:
