@@ -465,6 +465,7 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     """Evaluate explicit configurations from a CSV or Parquet file."""
     from .analysis.evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
     from .analysis.report import print_frame
+    from .model.params import LATE_OUTPUTS
     from .model.step import OUTPUT_NAMES
     from .plan.spec import load_models
     check_table_path(output)
@@ -473,8 +474,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
     # recomputed; a few output names among the inputs stay an error (evaluate_frame)
     old_outputs = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
-    # (cp_comm_s came with context parallelism: files written before it lack only that column)
-    if (set(OUTPUT_NAMES) - {"cp_comm_s"}) | {"status"} <= set(plans.columns):
+    # (the late outputs came with context and expert parallelism: older files lack only those)
+    if (set(OUTPUT_NAMES) - set(LATE_OUTPUTS)) | {"status"} <= set(plans.columns):
         plans = plans.drop(old_outputs)
         console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'output column')}); they are "
                       "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
