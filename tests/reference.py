@@ -921,6 +921,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     # context parallelism runs only in Transformer Engine's fused (flash) attention
     if status in (OK, BAD_BATCH) and cp > 1 and not _flash_on(hw) and B > 0 and b > 0:
         status = REFUSED
+    # Megatron-core: expert parallelism with tensor parallelism needs sequence parallelism
+    if (status in (OK, BAD_BATCH) and flags(arch)["num_experts"] >= 1 and hw_get(hw, "ep") > 1 and t > 1
+            and hw_get(hw, "sequence_parallel") == 0.0 and B > 0 and b > 0):
+        status = REFUSED
     if status == OK and chunks > 1:
         counts = stage_layer_counts(L, p, hw)
         # with the embedding / loss counted as layers, Megatron-core splits (L + e + l) / (p vpp)

@@ -225,3 +225,20 @@ def test_priced_presets_and_what_is_still_refused():
             assert totals[step.T_PARAMS] == moe.param_counts(shape).total, name
             assert math.isclose(totals[step.T_FWD_FLOPS] * 1.0,
                                 totals[step.T_FWD_FLOPS], rel_tol=0.0)
+
+
+def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
+    # Megatron-core TransformerConfig.__post_init__: "When using expert parallelism and tensor
+    # parallelism, sequence parallelism must be used" (a ValueError): status refused
+    moe_arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0, moe_ffn_hidden_size=float(F))
+    flash = dict(use_flash_attn=1)
+    assert _run(moe_arch, _hw(ep=8, **flash), t=2, d=8, B=64)[0] == step.REFUSED
+    priced = (step.OK, step.OUT_OF_MEMORY)
+    assert _run(moe_arch, _hw(ep=8, sequence_parallel=1, **flash), t=2, d=8, B=64)[0] in priced
+    assert _run(moe_arch, _hw(ep=8, **flash), t=1, d=8, B=64)[0] in priced       # no tensor parallelism
+    assert _run(moe_arch, _hw(ep=1, **flash), t=2, d=8, B=64)[0] in priced       # no expert parallelism
+    assert _run(LLAMA, _hw(ep=8, **flash), t=2, d=8, B=64)[0] in priced          # a dense model: ep has no effect
+    # the twin refuses the same plan, and the sweep drivers give the same status
+    hw = _hw(ep=8, **flash)
+    code, _ = ref.step(L, H, A, G, F, V, S, 64, 1, 2, 1, 8, 0, 1e12, list(hw), moe_arch)
+    assert code == ref.REFUSED

@@ -106,7 +106,7 @@ STATUS_COLUMN = Column("status", _dict, "",
                        "bad_heads (also: num_experts not divisible by ep, MoE) | bad_layers | bad_batch | bad_input | "
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
                        "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, vpp > 1 at pp = 2, "
-                       "cp > 1 without use_flash_attn) | bad_seq_length (seq_length not divisible by 2 x cp)")
+                       "cp > 1 without use_flash_attn, ep > 1 at tp > 1 without sequence_parallel) | bad_seq_length (seq_length not divisible by 2 x cp)")
 
 _OUT_DOCS = {
     "iteration_time_s": ("s", "one optimizer step over the global batch"),

@@ -356,6 +356,14 @@ def refused_context_parallel(lay, hw):
 
 
 @jit
+def refused_experts(lay, hw, arch):
+    """Whether Megatron-core refuses this MoE plan: expert parallelism together with tensor
+    parallelism needs sequence parallelism (``TransformerConfig.__post_init__``: "When using expert
+    parallelism and tensor parallelism, sequence parallelism must be used"); never for a dense model."""
+    return arch.num_experts >= 1.0 and hw[H_EP] > 1.0 and lay.tp > 1 and hw[H_SEQ_PAR] == 0.0
+
+
+@jit
 def validate_batch(split_status, B, b, d):
     """Status code of a configuration whose :func:`validate_split` gave ``split_status``:
     ``BAD_INPUT`` when a batch size is not positive, else ``split_status`` when it is not
@@ -1380,7 +1388,8 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch
         shape error are NaN.
     """
     status = validate_split(L, h, a, g, f, v, s, lay, hw, arch)
-    if status == OK and (refused_interleaving(lay.pp, hw) or refused_context_parallel(lay, hw)):
+    if status == OK and (refused_interleaving(lay.pp, hw) or refused_context_parallel(lay, hw)
+                         or refused_experts(lay, hw, arch)):
         status = REFUSED                # a settings rule, before the batch rule (as sweeps check it)
     status = validate_batch(status, B, b, lay.dp)
     if status == OK:

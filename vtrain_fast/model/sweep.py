@@ -29,7 +29,7 @@ from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
                      MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
-from .step import refused_context_parallel
+from .step import refused_context_parallel, refused_experts
 from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, chunks_split, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
@@ -164,11 +164,13 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     mi = digits[A_MODEL]
     split_status = BAD_NUM_GPUS
     if ok:
+        arch = model_arch(models, mi)
         split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
                                       models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
-                                      models[mi, MD_SEQ], lay, hw_table[gi], model_arch(models, mi))
+                                      models[mi, MD_SEQ], lay, hw_table[gi], arch)
         if split_status == OK and (refused(lay, hw_table[gi]) or refused_interleaving(lay.pp, hw_table[gi])
-                                   or refused_context_parallel(lay, hw_table[gi])):
+                                   or refused_context_parallel(lay, hw_table[gi])
+                                   or refused_experts(lay, hw_table[gi], arch)):
             split_status = REFUSED      # Megatron-LM refuses these settings on this plan
         elif split_status == OK and repeats(lay, hw_table[gi]):
             split_status = REPEAT       # an earlier machine of the sweep has these rows
