@@ -24,6 +24,7 @@ LAYERS = [
     ("engine.run",),                                                              # folders, resume, merge
     ("analysis.query", "analysis.report", "analysis.evaluate", "analysis.nccl"),  # reading results, single plans
     ("analysis.validate", "analysis.calibrate", "analysis.published"),            # measurements
+    ("analysis.published_moe",),                                                  # MoE measurements (published's machinery)
     ("cli", "bench", "__main__"),                                                 # commands
 ]
 LAYER = {m: k for k, mods in enumerate(LAYERS) for m in mods}

@@ -499,22 +499,24 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
 
 
-VALIDATION_SETS = ("vtrain", "published")
+VALIDATION_SETS = ("vtrain", "published", "moe")
 
 
 @app.command()
 @_user_errors
 def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
                                                    help="per-row errors, .parquet or .csv [results/validation.parquet; "
-                                                        "--set published: results/validation_published.parquet]"),
+                                                        "--set published: results/validation_published.parquet; --set moe: "
+                                                        "results/validation_moe.parquet]"),
              plot: Optional[Path] = typer.Option(None, "--plot", help="predicted-vs-measured PNG"),
              calibration: Optional[Path] = CalibrationOpt,
              write_measurements: Optional[Path] = typer.Option(
                  None, "--write-measurements", help="also write the measured sets as evaluate/calibrate CSVs into this folder"),
              which: str = typer.Option("vtrain", "--set", help="vtrain: vTrain's 1,549 A100 iteration times; published: "
-                                       "the 79 published runs of vtrain_fast/data/published (held out)")):
+                                       "the 79 published runs of vtrain_fast/data/published (held out); moe: the 203 "
+                                       "published mixture-of-experts runs (moe_runs.csv, held out)")):
     """Compare predictions with vTrain's 1,549 measured A100 iteration times (--set published:
-    with 79 published training runs of 7 sources)."""
+    with 79 published training runs of 7 sources; --set moe: with 203 published MoE runs)."""
     import polars as pl
 
     from .analysis.evaluate import check_table_path, write_table_atomic
@@ -523,6 +525,9 @@ def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
         raise InputError("command line", "--set", which, "one of " + ", ".join(VALIDATION_SETS))
     if plot:
         check_plot_path(plot)
+    if which == "moe":
+        _validate_moe(output or Path("results/validation_moe.parquet"), calibration)
+        return
     if which == "published":
         _validate_published(output or Path("results/validation_published.parquet"), plot, calibration,
                             write_measurements)
@@ -628,6 +633,42 @@ def _validate_published(output: Path, plot: Optional[Path], calibration: Optiona
         from .analysis.published import plot as plot_rows
         plot_rows(rows, plot)
         console.print(f"plot: {plot}")
+
+
+def _validate_moe(output: Path, calibration: Optional[Path]) -> None:
+    """validate --set moe: MAPE per source, release, model and GPU, the largest errors with their
+    breakdown, and one reason per row not priced; per-row results to ``output``."""
+    import polars as pl
+
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.published import summary
+    from .analysis.published_moe import BREAKDOWN, HELD_OUT_NOTE, not_priced_counts, validate_moe
+    from .analysis.report import print_frame
+    check_table_path(output)
+    rows = validate_moe(_calibration(calibration))
+    n, k = rows.height, int(rows["ape_pct"].is_not_null().sum())
+    console.print(f"Published MoE runs (vtrain_fast/data/published/moe_runs.csv): {n} rows of "
+                  f"{rows['source'].n_unique()} sources, {k} priced. All {HELD_OUT_NOTE}"
+                  + (f" ({calibration})" if calibration else "") + ". Error = predicted vs measured seconds per "
+                  "iteration (tokens/s/GPU converted as GBS x seq / (tokens/s/GPU x GPUs); step times as measured). "
+                  "Not stated by any source and assumed per stack (column assumptions): etp, recompute, dispatcher "
+                  "and its overlap, sequence parallelism.", markup=False)
+    for by, title in (("source", "MoE iteration-time error by source (percent; priced = status ok)"),
+                      ("release", "MoE iteration-time error by release (Megatron-Bridge) or source"),
+                      ("preset", "MoE iteration-time error by model preset"),
+                      ("gpu_preset", "MoE iteration-time error by GPU preset")):
+        print_frame(summary(rows, by), title, console=console, keep=(by,))
+    priced = rows.filter(pl.col("ape_pct").is_not_null()).sort("ape_pct", descending=True)
+    if priced.height:
+        cols = ["id", "gpu_preset", "tp", "pp", "vpp", "ep", "dp", "micro_batch_size", "global_batch_size",
+                "measured_iteration_time_s", "iteration_time_s", "error_pct", *BREAKDOWN]
+        print_frame(priced.select([c for c in cols if c in priced.columns]),
+                    "Largest errors (error = predicted / measured - 1, percent; breakdown in seconds)", 10,
+                    console=console, keep=("id", "error_pct"), more_hint=f"every row is in {output}")
+    print_frame(not_priced_counts(rows), f"Why {n - k} rows are not priced (one reason a row: column "
+                "not_priced_reason)", console=console, keep=("reason",))
+    write_table_atomic(rows, output)
+    console.print(f"per-row results: {output}")
 
 
 @app.command()

@@ -56,8 +56,11 @@ def load_runs(assume: bool = True) -> list[dict]:
     return apply_assumptions(rows) if assume else [dict(r, assumed={}, assumed_settings={}) for r in rows]
 
 
-def _read_csv_rows() -> list[dict]:
-    text = (DATA / CSV_NAME).read_text(encoding="utf-8")
+def _read_csv_rows(name: str = CSV_NAME, int_columns: tuple = INT_COLUMNS,
+                   float_columns: tuple = FLOAT_COLUMNS) -> list[dict]:
+    """The rows of the CSV ``name`` in :data:`DATA` (``published_runs.csv``; ``moe_runs.csv`` for
+    :mod:`.published_moe`), parsed as :func:`load_runs` says, ``source_key`` the id's prefix."""
+    text = (DATA / name).read_text(encoding="utf-8")
     rows = []
     for raw in csv.DictReader(io.StringIO(text)):
         r = {}
@@ -65,12 +68,12 @@ def _read_csv_rows() -> list[dict]:
             v = v.strip()
             if v == "":
                 r[k] = None
-            elif k in INT_COLUMNS:
+            elif k in int_columns:
                 f = float(v)
                 if f != int(f):
-                    raise ValueError(f"{CSV_NAME}: {raw['id']}: {k} = {v} is not a whole number")
+                    raise ValueError(f"{name}: {raw['id']}: {k} = {v} is not a whole number")
                 r[k] = int(f)
-            elif k in FLOAT_COLUMNS:
+            elif k in float_columns:
                 r[k] = float(v)
             elif k == "sequence_parallel":
                 r[k] = {"true": True, "false": False}[v.lower()]
@@ -327,10 +330,10 @@ GPU_PRESETS: tuple[GPUMap, ...] = (
 )
 
 
-def gpu_preset(name: str | None) -> GPUMap | None:
-    """The :data:`GPU_PRESETS` entry of a CSV GPU name, or ``None``."""
+def gpu_preset(name: str | None, presets: tuple[GPUMap, ...] | None = None) -> GPUMap | None:
+    """The first entry of ``presets`` (default :data:`GPU_PRESETS`) matching a CSV GPU name, or ``None``."""
     low = (name or "").lower().replace(" ", "")
-    for m in GPU_PRESETS:
+    for m in GPU_PRESETS if presets is None else presets:
         if all(s in low for s in m.match):
             return m
     return None
@@ -883,6 +886,16 @@ def validate_published(calibration: dict | None = None, stack_folder=None, assum
     else:
         frame = frame.with_columns(pl.lit(None, pl.String).alias("status"),
                                    pl.lit(None, pl.Float64).alias("iteration_time_s"))
+    frame = with_errors(frame)
+    roles = fit_roles(runs) if assume else fit_roles()
+    return frame.join(_stack_predictions(runs, ok_rows, stack_folder, roles), on="id", how="left")
+
+
+def with_errors(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` (rows with ``status``, ``iteration_time_s`` predicted and
+    ``measured_iteration_time_s``) with ``iteration_time_memory_aside_s`` (the prediction where
+    the status is ok or out_of_memory), ``iteration_time_s`` nulled unless ok, ``error_pct``,
+    ``ape_pct`` and ``ape_memory_aside_pct``."""
     # the runs ran: where the model finds one out of memory its iteration time is still what the
     # time model says (kept apart, memory_aside, so that the memory model's miss stays visible)
     frame = frame.with_columns(
@@ -893,10 +906,8 @@ def validate_published(calibration: dict | None = None, stack_folder=None, assum
     err = (pl.col("iteration_time_s") - pl.col("measured_iteration_time_s")) / pl.col("measured_iteration_time_s") * 100.0
     aside = ((pl.col("iteration_time_memory_aside_s") - pl.col("measured_iteration_time_s"))
              / pl.col("measured_iteration_time_s") * 100.0)
-    frame = frame.with_columns(err.alias("error_pct"), err.abs().alias("ape_pct"),
-                               aside.abs().alias("ape_memory_aside_pct"))
-    roles = fit_roles(runs) if assume else fit_roles()
-    return frame.join(_stack_predictions(runs, ok_rows, stack_folder, roles), on="id", how="left")
+    return frame.with_columns(err.alias("error_pct"), err.abs().alias("ape_pct"),
+                              aside.abs().alias("ape_memory_aside_pct"))
 
 
 def _stack_predictions(runs: list[dict], ok_rows: list[dict], folder, roles: dict) -> pl.DataFrame:
