@@ -39,10 +39,11 @@ def hw_get(hw, name: str) -> float:
 RMSNORM, LEARNED, ROPE = 1.0, 0.0, 1.0      # normalization 1: RMSNorm; position 0: learned, 1: rope, 2: none
 
 
-# ... then the MoE columns (restated: vtrain_fast.model.moe.KERNEL_COLUMNS), a dense model's by default
+# ... then the MoE columns (restated: vtrain_fast.model.moe.KERNEL_COLUMNS), a dense model's by default,
+# and kv_channels (the head width d; 0: h / a)
 MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-              "moe_layer_step", "moe_first_dense_layers")
-DENSE = (0.0, 2.0, 0.0, 0.0, 1.0, 0.0)
+              "moe_layer_step", "moe_first_dense_layers", "kv_channels")
+DENSE = (0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 0.0)
 ModelFlags = namedtuple("ModelFlags", ("gated_mlp", "normalization", "position_embedding_type", "add_bias_linear",
                                        "untie_embeddings_and_output_weights") + MOE_FIELDS, defaults=DENSE)
 
@@ -57,6 +58,12 @@ def flags(arch) -> dict:
 
 def _rope(arch) -> bool:
     return flags(arch)["position_embedding_type"] == ROPE
+
+
+def _qw(h, a, arch) -> float:
+    """Megatron-core's query_projection_size: heads x kv_channels, or h when kv_channels is 0."""
+    d = flags(arch)["kv_channels"]
+    return a * d if d > 0 else h
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,19 +285,20 @@ def _layer_phase_s(gemms, streaming_bytes, memory_launches, flash_s, flash_launc
 def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     """Forward of one transformer layer, one micro-batch, one TP rank (no TP communication)."""
     gated = flags(arch)["gated_mlp"]
-    tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
+    qw = _qw(h, a, arch)                        # attention width: a heads x kv_channels
+    tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, qw, a, g, t)
     attn_batch = b * heads
     flash = _flash_on(hw)
     gemms = [                                   # (m, n, k, batch); None: a linear (FP8 or bf16)
         (tokens, qkv_cols, h, None),            # QKV projection (column parallel)
-        (tokens, h, h / t, None),               # output projection (row parallel)
+        (tokens, h, qw / t, None),              # output projection (row parallel)
         (tokens, (1.0 + gated) * f / t, h, None),  # FC1 (column parallel; gate and up when gated)
         (tokens, h, f / t, None),               # FC2 (row parallel)
     ]
     sp = _seq_split(t, hw)
     streaming_bytes = [
         2.0 * (2.0 + 2.0) * tokens * h / sp,    # LN1, LN2: read x, write y
-        (2.0 + 2.0) * tokens * h / t,           # context permute copy
+        (2.0 + 2.0) * tokens * qw / t,          # context permute copy
         2.0 * (2.0 + 2.0 + 2.0 + 1.0) * tokens * h / sp,  # 2 bias-dropout-adds: x, residual, out, mask
         (2.0 * (1.0 + gated) + 2.0) * tokens * f / t,   # bias-GeLU (SwiGLU: read gate and up, write f)
     ]
@@ -298,7 +306,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     if _fp8(hw):
         # TE cast-transpose of each linear's input (read 2, write FP8 1 + FP8 transpose 1; per recipe)
         per_element, kernels = quantize_bytes_and_kernels(hw)
-        linear_inputs = [tokens * h, tokens * h / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
+        linear_inputs = [tokens * h, tokens * qw / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
         streaming_bytes += [per_element * x for x in linear_inputs]
         launches += kernels * len(linear_inputs)
     if _rope(arch):
@@ -315,7 +323,7 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     else:
         launches -= 2.0                         # no softmax, no dropout kernel
     if flash:
-        return _layer_phase_s(gemms, streaming_bytes, launches, flash_attention_forward_s(b, s, h, a, g, t, hw),
+        return _layer_phase_s(gemms, streaming_bytes, launches, flash_attention_forward_s(b, s, qw, a, g, t, hw),
                               FLASH_FWD_LAUNCHES, hw)
     return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
@@ -323,19 +331,20 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
 def layer_backward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     """Backward of one layer: every forward GEMM becomes a data- and a weight-gradient GEMM."""
     gated = flags(arch)["gated_mlp"]
-    tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, h, a, g, t)
+    qw = _qw(h, a, arch)                        # attention width: a heads x kv_channels
+    tokens, head_dim, heads, qkv_cols, score_elems = _layer_dims(b, s, qw, a, g, t)
     attn_batch = b * heads
     flash = _flash_on(hw)
     gemms = [                                                         # None: a linear's GEMM
         (tokens, h, qkv_cols, None), (h, qkv_cols, tokens, None),    # QKV: dX, dW
-        (tokens, h / t, h, None), (h / t, h, tokens, None),          # output projection
+        (tokens, qw / t, h, None), (qw / t, h, tokens, None),        # output projection
         (tokens, h, (1.0 + gated) * f / t, None), (h, (1.0 + gated) * f / t, tokens, None),   # FC1
         (tokens, f / t, h, None), (f / t, h, tokens, None),          # FC2
     ]
     sp = _seq_split(t, hw)
     streaming_bytes = [
         2.0 * (2.0 + 2.0 + 2.0) * tokens * h / sp,   # 2 LN backwards: x, dy -> dx
-        (2.0 + 2.0) * tokens * h / t,           # context permute copy
+        (2.0 + 2.0) * tokens * qw / t,          # context permute copy
         2.0 * (2.0 + 1.0 + 2.0) * tokens * h / sp,   # 2 bias-dropout-add backwards: dy, mask -> dx
         2.0 * (2.0 + 2.0 + 2.0) * tokens * h / sp,   # 2 residual-gradient accumulations
         (2.0 * (1.0 + gated) + 2.0 + 2.0 * (1.0 + gated)) * tokens * f / t,   # act backward: x, dy -> dx
@@ -360,7 +369,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=0.0):
     else:
         launches -= 2.0
     if flash:
-        return _layer_phase_s(gemms, streaming_bytes, launches, flash_attention_backward_s(b, s, h, a, g, t, hw),
+        return _layer_phase_s(gemms, streaming_bytes, launches, flash_attention_backward_s(b, s, qw, a, g, t, hw),
                               FLASH_BWD_LAUNCHES, hw)
     return _layer_phase_s(gemms, streaming_bytes, launches, 0.0, 0.0, hw)
 
@@ -541,8 +550,9 @@ def layer_params(h, a, g, f, arch=0.0):
     weight+bias (no biases without add_bias_linear), 2 norms."""
     fl = flags(arch)
     gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
-    q = _qkv_cols(h, a, g)
-    return (h * q + bias * q) + (h * h + bias * h) + (h * f + bias * f) * (1.0 + gated) + (f * h + bias * h) + 2.0 * _norm(h, arch)
+    qw = _qw(h, a, arch)
+    q = _qkv_cols(qw, a, g)
+    return (h * q + bias * q) + (qw * h + bias * h) + (h * f + bias * f) * (1.0 + gated) + (f * h + bias * h) + 2.0 * _norm(h, arch)
 
 
 def layer_params_per_rank(h, a, g, f, t, arch=0.0):
@@ -550,8 +560,9 @@ def layer_params_per_rank(h, a, g, f, t, arch=0.0):
     Replicated: the row-parallel biases (projection, FC2) and the two norms."""
     fl = flags(arch)
     gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
-    q = _qkv_cols(h, a, g)
-    split = h * q + bias * q + h * h + (h * f + bias * f) * (1.0 + gated) + f * h
+    qw = _qw(h, a, arch)
+    q = _qkv_cols(qw, a, g)
+    split = h * q + bias * q + qw * h + (h * f + bias * f) * (1.0 + gated) + f * h
     return split / t + bias * (h + h) + 2.0 * _norm(h, arch)
 
 
@@ -566,12 +577,15 @@ def model_params(num_layers, h, a, g, f, v, s, arch=0.0):
     return num_layers * layer_params(h, a, g, f, arch) + v * h + position_params(s, h, arch) + _norm(h, arch) + head
 
 
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=None):
     """Korthikanti et al. 2022 Sec. 4.1, generalised to GQA and any FFN width:
     sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with sequence parallelism (Sec. 4.2.2) the
     10 sbh outside the TP regions is divided by t as well; with FlashAttention the s^2 term
-    (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row."""
-    tp_split = 4.0 + 4.0 * g / a + (2.0 * (1.0 + gated) + 2.0) * f / h   # FC1 out (gate, up) + act out
+    (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row. Heads of
+    kv_channels d (``qw = a d``): Q and the context 2 s b qw bytes each, K and V 2 s b qw g / a each."""
+    qw = h if qw is None else qw
+    qkv_and_context = 2.0 * 2.0 * qw + 2.0 * 2.0 * qw * g / a   # Q + context, K + V (bytes per token)
+    tp_split = qkv_and_context / h + (2.0 * (1.0 + gated) + 2.0) * f / h   # FC1 out (gate, up) + act out
     outside = 10.0 / t if sp else 10.0
     # softmax output (fp16, or fp32 from PyTorch's unfused softmax), dropout mask, dropout output
     softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
@@ -579,18 +593,20 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
     return s * b * h * (outside + tp_split / t) + attention_core
 
 
-def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8=False):
+def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8=False, qw=None):
     """TE saves the FP8 (1-byte) copy of a linear's input for its weight gradient: 1 byte fewer
     per element of the QKV and FC1 inputs (1/t with sequence parallelism), FC2's input (f/t) and,
     unless FlashAttention keeps it as its output, the projection's (h/t). MXFP8's saved copy
     keeps its scales: 1/32 byte per element back."""
-    elements = 2.0 * s * b * h / (t if sp else 1.0) + s * b * f / t + (0.0 if flash else s * b * h / t)
+    qw = h if qw is None else qw      # the projection's input: the context, a heads x kv_channels
+    elements = 2.0 * s * b * h / (t if sp else 1.0) + s * b * f / t + (0.0 if flash else s * b * qw / t)
     return (2.0 - 1.0 - (1.0 / 32.0 if mxfp8 else 0.0)) * elements
 
 
-def linear_weights(h, a, g, f, t, gated=0.0):
+def linear_weights(h, a, g, f, t, gated=0.0, qw=None):
     """Weights of one layer's four linears on one TP rank (no biases)."""
-    return (h * _qkv_cols(h, a, g) + h * h + (2.0 + gated) * h * f) / t
+    qw = h if qw is None else qw
+    return (h * _qkv_cols(qw, a, g) + qw * h + (2.0 + gated) * h * f) / t
 
 
 def attention_core_bytes(b, s, a, t, flash):
@@ -603,14 +619,14 @@ def attention_core_bytes(b, s, a, t, flash):
 
 
 def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0,
-                           fp8=False, mxfp8=False):
+                           fp8=False, mxfp8=False, qw=None):
     """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
     fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
     selective recompute (code 2) keeps everything but the attention core's tensors; FP8 layers
     keep their linears' inputs in FP8 (:func:`fp8_saved_bytes_fewer`)."""
-    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated)
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated, qw)
     if fp8:
-        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8)
+        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8, qw)
     if recompute == 2:
         core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
         return in_flight * layers_on_stage * (per_layer - core) + core
@@ -629,10 +645,12 @@ def chinchilla_loss(num_parameters, num_tokens):
     return E + A / num_parameters ** alpha + B / num_tokens ** beta
 
 
-def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0):
+def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0, qw=None):
     """2 FLOPs per weight per token for QKV, projection and MLP, 4sh for attention scores and
-    context over the full s x s, and 2hv for the LM head."""
-    per_layer = 2.0 * h * _qkv_cols(h, a, g) + 2.0 * h * h + 2.0 * (2.0 + gated) * h * f + 2.0 * 2.0 * s * h
+    context over the full s x s, and 2hv for the LM head; with heads of kv_channels d the
+    attention's h is qw = a d where it is the query width (Megatron-LM's query_projection_size)."""
+    qw = h if qw is None else qw
+    per_layer = 2.0 * h * _qkv_cols(qw, a, g) + 2.0 * qw * h + 2.0 * (2.0 + gated) * h * f + 2.0 * 2.0 * s * qw
     return num_layers * per_layer + 2.0 * h * v
 
 
@@ -699,7 +717,7 @@ def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1, arch=0.0):
     cuts each sequence into 2 cp equal chunks, so seq_length must divide by 2 cp."""
     if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d, cp)):
         return BAD_INPUT
-    if a % t or g % t or h % a or a % g:
+    if a % t or g % t or (h % a and not flags(arch)["kv_channels"]) or a % g:
         return BAD_HEADS
     if stage_layer_counts(L, p, hw) is None:
         return BAD_LAYERS
@@ -892,8 +910,9 @@ def moe_layer_params(h, a, g, f, t, ep, etp, arch):
     E / ep experts over etp (FC2 biases replicated)."""
     fl = flags(arch)
     gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
-    q = _qkv_cols(h, a, g)
-    dense = (h * q + bias * q + h * h) / t + bias * h + 2.0 * _norm(h, arch) + fl["num_experts"] * h
+    qw = _qw(h, a, arch)
+    q = _qkv_cols(qw, a, g)
+    dense = (h * q + bias * q + qw * h) / t + bias * h + 2.0 * _norm(h, arch) + fl["num_experts"] * h
     fs = fl["moe_shared_expert_intermediate_size"]
     if fs:
         dense += ((h * fs + bias * fs) * (1.0 + gated) + fs * h) / t + bias * h
@@ -957,14 +976,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     # --- one micro-batch on one layer / embedding / head
     fl = flags(arch)
     gated = fl["gated_mlp"]
-    cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = context_parallel_attention(b, s, h, a, g, t, cp, hw)
+    qw = _qw(h, a, arch)          # the attention width (queries, context): a heads x kv_channels
+    cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = context_parallel_attention(b, s, qw, a, g, t, cp, hw)
     fwd = layer_forward_s(b, s, h, a, g, f, t, hw, arch) + cp_fwd
     bwd = layer_backward_s(b, s, h, a, g, f, t, hw, arch) + cp_bwd
     allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
     if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
         allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
     allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
-    core_again = attention_core_forward_s(b, s, h, a, g, t, hw) + cp_fwd if selective else 0.0
+    core_again = attention_core_forward_s(b, s, qw, a, g, t, hw) + cp_fwd if selective else 0.0
     # the ring's (or all-gather's) exposed exchange of every forward of a layer (recomputed too,
     # and the attention core rerun by selective recomputation) and of its backward
     layer_cp = (1.0 + rc + (1.0 if selective else 0.0)) * cp_fwd_exposed + cp_bwd_exposed
@@ -981,16 +1001,16 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # under their weight-gradient GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the
             # GEMM's length
             hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
-            _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+            _, _, _, qkv_cols, _ = _layer_dims(b, s, qw, a, g, t)
             for cols in (qkv_cols, (1.0 + gated) * f / t):
                 layer_tp -= min(hideable, linear_gemm_s(h, cols, b * s, linears_hw))
         if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
             # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
             # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
             # forward AG->QKV, proj->RS, AG->FC1, FC2->RS; backward AG->dgrad of proj and of FC2
-            _, _, _, qkv_cols, _ = _layer_dims(b, s, h, a, g, t)
+            _, _, _, qkv_cols, _ = _layer_dims(b, s, qw, a, g, t)
             tokens = b * s
-            for n_out, k_in in ((qkv_cols, h), (h, h / t), ((1.0 + gated) * f / t, h), (h, f / t), (h / t, h), (f / t, h)):
+            for n_out, k_in in ((qkv_cols, h), (h, qw / t), ((1.0 + gated) * f / t, h), (h, f / t), (qw / t, h), (f / t, h)):
                 layer_tp -= min(allreduce_act / 2.0, linear_gemm_s(tokens, n_out, k_in, linears_hw))
         return layer_tp
 
@@ -1012,9 +1032,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         attn_tp = (2.0 + rc) * allreduce_act
         if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
             hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
-            attn_tp -= min(hideable, linear_gemm_s(h, _layer_dims(b, s, h, a, g, t)[3], b * s, hw))
+            attn_tp -= min(hideable, linear_gemm_s(h, _layer_dims(b, s, qw, a, g, t)[3], b * s, hw))
         if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
-            for n_out, k_in in ((_layer_dims(b, s, h, a, g, t)[3], h), (h, h / t), (h / t, h)):
+            for n_out, k_in in ((_layer_dims(b, s, qw, a, g, t)[3], h), (h, qw / t), (qw / t, h)):
                 attn_tp -= min(allreduce_act / 2.0, linear_gemm_s(b * s, n_out, k_in, hw))
         moe_tp = attn_tp - layer_tp
         ep_size, etp_size = expert_sizes(t, hw)
@@ -1116,7 +1136,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
-                                         seq_par, gated, _fp8(hw), _mxfp8(hw))
+                                         seq_par, gated, _fp8(hw), _mxfp8(hw), qw)
             chunks_in_flight = in_flight
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
@@ -1124,12 +1144,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
-                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw))
+                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw), qw)
             chunks_in_flight = in_flight       # a device's bf16 layers: in one chunk, counted so
         if n16 > 0:
             # bf16 layers save their linears' inputs in bf16 (the FP8 saving they lack); with full
             # recomputation only the one rebuilt layer holds them
-            lacks = fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw))
+            lacks = fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw), qw)
             act += lacks if recompute == 1 else chunks_in_flight * n16 * lacks
         if nm > 0:
             # MoE layers store their routed rows' tensors instead of a dense MLP's; with full
@@ -1160,10 +1180,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # cast at every gather (forward and backward) of every layer
             # (per recipe: tensorwise adds the weight's amax pass; MXFP8 both copies' 1/32-byte scales)
             per_element, kernels = quantize_bytes_and_kernels(hw)
-            cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated), 4.0 * kernels, hw)
+            cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated, qw), 4.0 * kernels, hw)
             regather = zero >= 3 and shard > 1
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
-            states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated)
+            states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw)
             compute += (n - n16) * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
@@ -1233,7 +1253,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     s = s_full                    # model FLOPs, parameters and tokens: whole sequences
     n_params = model_params(L, h, a, g, f, v, s, arch)
     tokens_per_iter = B * s
-    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated)
+    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated, qw)
     if moe_on:
         # every expert's parameters; FLOPs of the active ones (2 per weight: top-k experts, router, shared)
         dense_part, experts = moe_layer_params(h, a, g, f, 1.0, 1.0, 1.0, arch)

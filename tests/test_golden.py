@@ -39,7 +39,9 @@ ADDED_COLUMNS = {"gated_mlp": False, "normalization": "LayerNorm", "position_emb
                  "add_bias_linear": True, "untie_embeddings_and_output_weights": False, "cp": 1,
                  # the MoE columns (issue 13): a dense model's values
                  "num_experts": 0, "moe_router_topk": 2, "moe_ffn_hidden_size": 0,
-                 "moe_shared_expert_intermediate_size": 0, "moe_layer_step": 1, "moe_first_dense_layers": 0}
+                 "moe_shared_expert_intermediate_size": 0, "moe_layer_step": 1, "moe_first_dense_layers": 0,
+                 # heads of kv_channels channels: 0, hidden_size / num_attention_heads
+                 "kv_channels": 0}
 # Output columns added after the digests were taken, with the value they hold where the feature
 # is off (context parallelism's exposed exchange at cp = 1): left out where every row holds it.
 ADDED_OUTPUTS = {"cp_comm_s": 0.0, "ep_comm_s": 0.0}

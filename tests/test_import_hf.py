@@ -74,6 +74,7 @@ PUBLISHED = {
     "gpt2": (124_439_808, None),
     "gpt-neox-20b": (20_554_567_680, None),
     "gemma-2b": (2_506_172_416, None),
+    "gemma-7b": (8_537_680_896, None),            # head_dim 256, not 3072 / 16: kv_channels = 256
 }
 
 
@@ -172,6 +173,11 @@ def test_what_each_family_differs_in_is_noted():
     assert "num_query_groups = num_attention_heads = 32" in notes("llama-2-7b", num_key_value_heads=None)
     qwen3 = dict(config("llama-3-8b"), model_type="qwen3", head_dim=128)
     assert any("q_norm, k_norm" in n for n in shape_from_config(qwen3, "qwen3.json")[1])
+    # Qwen3 dense: heads of head_dim channels, not hidden_size / heads (Qwen3-4B: 2560 / 32 = 80, head_dim 128)
+    qwen3_4b = dict(config("llama-3-8b"), model_type="qwen3", hidden_size=2560, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=128)
+    assert shape_from_config(qwen3_4b, "qwen3.json")[0]["kv_channels"] == 128
+    assert "kv_channels" not in shape_from_config(qwen3, "qwen3.json")[0]      # 4096 / 32 = 128: the default
 
 
 def test_every_feature_is_one_row_that_can_be_written_instead_of_noted(monkeypatch):
@@ -189,8 +195,8 @@ def test_every_feature_is_one_row_that_can_be_written_instead_of_noted(monkeypat
 
 
 @pytest.mark.parametrize("name,changes,key,value", [
-    ("gemma-7b", {}, "head_dim", "256"),
-    ("llama-3-8b", {"kv_channels": 256}, "kv_channels", "256"),
+    ("gemma-7b", {"head_dim": 256.5}, "head_dim", "256.5"),        # a head width is a whole number
+    ("llama-3-8b", {"kv_channels": True}, "kv_channels", "true"),
     ("llama-3-8b", {"num_local_experts": 8}, "num_local_experts", "8"),     # experts in a dense family
     ("llama-3-8b", {"num_experts": 64}, "num_experts", "64"),
     ("llama-3-8b", {"n_routed_experts": 64}, "n_routed_experts", "64"),
@@ -222,8 +228,8 @@ def test_what_the_model_cannot_express_is_refused_naming_the_key(name, changes, 
 def test_refusals_say_what_is_allowed_and_how_to_go_on(tmp_path, cli):
     out = flat(cli("import-hf", write_config(tmp_path, config("llama-3-8b", num_local_experts=8))).output)
     assert "its family has no experts" in out and "mixtral, qwen3_moe, deepseek_v3 or gpt_oss" in out
-    out = flat(cli("import-hf", HF / "gemma-7b.json").output)
-    assert "3072 / 16 = 192" in out and "kv_channels" in out
+    out = flat(cli("import-hf", write_config(tmp_path, config("gemma-7b", head_dim=0.5))).output)
+    assert "head_dim = 0.5" in out and "kv_channels" in out
     out = flat(cli("import-hf", HF / "mistral-7b-v0.1.json").output)
     assert "at least seq_length (32768)" in out and "--seq-length 4096" in out
     out = flat(cli("import-hf", write_config(tmp_path, config("llama-3-8b", model_type="lama"))).output)
@@ -251,10 +257,10 @@ def test_bad_files_are_refused_as_input_files(tmp_path, cli):
 
 
 def test_the_console_script_refuses_without_a_traceback():
-    res = subprocess.run([sys.executable, "-m", "vtrain_fast", "import-hf", str(HF / "gemma-7b.json")],
+    res = subprocess.run([sys.executable, "-m", "vtrain_fast", "import-hf", str(HF / "mistral-7b-v0.1.json")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
-    assert "head_dim" in res.stderr and "Traceback" not in res.stderr and res.stdout == ""
+    assert "sliding_window" in res.stderr and "Traceback" not in res.stderr and res.stdout == ""
 
 
 def test_stdout_is_the_model_file_and_notes_go_to_stderr(tmp_path):
@@ -282,8 +288,8 @@ def test_o_writes_the_file_and_never_replaces_one_without_overwrite(tmp_path, cl
     assert res.exit_code == 0 and out.read_text() != first and "num_query_groups = 32" in out.read_text()
     assert sorted(p.name for p in out.parent.iterdir()) == ["llama.toml"]       # no temporary file left
     # a refused config writes nothing
-    res = cli("import-hf", HF / "gemma-7b.json", "-o", tmp_path / "gemma.toml")
-    assert res.exit_code == 2 and not (tmp_path / "gemma.toml").exists()
+    res = cli("import-hf", HF / "mistral-7b-v0.1.json", "-o", tmp_path / "mistral.toml")
+    assert res.exit_code == 2 and not (tmp_path / "mistral.toml").exists()
     res = cli("import-hf", HF / "gpt2.json", "-o", tmp_path)
     assert res.exit_code == 2 and "not a folder" in flat(res.output)
 

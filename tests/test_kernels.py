@@ -333,6 +333,14 @@ def random_config(rng, invalid_fraction=0.4):
         # an MoE preset over a pipeline with middle stages: every layer an MoE layer (the kernel
         # bounds the middle stages by their largest MoE count, exact when they are equal)
         flags = flags._replace(moe_layer_step=1.0, moe_first_dense_layers=0.0)
+    if rng.random() < 0.3:
+        # heads of kv_channels d other than h / a (Megatron-LM --kv-channels): wider, narrower, or
+        # on a hidden size that heads do not divide
+        krng = np.random.default_rng(int(rng.integers(2 ** 32)))
+        hd = max(int(h) // max(int(a), 1), 1)
+        flags = flags._replace(kv_channels=float(krng.choice([64, 128, 256, hd, 2 * hd, max(hd // 2, 1)])))
+        if krng.random() < 0.25 and sizes[1] == h:
+            sizes[1] = int(h) + 8
     return (*sizes, rc, tokens, hw, flags, cp)
 
 

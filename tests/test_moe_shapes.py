@@ -210,17 +210,17 @@ def test_evaluate_prices_mixtral_and_refuses_a_row_naming_an_unpriced_moe_model(
     df = pl.read_csv(tmp_path / "out.csv")
     assert df["num_experts"].to_list() == [8] and df["ep"].to_list() == [8] and df["ep_comm_s"][0] > 0
     csv.write_text("model,global_batch_size,micro_batch_size,tp,pp,dp,gpu\n"
-                   "llama3-8b,64,1,4,2,1,h100-sxm-80gb\nqwen3-30b-a3b,64,1,4,2,1,h100-sxm-80gb\n")
+                   "llama3-8b,64,1,4,2,1,h100-sxm-80gb\ndeepseek-v3,64,1,4,2,1,h100-sxm-80gb\n")
     res = cli("evaluate", csv, "-o", tmp_path / "out2.csv")
     out = flat(res.output)
     assert res.exit_code == 2, res.output
-    assert "column model, row 3" in out and "kv_channels = 128" in out, out
+    assert "column model, row 3" in out and "latent attention" in out, out
     assert not (tmp_path / "out2.csv").exists()
 
 
-def test_kv_channels_and_mla_on_a_dense_shape_are_refused_too():
+def test_kv_channels_on_a_dense_shape_is_priced_and_mla_refused():
     dense = MODEL_PRESETS["llama3-8b"]
-    assert "kv_channels = 256" in unpriced_reason(replace(dense, kv_channels=256))
+    assert unpriced_reason(replace(dense, kv_channels=256)) is None          # priced: the kv_channels column
     assert unpriced_reason(replace(dense, kv_channels=128)) is None          # hidden / heads: the default
     assert "latent attention" in unpriced_reason(replace(dense, multi_latent_attention=True))
 

@@ -230,11 +230,14 @@ HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
 def shape_params(m) -> float:
     """Parameters of the model shape ``m`` (a :class:`~vtrain_fast.plan.models.ModelShape`) as the
-    cost model counts them (:func:`vtrain_fast.model.memory.model_params`, with its architecture flags)."""
+    cost model counts them (:func:`vtrain_fast.model.memory.model_params`, with its architecture flags
+    and its heads' ``kv_channels``)."""
     from .model.arch import arch_of
     from .model.memory import model_params
+    from .model.moe import kernel_kv_channels
+    arch = arch_of(m.arch_values())._replace(kv_channels=float(kernel_kv_channels(m.resolved())))
     return model_params(m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size,
-                        m.vocab_size, m.seq_length, arch_of(m.arch_values()))
+                        m.vocab_size, m.seq_length, arch)
 
 
 def shape_flags(m) -> str:
@@ -278,7 +281,7 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                                 params_billion=round(counts[m.name].total / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml; "
-                "experts: MoE (priced with standard attention; MLA, kv_channels other than h / heads and "
+                "experts: MoE (priced with standard attention, heads of kv_channels included; MLA and "
                 "capacity factors are refused, issue 13); active_billion: parameters per token, "
                 "the word embedding included)", console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,

@@ -19,6 +19,7 @@ from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.moe import KERNEL_COLUMNS as MOE_COLUMNS, KERNEL_NAMES as MOE_NAMES
+from ..model.moe import kernel_kv_channels
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
@@ -415,7 +416,8 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
     """``df`` with the shape of each row whose ``model`` cell names a model of ``models`` (default:
     the presets, :data:`~vtrain_fast.plan.models.MODEL_PRESETS`, ``vtrain-fast presets``) filled
     into its empty or missing shape cells (num_layers, hidden_size, num_attention_heads,
-    num_query_groups, ffn_hidden_size, vocab_size, seq_length and the architecture flags); a cell the row gives
+    num_query_groups, ffn_hidden_size, vocab_size, seq_length, the architecture flags and the MoE and
+    kv_channels columns); a cell the row gives
     overrides the model's. Other ``model`` values stay labels."""
     if "model" not in df.columns:
         return df
@@ -426,7 +428,8 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
         return df
     for col in MODEL_FIELDS:
         fl = ARCH_BY_NAME.get(col)
-        values = [getattr(shapes[n], col) if n in shapes else None for n in names]
+        values = [(kernel_kv_channels(shapes[n]) if col == "kv_channels" else getattr(shapes[n], col))
+                  if n in shapes else None for n in names]       # kv_channels: 0 for h / a, as the kernels' rows
         if fl is None:
             preset = pl.Series(col, [None if v is None else int(v) for v in values], dtype=pl.Int64)
         elif fl.kind is bool and col in df.columns and df.schema[col] == pl.Boolean:

@@ -6,12 +6,14 @@ fp16 gradient 2, fp32 master weight 4, Adam momentum 4 and variance 4; Rajbhanda
 over the data-parallel ranks (:func:`model_state_bytes`, the paper's Figure 1). Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", Sec. 4 (tensor parallelism without sequence parallelism:
 ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes per layer), generalised here to grouped-query
-attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/t``).
+attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/t``) and heads of
+``kv_channels`` channels (attention width ``qw = a d``: the ``4 + 4g/a`` of Q, K, V and the context
+scale by ``qw / h``).
 """
 from __future__ import annotations
 
 from ._jit import jit
-from .ops import MXFP8_SCALE_BYTES_PER_ELEMENT, fused_softmax
+from .ops import MXFP8_SCALE_BYTES_PER_ELEMENT, attention_width, fused_softmax
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .params import H_DP_SHARD, H_OPT_SHARD, H_ZERO_STAGE
 
@@ -90,10 +92,13 @@ def norm_params(h, arch):
 def layer_params(h, a, g, f, arch=DEFAULT_ARCH):
     """Parameters of one transformer layer: the four linears' weights (a gated MLP,
     ``arch.gated_mlp`` 1, SwiGLU, has three ``h x f`` matrices instead of two), their biases
-    (``arch.add_bias_linear``) and two norms (:func:`norm_params`)."""
+    (``arch.add_bias_linear``) and two norms (:func:`norm_params`). Heads of ``arch.kv_channels``
+    channels (:func:`~vtrain_fast.model.ops.attention_width` ``qw``): QKV ``h x (qw + 2 qw g/a)``,
+    projection ``qw x h``."""
     gated = arch.gated_mlp
-    qkv_out = h + 2.0 * h * g / a
-    weights = h * qkv_out + h * h + (2.0 + gated) * h * f
+    qw = attention_width(h, a, arch)
+    qkv_out = qw + 2.0 * qw * g / a
+    weights = h * qkv_out + qw * h + (2.0 + gated) * h * f
     biases = arch.add_bias_linear * (qkv_out + h + (1.0 + gated) * f + h)
     return weights + biases + 2.0 * norm_params(h, arch)
 
@@ -104,8 +109,9 @@ def layer_params_per_rank(h, a, g, f, t, arch=DEFAULT_ARCH):
     weights and the column-parallel biases (QKV, FC1) over ``t``, the row-parallel biases
     (projection, FC2) and the norms replicated."""
     gated = arch.gated_mlp
-    qkv_out = h + 2.0 * h * g / a
-    split = h * qkv_out + h * h + (2.0 + gated) * h * f + arch.add_bias_linear * (qkv_out + (1.0 + gated) * f)
+    qw = attention_width(h, a, arch)
+    qkv_out = qw + 2.0 * qw * g / a
+    split = h * qkv_out + qw * h + (2.0 + gated) * h * f + arch.add_bias_linear * (qkv_out + (1.0 + gated) * f)
     return split / t + arch.add_bias_linear * 2.0 * h + 2.0 * norm_params(h, arch)
 
 
@@ -120,8 +126,9 @@ def moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch):
     :func:`layer_params`, :func:`vtrain_fast.model.moe.param_counts`'s counts."""
     gated = arch.gated_mlp
     bias = arch.add_bias_linear
-    qkv_out = h + 2.0 * h * g / a
-    attn = (h * qkv_out + h * h + bias * qkv_out) / t + bias * h + 2.0 * norm_params(h, arch)
+    qw = attention_width(h, a, arch)
+    qkv_out = qw + 2.0 * qw * g / a
+    attn = (h * qkv_out + qw * h + bias * qkv_out) / t + bias * h + 2.0 * norm_params(h, arch)
     fs = arch.moe_shared_expert_intermediate_size
     shared = 0.0
     if fs > 0.0:
@@ -150,7 +157,7 @@ def model_params(num_layers, h, a, g, f, v, s, arch=DEFAULT_ARCH):
 
 
 @jit
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
     (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
 
@@ -165,9 +172,15 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0):
     tensor-parallel regions (layer-norm inputs, dropout masks and outputs) are split over the
     ``t`` ranks too: ``s b h (10 + 4 + 4g/a + 4f/h) / t`` (Korthikanti et al. 2022, Sec. 4.2.2,
     Table 2: ``sbh (34/t + 5as/(ht))``). The MLP keeps FC1's output and the activation's
-    (``4f/h``); a gated MLP (``gated`` 1) keeps gate and up and the product (``6f/h``)."""
+    (``4f/h``); a gated MLP (``gated`` 1) keeps gate and up and the product (``6f/h``).
+
+    Heads of ``kv_channels`` channels (``qw = a d``, the attention width,
+    :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``): Q and the context (the projection's
+    input) are ``2 s b qw`` bytes each and K and V ``2 s b qw g / a`` each, so ``4 + 4g/a`` becomes
+    ``(4 + 4g/a) qw / h``; the layer-norm outputs, dropouts and MLP terms keep ``h``."""
     outside = 10.0 / t if sp != 0.0 else 10.0
-    base = s * b * h * (outside + (4.0 + 4.0 * g / a + (4.0 + 2.0 * gated) * f / h) / t)
+    r = qw / h if qw > 0.0 else 1.0
+    base = s * b * h * (outside + (4.0 * r + 4.0 * r * g / a + (4.0 + 2.0 * gated) * f / h) / t)
     return base + attention_core_activation_bytes(b, s, a, t, flash)
 
 
@@ -219,14 +232,16 @@ FP8_WEIGHT_COPY_BYTES_PER_PARAM = 2.0
 
 
 @jit
-def linear_weights_per_rank(h, a, g, f, t, gated=0.0):
+def linear_weights_per_rank(h, a, g, f, t, gated=0.0, qw=0.0):
     """Weights (no biases) of one layer's four linears held by one tensor-parallel rank:
-    QKV ``h (h + 2hg/a)``, projection ``h^2``, FC1 and FC2 ``(2 + gated) h f``, over ``t``."""
-    return (h * (h + 2.0 * h * g / a) + h * h + (2.0 + gated) * h * f) / t
+    QKV ``h (qw + 2 qw g/a)``, projection ``qw h``, FC1 and FC2 ``(2 + gated) h f``, over ``t``
+    (``qw`` the attention width, :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``)."""
+    q = qw if qw > 0.0 else h
+    return (h * (q + 2.0 * q * g / a) + q * h + (2.0 + gated) * h * f) / t
 
 
 @jit
-def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0):
+def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0, qw=0.0):
     """Bytes of one layer's FP8 weight copies on one TP rank with ``fp8`` non-zero: 2 bytes per
     linear weight (:data:`FP8_WEIGHT_COPY_BYTES_PER_PARAM`: the FP8 weight and its transpose,
     cached by Transformer Engine across the micro-batches of a step) on top of the bf16 weights
@@ -239,17 +254,18 @@ def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0):
     if fp8 == 0.0:
         return 0.0
     per_weight = FP8_WEIGHT_COPY_BYTES_PER_PARAM + (2.0 * MXFP8_SCALE_BYTES_PER_ELEMENT if mxfp8 != 0.0 else 0.0)
-    return per_weight * linear_weights_per_rank(h, a, g, f, t, gated)
+    return per_weight * linear_weights_per_rank(h, a, g, f, t, gated, qw)
 
 
 @jit
-def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0):
+def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0, qw=0.0):
     """Bytes fewer that one layer stores for backward, one micro-batch, with ``fp8`` non-zero:
     Transformer Engine saves the FP8 (1-byte) copy of a linear's input for its weight-gradient
     GEMM instead of the bf16 one (:func:`layer_activation_bytes` counts 2 bytes). Saved inputs
     that nothing else needs: QKV's and FC1's (the layer-norm outputs, ``s b h`` each; split over
     ``t`` with sequence parallelism), FC2's (the activation output, ``s b f / t``) and, without
-    FlashAttention, the projection's (the context, ``s b h / t``; FlashAttention keeps it in bf16
+    FlashAttention, the projection's (the context, ``s b qw / t``, ``qw`` the attention width, 0:
+    ``h``; FlashAttention keeps it in bf16
     as its output for its own backward). 0.0 otherwise.
 
     With ``mxfp8`` non-zero the saved (columnwise) MXFP8 copy carries its E8M0 scales, 1/32 byte
@@ -258,6 +274,6 @@ def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0):
     if fp8 == 0.0:
         return 0.0
     outside = 2.0 / t if sp != 0.0 else 2.0       # the QKV and FC1 inputs
-    proj = 0.0 if flash != 0.0 else h / t
+    proj = 0.0 if flash != 0.0 else (qw if qw > 0.0 else h) / t
     saved = FP8_BYTES + (MXFP8_SCALE_BYTES_PER_ELEMENT if mxfp8 != 0.0 else 0.0)
     return (2.0 - saved) * s * b * (outside * h + f / t + proj)

@@ -1,7 +1,7 @@
 """Mixture-of-experts and attention-shape fields of a model, and the parameter counts of such a
 model (total and active per token). Pure Python, no Numba: the kernels read the integer columns of
 :data:`KERNEL_COLUMNS` (issue 13's first kernel slice); a model that needs what they do not price
-(multi-head latent attention, ``kv_channels`` heads, other layer patterns, a capacity factor) is
+(multi-head latent attention, other layer patterns, a capacity factor) is
 refused (:func:`unpriced_reason`, raised by :func:`vtrain_fast.plan.models.check_priced`), never
 priced as another model.
 
@@ -113,7 +113,7 @@ BY_NAME: dict[str, ShapeField] = {f.name: f for f in SHAPE_FIELDS}
 SHAPE_FIELD_NAMES = tuple(f.name for f in SHAPE_FIELDS)
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 # The shape fields the kernels' model table was planned to gain (docs/moe.md); the first slice takes
-# KERNEL_COLUMNS (below); MLA and kv_channels are refused until priced.
+# KERNEL_COLUMNS (below: kv_channels with the MoE columns); MLA is refused until priced.
 KERNEL_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                  "kv_channels", "multi_latent_attention", *MLA_FIELDS)
 
@@ -123,7 +123,8 @@ KERNEL_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_s
 # the layer placement as two integers (:func:`layer_placement`): every ``moe_layer_step``-th layer
 # from layer ``moe_first_dense_layers`` on is an MoE layer.
 KERNEL_COLUMNS = (("num_experts", 0), ("moe_router_topk", 2), ("moe_ffn_hidden_size", 0),
-                  ("moe_shared_expert_intermediate_size", 0), ("moe_layer_step", 1), ("moe_first_dense_layers", 0))
+                  ("moe_shared_expert_intermediate_size", 0), ("moe_layer_step", 1), ("moe_first_dense_layers", 0),
+                  ("kv_channels", 0))
 KERNEL_NAMES = tuple(n for n, _ in KERNEL_COLUMNS)
 KERNEL_DEFAULTS = tuple(float(d) for _, d in KERNEL_COLUMNS)
 KERNEL_DOCS = {
@@ -136,6 +137,8 @@ KERNEL_DOCS = {
                       "--moe-layer-freq k; 1: every layer)",
     "moe_first_dense_layers": "MoE layer placement: the first this many layers are dense (DeepSeek-V3's "
                               "--moe-layer-freq \"([0]*3+[1]*58)\": 3)",
+    "kv_channels": "channels per attention head, d (0: hidden_size / num_attention_heads; queries and the "
+                   "projection a x d wide, keys and values g x d each; Megatron-LM --kv-channels)",
 }
 
 
@@ -156,13 +159,26 @@ def layer_placement(num_layers: int, moe_layer_freq) -> tuple[int, int] | None:
     return None
 
 
+def kernel_kv_channels(shape) -> int:
+    """The kernels' ``kv_channels`` column of a model shape: 0 where its heads are ``hidden_size /
+    num_attention_heads`` wide (the default, so that such a model's row is a plain dense one's),
+    else ``kv_channels``."""
+    d = getattr(shape, "kv_channels", 0) or 0
+    h, a = shape.hidden_size, shape.num_attention_heads
+    if not d or (a and h % a == 0 and d == h // a):
+        return 0
+    return int(d)
+
+
 def kernel_values(shape) -> tuple[int, ...]:
-    """The :data:`KERNEL_NAMES` values of a (resolved) model shape; a dense model's defaults."""
+    """The :data:`KERNEL_NAMES` values of a (resolved) model shape; a dense model's defaults (and
+    its ``kv_channels``, :func:`kernel_kv_channels`)."""
+    kv = kernel_kv_channels(shape)
     if not is_moe(shape):
-        return tuple(int(d) for _, d in KERNEL_COLUMNS)
+        return tuple(int(d) for _, d in KERNEL_COLUMNS[:-1]) + (kv,)
     step_, first = layer_placement(shape.num_layers, shape.moe_layer_freq) or (1, 0)
     return (shape.num_experts, shape.moe_router_topk, shape.moe_ffn_hidden_size or shape.ffn_hidden_size,
-            shape.moe_shared_expert_intermediate_size, step_, first)
+            shape.moe_shared_expert_intermediate_size, step_, first, kv)
 
 
 _PATTERN_PART = re.compile(r"\[\s*([01])\s*\]\s*\*\s*(\d+)|\[\s*([01](?:\s*,\s*[01])*)\s*\]")
@@ -317,20 +333,15 @@ def param_counts(shape) -> ParamCounts:
 
 
 def unpriced_reason(shape) -> str | None:
-    """Why the kernels cannot price ``shape`` yet, or None: multi-head latent attention, heads
-    whose width differs from ``hidden_size / num_attention_heads`` (``kv_channels``), an MoE layer
+    """Why the kernels cannot price ``shape`` yet, or None: multi-head latent attention, an MoE layer
     placement that is neither every k-th layer nor dense first layers then MoE ones
     (:func:`layer_placement`), or a capacity factor (the kernels price dropless routing). Routed
-    experts themselves are priced (issue 13, docs/moe.md). The kernels read the sizes, flags and MoE
+    experts themselves are priced (issue 13, docs/moe.md), and so are heads of ``kv_channels`` other
+    than ``hidden_size / num_attention_heads`` (the kernels' ``kv_channels`` column). The kernels read the sizes, flags and MoE
     columns of ``params.MODEL_FIELDS`` only; such a shape priced by them would silently be another."""
     if shape.multi_latent_attention:
         return (f"multi-head latent attention is not priced yet (issue 13): {shape.name} sets "
                 "multi_latent_attention = true")
-    h, a = shape.hidden_size, shape.num_attention_heads
-    if shape.kv_channels and (h % a or shape.kv_channels != h // a):
-        return (f"attention heads of kv_channels = {shape.kv_channels} channels, not hidden_size / "
-                f"num_attention_heads, are not priced yet: {shape.name}'s projections are "
-                f"{a} x {shape.kv_channels} wide, hidden_size is {h}")
     if is_moe(shape):
         if layer_placement(shape.num_layers, shape.moe_layer_freq) is None:
             return (f"{shape.name}'s moe_layer_freq pattern is not priced yet (issue 13): the kernels take every "

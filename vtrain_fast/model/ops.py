@@ -87,6 +87,17 @@ MXFP8_SCALE_BYTES_PER_ELEMENT = 1.0 / MXFP8_BLOCK
 
 
 @jit
+def attention_width(h, a, arch):
+    """Width of the attention's queries, context and output-projection input, ``a x d`` with
+    ``d = arch.kv_channels`` (Megatron-LM ``--kv-channels``; Megatron-core's
+    ``query_projection_size``), or ``h`` when ``kv_channels`` is 0 (``d = h / a``, the default).
+    Keys and values are ``g x d`` each (``attention_width * g / a``); the attention-only formulas
+    below take it where they name ``h``."""
+    d = arch.kv_channels
+    return a * d if d > 0.0 else h
+
+
+@jit
 def phase_s(gpu_s, num_kernels, hw):
     """Seconds of a phase of ``num_kernels`` kernels whose GPU time is ``gpu_s``: eager
     PyTorch launches asynchronously, so the phase takes the larger of the GPU time and the host
@@ -197,14 +208,15 @@ def linear_gemm_time_s(m, n, k, hw):
 
 
 @jit
-def fp8_cast_forward(b, s, h, f, t, hw):
+def fp8_cast_forward(b, s, h, f, t, hw, qw=0.0):
     """``(bytes, kernels)`` of one layer's FP8 quantization in forward, one micro-batch, one TP
     rank: Transformer Engine casts the input of each of the four linears to FP8 and writes its
     transpose for the weight-gradient GEMM in one fused cast-transpose kernel
     (:data:`FP8_CAST_TRANSPOSE_BYTES` = 4 bytes per element: read 2, write 1 + 1; delayed scaling
     records the amax in the same pass; per recipe :func:`fp8_quantize_cost`: current scaling adds
     an amax pass, MXFP8 the block scales). Inputs: QKV and FC1 ``b s h`` (the all-gathered input
-    with sequence parallelism), projection ``b s h/t``, FC2 ``b s f/t``. ``(0, 0)`` in bf16.
+    with sequence parallelism), projection ``b s qw/t`` (``qw`` the attention width,
+    :func:`attention_width`; 0: ``h``), FC2 ``b s f/t``. ``(0, 0)`` in bf16.
 
     The per-iteration amax-history and scale update of delayed scaling (one fused kernel per
     micro-batch per autocast region), its amax all-reduce over the data- and tensor-parallel group,
@@ -213,23 +225,25 @@ def fp8_cast_forward(b, s, h, f, t, hw):
     if hw[H_PRECISION] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
-    elems = tokens * (2.0 * h + h / t + f / t)
+    q = qw if qw > 0.0 else h
+    elems = tokens * (2.0 * h + q / t + f / t)
     per_element, kernels = fp8_quantize_cost(hw)
     return per_element * elems, FP8_LINEARS * kernels
 
 
 @jit
-def fp8_cast_backward(b, s, h, a, g, f, t, hw, gated=0.0):
+def fp8_cast_backward(b, s, h, a, g, f, t, hw, gated=0.0, qw=0.0):
     """``(bytes, kernels)`` of one layer's FP8 quantization in backward, one micro-batch, one TP
     rank: each linear's output gradient is cast to FP8 (E5M2 in the hybrid format) with its
     transpose for the weight-gradient GEMM (TE's cast-transpose, fused with the bias gradient:
     4 bytes per element; per recipe :func:`fp8_quantize_cost`). Output gradients: QKV
-    ``b s (h + 2hg/a)/t``, projection ``b s h``, FC1 ``b s (1 + gated) f/t``, FC2 ``b s h``.
-    ``(0, 0)`` in bf16."""
+    ``b s (qw + 2 qw g/a)/t`` (``qw`` the attention width, :func:`attention_width`; 0: ``h``),
+    projection ``b s h``, FC1 ``b s (1 + gated) f/t``, FC2 ``b s h``. ``(0, 0)`` in bf16."""
     if hw[H_PRECISION] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
-    qkv_out = (h + 2.0 * h * g / a) / t
+    q = qw if qw > 0.0 else h
+    qkv_out = (q + 2.0 * q * g / a) / t
     elems = tokens * (qkv_out + h + (1.0 + gated) * f / t + h)
     per_element, kernels = fp8_quantize_cost(hw)
     return per_element * elems, FP8_LINEARS * kernels
@@ -299,7 +313,8 @@ def attention_scores_forward(b, s, h, a, t, hw):
     GEMMs: ``Q K^T`` and ``softmax(.) V``, batched over ``b * a/t`` heads (:func:`gemm_time_s`).
     Bytes over the ``b (a/t) s^2`` score elements: the scale-mask-softmax (:func:`softmax_costs`)
     and the attention dropout (read 2, write 2, 1-byte mask). Extra kernels: those of an unfused
-    softmax. Shared by :func:`layer_forward_s` and :func:`attention_core_forward_s`.
+    softmax. Shared by :func:`layer_forward_s` and :func:`attention_core_forward_s`. ``h`` is
+    the attention width (:func:`attention_width`: heads of ``h / a`` channels).
     """
     heads = a / t
     score_elems = b * heads * s * s
@@ -326,7 +341,8 @@ ROPE_KERNELS = 2.0
 def rope_costs(b, s, h, a, g, t, arch):
     """``(bytes, kernels)`` of the rotary embedding of one layer, one micro-batch, one TP rank, one
     way (forward on q and k, backward on their gradients): ``2 x 2 x b s (h + h g/a) / t`` bytes
-    and :data:`ROPE_KERNELS` with ``arch.position_embedding_type`` rope, else ``(0, 0)``."""
+    and :data:`ROPE_KERNELS` with ``arch.position_embedding_type`` rope, else ``(0, 0)``. ``h`` is
+    the attention width (:func:`attention_width`)."""
     if arch.position_embedding_type != ROPE:
         return 0.0, 0.0
     return 4.0 * b * s * (h + h * g / a) / t, ROPE_KERNELS
@@ -349,7 +365,9 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     softmax, dropout and context are one :func:`flash_attention_forward_s`. With ``precision`` =
     fp8 the four linears' GEMMs run in FP8 (:func:`linear_gemm_time_s`) and their inputs are
     quantized first (:func:`fp8_cast_forward`); the attention core stays bf16. Tensor-parallel
-    communication is not included (see :mod:`vtrain_fast.model.comm`).
+    communication is not included (see :mod:`vtrain_fast.model.comm`). Heads of
+    ``arch.kv_channels`` channels (:func:`attention_width` ``qw = a d``): QKV ``h -> (qw + 2 qw
+    g/a)/t``, the attention core over heads of ``d``, the projection ``qw/t -> h``.
 
     Returns
     -------
@@ -358,27 +376,28 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     """
     gated = arch.gated_mlp
     tokens = b * s
-    qkv_out = (h + 2.0 * h * g / a) / t
+    qw = attention_width(h, a, arch)
+    qkv_out = (qw + 2.0 * qw * g / a) / t
     time = linear_gemm_time_s(tokens, qkv_out, h, hw)
-    time += linear_gemm_time_s(tokens, h, h / t, hw)           # output projection
+    time += linear_gemm_time_s(tokens, h, qw / t, hw)          # output projection
     time += linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw)   # FC1 (gate and up when gated)
     time += linear_gemm_time_s(tokens, h, f / t, hw)           # FC2
     sp = sequence_split(t, hw)
-    cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw)   # (0, 0) in bf16
-    rope_bytes, rope_kernels = rope_costs(b, s, h, a, g, t, arch)   # (0, 0) without RoPE
+    cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw, qw)   # (0, 0) in bf16
+    rope_bytes, rope_kernels = rope_costs(b, s, qw, a, g, t, arch)   # (0, 0) without RoPE
     cast_bytes += rope_bytes            # (cast_*: the layer's extra memory-bound kernels: FP8 casts, RoPE)
     cast_kernels += rope_kernels
     nbytes = (
         2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
-        + 4.0 * tokens * h / t          # context permute copy
+        + 4.0 * tokens * qw / t         # context permute copy
         + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
         + (4.0 + 2.0 * gated) * tokens * f / t   # bias-GeLU (SwiGLU: reads 2f, writes f)
     ) + cast_bytes
     if hw[H_FLASH_ATTN] != 0.0:
-        time += flash_attention_forward_s(b, s, h, a, g, t, hw)
+        time += flash_attention_forward_s(b, s, qw, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS + cast_kernels, hw),
                        FLASH_LAYER_FORWARD_KERNELS + cast_kernels, hw)
-    core_s, core_bytes, extra = attention_scores_forward(b, s, h, a, t, hw)
+    core_s, core_bytes, extra = attention_scores_forward(b, s, qw, a, t, hw)
     memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra + cast_kernels, hw)
     return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra + cast_kernels, hw)
 
@@ -394,6 +413,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     with ``precision`` = fp8 the eight linear GEMMs run in FP8 and the output gradients are
     quantized first (:func:`fp8_cast_backward`); with RoPE its kernels on the q and k gradients
     (:func:`rope_costs`). Recomputation is added by the caller. TP communication is not included.
+    Heads of ``arch.kv_channels`` channels as in :func:`layer_forward_s`.
 
     Returns
     -------
@@ -403,31 +423,32 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     gated = arch.gated_mlp
     tokens = b * s
     heads = a / t
-    qkv_out = (h + 2.0 * h * g / a) / t
+    qw = attention_width(h, a, arch)
+    qkv_out = (qw + 2.0 * qw * g / a) / t
     score_elems = b * heads * s * s
     time = linear_gemm_time_s(tokens, h, qkv_out, hw) + linear_gemm_time_s(h, qkv_out, tokens, hw)
-    time += linear_gemm_time_s(tokens, h / t, h, hw) + linear_gemm_time_s(h / t, h, tokens, hw)
+    time += linear_gemm_time_s(tokens, qw / t, h, hw) + linear_gemm_time_s(qw / t, h, tokens, hw)
     fc1 = (1.0 + gated) * f / t                                # FC1 width (gate and up when gated)
     time += linear_gemm_time_s(tokens, h, fc1, hw) + linear_gemm_time_s(h, fc1, tokens, hw)
     time += linear_gemm_time_s(tokens, f / t, h, hw) + linear_gemm_time_s(f / t, h, tokens, hw)
     sp = sequence_split(t, hw)
-    cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated)   # (0, 0) in bf16
-    rope_bytes, rope_kernels = rope_costs(b, s, h, a, g, t, arch)   # (0, 0) without RoPE
+    cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated, qw)   # (0, 0) in bf16
+    rope_bytes, rope_kernels = rope_costs(b, s, qw, a, g, t, arch)   # (0, 0) without RoPE
     cast_bytes += rope_bytes            # (cast_*: the layer's extra memory-bound kernels: FP8 casts, RoPE)
     cast_kernels += rope_kernels
     nbytes = (
         2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx
-        + 4.0 * tokens * h / t          # context permute copy
+        + 4.0 * tokens * qw / t         # context permute copy
         + 2.0 * 5.0 * tokens * h / sp   # two bias-dropout-add backwards: dy, mask -> dx
         + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
         + (6.0 + 4.0 * gated) * tokens * f / t   # bias-GeLU backward: x, dy -> dx (SwiGLU: 2f, f -> 2f)
     ) + cast_bytes                      # (+ 2 bias-gradient reductions: launches, bytes negligible)
     if hw[H_FLASH_ATTN] != 0.0:
-        time += flash_attention_backward_s(b, s, h, a, g, t, hw)
+        time += flash_attention_backward_s(b, s, qw, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS + cast_kernels, hw),
                        FLASH_LAYER_BACKWARD_KERNELS + cast_kernels, hw)
-    time += gemm_time_s(s, h / a, s, b * heads, hw) + gemm_time_s(h / a, s, s, b * heads, hw)
-    time += gemm_time_s(s, s, h / a, b * heads, hw) + gemm_time_s(s, h / a, s, b * heads, hw)
+    time += gemm_time_s(s, qw / a, s, b * heads, hw) + gemm_time_s(qw / a, s, s, b * heads, hw)
+    time += gemm_time_s(s, s, qw / a, b * heads, hw) + gemm_time_s(s, qw / a, s, b * heads, hw)
     _, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
@@ -445,7 +466,8 @@ def attention_core_forward_s(b, s, h, a, g, t, hw):
     Scores and context batched GEMMs, scale-mask-softmax (fused or not, :func:`fused_softmax`),
     attention dropout and the context permute copy, as in :func:`layer_forward_s`; with
     ``flash_attn`` the FlashAttention-2 forward (:func:`flash_attention_forward_s`). The
-    host-launch floor applies to its kernels.
+    host-launch floor applies to its kernels. ``h`` is the attention width
+    (:func:`attention_width`), as in the FlashAttention and context-parallel formulas below.
 
     Returns
     -------

@@ -8,13 +8,15 @@ with ``model_files = ["FILE.toml"]`` (:func:`vtrain_fast.plan.spec.spec_models`)
 
 Mixture-of-experts families (:data:`MOE_TYPES`: Mixtral, Qwen3-MoE, DeepSeek-V3 with its
 multi-head latent attention, gpt-oss) are imported with their experts in Megatron-LM's names
-(:mod:`vtrain_fast.model.moe`; ``head_dim`` as ``kv_channels``); the kernels do not price them yet
-(issue 13), so a sweep naming one is refused.
+(:mod:`vtrain_fast.model.moe`; ``head_dim`` as ``kv_channels``); the kernels price them with
+standard attention (issue 13), and refuse a sweep naming one with multi-head latent attention.
+A dense family's ``head_dim`` (Gemma, Qwen3) other than ``hidden_size / num_attention_heads`` is
+written as ``kv_channels`` too.
 
 What the cost model cannot express is refused (:class:`~vtrain_fast.io.errors.InputError`
 naming the file, the key, the value, what is allowed and a fix): expert keys in a dense family's
-config (:data:`REFUSED_KEYS`), a dense family's ``head_dim`` other than ``hidden_size / num_attention_heads``,
-sliding-window attention narrower than ``seq_length``, an unknown ``model_type``, missing or
+config (:data:`REFUSED_KEYS`), a ``head_dim`` that is not a whole number, heads that do not divide
+``hidden_size`` without a ``head_dim``, sliding-window attention narrower than ``seq_length``, an unknown ``model_type``, missing or
 non-integer shape keys. What the model does not represent but that barely changes the cost
 (RoPE, RMSNorm, absent biases, tied embeddings, ...) is accepted and noted: one row of
 :data:`FEATURES` per such property, named after its Megatron-LM argument.
@@ -447,8 +449,8 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
     InputError
         Not a JSON object; a key of :data:`REFUSED_KEYS` or ``moe_*`` in use; an unknown or
         missing ``model_type``; a missing, non-integer or out-of-range shape key; heads that do
-        not divide ``hidden_size`` or are not a multiple of the key/value heads; a ``head_dim``
-        (or ``kv_channels``) other than ``hidden_size / num_attention_heads``; a sliding window
+        not divide ``hidden_size`` (without a ``head_dim``) or are not a multiple of the key/value
+        heads; a ``head_dim`` (or ``kv_channels``) that is not a whole number; a sliding window
         narrower than ``seq_length``.
     """
     if not isinstance(cfg, dict):
@@ -495,7 +497,8 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
         shape["ffn_hidden_size"] = arch.ffn_default * h
         notes.append(f"assumed: ffn_hidden_size = {arch.ffn_default} x {arch.keys['hidden_size']} = "
                      f"{shape['ffn_hidden_size']} ({arch.keys['ffn_hidden_size']} absent or null: transformers' default)")
-    if h % a:
+    widths = {k: cfg[k] for k in ("head_dim", "kv_channels") if cfg.get(k) is not None and mt != "deepseek_v3"}
+    if h % a and not widths:
         raise InputError(where, arch.keys["num_attention_heads"], a, f"a divisor of {arch.keys['hidden_size']} ({h})",
                          "the cost model's heads have hidden_size / num_attention_heads channels each")
     g = shape["num_query_groups"]
@@ -503,24 +506,18 @@ def shape_from_config(cfg, where: str, seq_length: int | None = None) -> tuple[d
         raise InputError(where, arch.keys["num_query_groups"], g, f"a divisor of {arch.keys['num_attention_heads']} "
                          f"({a})", "grouped-query attention shares each key/value head among a whole number of "
                          "query heads; check the value")
-    for key in ("head_dim", "kv_channels"):
-        if arch.moe is not None and mt != "deepseek_v3" and cfg.get(key) is not None and cfg[key] != h // a:
-            lo, hi = 1, 100_000
-            v = cfg[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise InputError(where, key, v, f"a whole number from {lo} to {hi:,} (Megatron-LM's kv_channels)",
-                                 "write it as a JSON integer, as transformers does")
+    # heads of head_dim (transformers) = kv_channels (Megatron-LM) channels; DeepSeek-V3's MLA has
+    # its own head widths (qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+    for key, v in widths.items():
+        lo, hi = 1, 100_000
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(where, key, v, f"a whole number from {lo} to {hi:,} (Megatron-LM's kv_channels)",
+                             "write it as a JSON integer, as transformers does")
+        if h % a or v != h // a:
+            if "kv_channels" in shape and shape["kv_channels"] != v:
+                raise InputError(where, key, v, f"head_dim = {shape['kv_channels']}, as the config's other head width",
+                                 "give one head width (head_dim)")
             shape["kv_channels"] = v
-            continue
-        if mt == "deepseek_v3":
-            continue            # MLA: its head widths are qk_nope_head_dim, qk_rope_head_dim, v_head_dim
-        if cfg.get(key) is not None and cfg[key] != h // a:
-            raise InputError(where, key, cfg[key], f"null or hidden_size / num_attention_heads = {h} / {a} = {h // a} "
-                             "(the cost model has no kv_channels: its heads are hidden_size / num_attention_heads wide)",
-                             (f"its attention is {a} heads x {cfg[key]} = {a * cfg[key]} channels wide, not "
-                              f"hidden_size = {h}; " if isinstance(cfg[key], int) and not isinstance(cfg[key], bool)
-                              else "") + "such a model cannot be priced until the cost model has kv_channels; "
-                             "leave it out")
     if seq_length is not None:
         check_seq_length(seq_length)
         shape["seq_length"] = seq_length

@@ -4,8 +4,9 @@ biases, tied or untied output layer; Megatron-LM's GPT layer by default, the Lla
 theirs) and its mixture-of-experts and attention-shape fields (the registry
 :mod:`vtrain_fast.model.moe`: experts, top-k, expert widths, MoE layer placement, capacity
 factor, kv_channels, multi-head latent attention; dense by default). The kernels price dense
-shapes only so far: a sweep or evaluate run naming one that needs the second registry is refused
-(:func:`check_priced`). The shapes and their sources are data:
+shapes, MoE shapes with standard attention and heads of any ``kv_channels``: a sweep or evaluate
+run naming one that needs what they do not price (MLA, a capacity factor, another layer pattern) is
+refused (:func:`check_priced`). The shapes and their sources are data:
 ``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables, in the spec
 or in model files it names (``model_files``; ``vtrain-fast import-hf`` writes them from Hugging Face
 configs, :mod:`vtrain_fast.plan.hf`).
