@@ -935,8 +935,6 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     # it over 2 stages (a settings rule: before the batch rule, after the shape rules), and needs
     # the layers to split into p * vpp chunks and the micro-batch count to be a multiple of p
     chunks = int(hw_get(hw, "vpp")) if p > 1 else 1
-    if status in (OK, BAD_BATCH) and chunks > 1 and p == 2 and B > 0 and b > 0:
-        status = REFUSED
     # context parallelism runs only in Transformer Engine's fused (flash) attention
     if status in (OK, BAD_BATCH) and cp > 1 and not _flash_on(hw) and B > 0 and b > 0:
         status = REFUSED

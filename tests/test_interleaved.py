@@ -55,12 +55,16 @@ def test_interleaving_rules_and_no_pipeline():
         assert _with_vpp(flat, v).drop("vpp").equals(_with_vpp(flat, 1).drop("vpp"))
 
 
-def test_interleaving_over_two_stages_is_refused_as_megatron_core_does():
-    """megatron.core.parallel_state: "pipeline-model-parallel size should be greater than 2 with
-    interleaved schedule"."""
+def test_interleaving_over_two_stages_is_priced_as_megatron_core_allows_it():
+    """megatron.core.parallel_state refused it ("pipeline-model-parallel size should be greater than
+    2 with interleaved schedule") until Megatron-LM commit 3ee489d (2024-05-31, "Enable virtual
+    pipelining and P2P communication overlap at PP=2"); Megatron-Bridge's Qwen3-30B-A3B runs use
+    pp 2 with vpp 12 (vtrain_fast/data/published/moe_runs.csv). The bubble shrinks by about vpp
+    (each stage's time grows by the chunks' extra sends)."""
     two = PLAN.with_columns(pp=pl.lit(2), dp=pl.lit(16))
-    assert _with_vpp(two, 2)["status"][0] == "refused"
-    assert _with_vpp(two, 1)["status"][0] in ("ok", "out_of_memory")       # priced (175B on 2 stages)
+    one, inter = _with_vpp(two, 1), _with_vpp(two, 2)
+    assert inter["status"][0] == one["status"][0] and inter["status"][0] in ("ok", "out_of_memory")
+    assert 0.45 * one["bubble_s"][0] < inter["bubble_s"][0] < 0.55 * one["bubble_s"][0]
 
 
 def test_last_stage_holds_vpp_minus_1_times_p_plus_1_chunks():

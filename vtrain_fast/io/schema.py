@@ -105,7 +105,7 @@ STATUS_COLUMN = Column("status", _dict, "",
                        "ok | out_of_memory | bad_num_gpus (also: tp x cp x dp not divisible by etp x ep, MoE) | "
                        "bad_heads (also: num_experts not divisible by ep, MoE) | bad_layers | bad_batch | bad_input | "
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
-                       "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, vpp > 1 at pp = 2, "
+                       "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, "
                        "cp > 1 without use_flash_attn, ep > 1 at tp > 1 without sequence_parallel) | bad_seq_length (seq_length not divisible by 2 x cp)")
 
 _OUT_DOCS = {

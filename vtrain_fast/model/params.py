@@ -152,7 +152,7 @@ BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size 
 OUT_OF_MEMORY = 6    # the configuration does not fit in HBM (times are still computed)
 REPEAT = 7           # the same plan as a row of an earlier machine of the sweep: a training
                      # setting that differs has no effect at this tp, pp, dp (see repeats)
-REFUSED = 8          # Megatron-LM refuses the settings on this plan (vpp > 1 at pp = 2; cp > 1 without
-                     # FlashAttention), or a setting needs one it switches off here (tp_comm_overlap at tp = 1; see refused)
+REFUSED = 8          # Megatron-LM refuses the settings on this plan (cp > 1 without FlashAttention; ep > 1
+                     # at tp > 1 without sequence parallelism), or a setting needs one it switches off here (tp_comm_overlap at tp = 1; see refused)
 BAD_SEQ_LENGTH = 9   # seq_length not divisible by 2 * cp (context parallelism's load-balanced chunks)
 NUM_STATUS = 10

@@ -396,7 +396,8 @@ def validate_interleaving(L, B, b, p, d, hw):
     ``p > 1``): each stage's layers (:func:`stage_layers`; evenly: ``L / p``) divisible by
     ``vpp`` (``BAD_LAYERS``) and micro-batches per pipeline, ``B / (d * b)``, divisible by ``p``
     (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes :func:`validate_shape` accepted and
-    :func:`refused_interleaving` did not refuse."""
+    interleaving needs pipeline parallelism (``p > 1``; from 2 stages on since Megatron-LM commit
+    3ee489d, 2024-05-31, "Enable virtual pipelining and P2P communication overlap at PP=2")."""
     vpp = virtual_stages(p, hw)
     if vpp <= 1.0:
         return OK
@@ -418,14 +419,6 @@ def repeats(lay, hw):
     sequence parallelism, the distributed optimizer and overlapped gradient reduction at
     ``d = 1``)."""
     return (int(hw[H_REPEAT_CASES]) >> plan_case(lay)) & 1 == 1
-
-
-@jit
-def refused_interleaving(p, hw):
-    """Whether Megatron-LM refuses the interleaved schedule on ``p`` stages: ``vpp > 1`` needs
-    more than two (megatron.core.parallel_state raises "pipeline-model-parallel size should be
-    greater than 2 with interleaved schedule")."""
-    return hw[H_VPP] > 1.0 and p == 2
 
 
 @jit
@@ -1399,8 +1392,7 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch
         shape error are NaN.
     """
     status = validate_split(L, h, a, g, f, v, s, lay, hw, arch)
-    if status == OK and (refused_interleaving(lay.pp, hw) or refused_context_parallel(lay, hw)
-                         or refused_experts(lay, hw, arch)):
+    if status == OK and (refused_context_parallel(lay, hw) or refused_experts(lay, hw, arch)):
         status = REFUSED                # a settings rule, before the batch rule (as sweeps check it)
     status = validate_batch(status, B, b, lay.dp)
     if status == OK:

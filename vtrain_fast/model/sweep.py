@@ -30,7 +30,7 @@ from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_H
                      MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 from .step import refused_context_parallel, refused_experts
-from .step import (REFUSED, REPEAT, refused, refused_interleaving, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
+from .step import (REFUSED, REPEAT, refused, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
                    micro_batch_costs, model_totals, schedule, split_costs, chunks_split, step, validate_batch,
                    validate_interleaving, validate_split, virtual_stages)
 
@@ -168,8 +168,7 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
         split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
                                       models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
                                       models[mi, MD_SEQ], lay, hw_table[gi], arch)
-        if split_status == OK and (refused(lay, hw_table[gi]) or refused_interleaving(lay.pp, hw_table[gi])
-                                   or refused_context_parallel(lay, hw_table[gi])
+        if split_status == OK and (refused(lay, hw_table[gi]) or refused_context_parallel(lay, hw_table[gi])
                                    or refused_experts(lay, hw_table[gi], arch)):
             split_status = REFUSED      # Megatron-LM refuses these settings on this plan
         elif split_status == OK and repeats(lay, hw_table[gi]):
@@ -637,7 +636,7 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cp
                             if ok:
                                 hw = hw_table[gpus[gd]]
                                 vs = virtual_stages(float(lay.pp), hw)
-                                ok = vs <= 1.0 or (lay.pp > 2 and chunks_split(float(L), float(lay.pp), vs, hw))
+                                ok = vs <= 1.0 or chunks_split(float(L), float(lay.pp), vs, hw)
                             table[r] = 1 if ok else 0
                             r += 1
 
