@@ -863,7 +863,9 @@ def moe_layer(b, s, h, f, t, hw, fl):
             + linear_gemm_s(tokens, f / t, h, hw) + linear_gemm_s(f / t, h, tokens, hw))
     fwd_bytes = (4.0 + 2.0 * gated) * (local * rows * fe - tokens * f / t)
     bwd_bytes = (6.0 + 4.0 * gated) * (local * rows * fe - tokens * f / t)
-    stored = (local * rows * (2.0 * h + (4.0 + 2.0 * gated) * fe) + 2.0 * 2.0 * k * routed * h + 4.0 * routed * e
+    # kept: expert inputs, FC1 outputs, activation outputs per row; the combined expert outputs (k
+    # copies of h per routed token, for the probabilities' gradient); the fp32 logits
+    stored = (local * rows * (2.0 * h + (4.0 + 2.0 * gated) * fe) + 2.0 * k * routed * h + 4.0 * routed * e
               - (4.0 + 2.0 * gated) * tokens * f / t)
     launches = 0.0
     if fs > 0:

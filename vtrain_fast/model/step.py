@@ -634,8 +634,10 @@ def moe_layer_extra(b, s, h, f, t, hw, arch):
     over ``t``, instead of the dense MLP's FC1, FC2 and activation (the same GEMMs and bytes as
     :func:`~vtrain_fast.model.ops.layer_forward_s` / ``layer_backward_s`` count; the difference is
     added outside their host-launch floor). Stored: the experts' FC1 input and output and the
-    activation output per row (``2 h + (4 + 2 gated) f_e / etp`` bytes), the permuted tokens before
-    the all-to-all, in and out (``2 x 2 k h`` per routed token), the fp32 logits (``4 E``) and the
+    activation output per row (``2 h + (4 + 2 gated) f_e / etp`` bytes), the experts' outputs brought
+    back by the combine, which the weighted unpermutation keeps for its probabilities' gradient
+    (``2 k h`` per routed token; the dispatch side keeps nothing: the permutation's and the
+    all-to-all's backward need only indices and split sizes), the fp32 logits (``4 E``) and the
     shared experts' ``(4 + 2 gated) f_s / t`` per token, instead of the dense MLP's
     ``(4 + 2 gated) f / t`` (Korthikanti et al. 2022's MLP terms at the expert width)."""
     gated = arch.gated_mlp
@@ -658,7 +660,7 @@ def moe_layer_extra(b, s, h, f, t, hw, arch):
     act_fwd = (4.0 + 2.0 * gated) * (local * rows * fe - tokens * f / t)     # the activation kernel's bytes
     act_bwd = (6.0 + 4.0 * gated) * (local * rows * fe - tokens * f / t)
     kernels = 0.0
-    stored = (local * rows * (2.0 * h + (4.0 + 2.0 * gated) * fe) + 4.0 * k * routed * h + 4.0 * routed * arch.num_experts
+    stored = (local * rows * (2.0 * h + (4.0 + 2.0 * gated) * fe) + 2.0 * k * routed * h + 4.0 * routed * arch.num_experts
               - (4.0 + 2.0 * gated) * tokens * f / t)
     if fs > 0.0:
         fwd += (ops.linear_gemm_time_s(tokens, (1.0 + gated) * fs, h, hw) + ops.linear_gemm_time_s(tokens, h, fs, hw))
