@@ -186,3 +186,17 @@ def cli():
     def _invoke(*args):
         return runner.invoke(app, [str(a) for a in args])
     return _invoke
+
+
+def sweep_all_rows(grid):
+    """Every point of ``grid`` (``plan.grid.Grid``) through the row kernel in one call:
+    ``(inputs, tokens, out, status)`` as ``model.sweep.sweep_chunk`` fills them."""
+    import numpy as np
+
+    from vtrain_fast.model import step
+    from vtrain_fast.model import sweep as ks
+    n = grid.num_points
+    inputs, tokens = np.empty((ks.NUM_INPUTS, n), np.int64), np.empty(n, np.float64)
+    out, status = np.empty((step.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8)
+    ks.sweep_chunk(0, n, *grid.kernel_args(), inputs, tokens, out, status)
+    return inputs, tokens, out, status

@@ -688,16 +688,12 @@ def stage_layer_counts(L, p, hw=None):
     return counts if min(counts) >= 1 else None
 
 
-def bf16_layers_per_stage(L, counts, chunks, hw):
-    """Under FP8, how many of each pipeline device's layers run in bf16: Megatron-core keeps the
-    global layers ``j < num_layers_at_start_in_bf16`` and ``j >= L - num_layers_at_end_in_bf16``
-    in bf16 (fp8_utils.is_first_last_bf16_layer). The layers are dealt out in virtual-stage order:
-    chunk c of device i is virtual stage c p + i, 1 / chunks of the device's layers (the embedding
-    / loss slots counted as layers take one from the first / last chunk)."""
+def layers_per_device(L, counts, chunks, hw, is_kind):
+    """How many of each pipeline device's layers ``is_kind(j)`` holds for (j the global layer
+    index). The layers are dealt out in virtual-stage order: chunk c of device i is virtual stage
+    c p + i, 1 / chunks of the device's layers (the embedding / loss slots counted as layers take
+    one from the first / last chunk)."""
     p = len(counts)
-    if not _fp8(hw):
-        return [0] * p
-    start, end = int(hw_get(hw, "num_layers_at_start_in_bf16")), int(hw_get(hw, "num_layers_at_end_in_bf16"))
     e = int(hw_get(hw, "account_for_embedding_in_pipeline_split")) if p > 1 else 0
     lo = int(hw_get(hw, "account_for_loss_in_pipeline_split")) if p > 1 else 0
     slots = [c + (e if i == 0 else 0) + (lo if i == p - 1 else 0) for i, c in enumerate(counts)]
@@ -705,11 +701,20 @@ def bf16_layers_per_stage(L, counts, chunks, hw):
     for c in range(chunks):
         for i in range(p):
             size = slots[i] // chunks - (e if (i == 0 and c == 0) else 0) - (lo if (i == p - 1 and c == chunks - 1) else 0)
-            for j in range(layer, layer + size):
-                per_device[i] += 1 if (j < start or j >= L - end) else 0
+            per_device[i] += sum(1 for j in range(layer, layer + size) if is_kind(j))
             layer += size
     assert layer == L
     return per_device
+
+
+def bf16_layers_per_stage(L, counts, chunks, hw):
+    """Under FP8, how many of each pipeline device's layers run in bf16: Megatron-core keeps the
+    global layers ``j < num_layers_at_start_in_bf16`` and ``j >= L - num_layers_at_end_in_bf16``
+    in bf16 (fp8_utils.is_first_last_bf16_layer)."""
+    if not _fp8(hw):
+        return [0] * len(counts)
+    start, end = int(hw_get(hw, "num_layers_at_start_in_bf16")), int(hw_get(hw, "num_layers_at_end_in_bf16"))
+    return layers_per_device(L, counts, chunks, hw, lambda j: j < start or j >= L - end)
 
 
 def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1, arch=0.0):
@@ -808,21 +813,10 @@ def is_moe_layer(j, fl):
 
 
 def moe_layers_per_stage(L, counts, chunks, hw, fl):
-    """MoE layers of each pipeline device, the layers dealt out in virtual-stage order (as
-    :func:`bf16_layers_per_stage`)."""
-    p = len(counts)
+    """MoE layers of each pipeline device (:func:`layers_per_device`)."""
     if fl["num_experts"] < 1:
-        return [0] * p
-    e = int(hw_get(hw, "account_for_embedding_in_pipeline_split")) if p > 1 else 0
-    lo = int(hw_get(hw, "account_for_loss_in_pipeline_split")) if p > 1 else 0
-    slots = [c + (e if i == 0 else 0) + (lo if i == p - 1 else 0) for i, c in enumerate(counts)]
-    per_device, layer = [0] * p, 0
-    for c in range(chunks):
-        for i in range(p):
-            size = slots[i] // chunks - (e if (i == 0 and c == 0) else 0) - (lo if (i == p - 1 and c == chunks - 1) else 0)
-            per_device[i] += sum(1 for j in range(layer, layer + size) if is_moe_layer(j, fl))
-            layer += size
-    return per_device
+        return [0] * len(counts)
+    return layers_per_device(L, counts, chunks, hw, lambda j: is_moe_layer(j, fl))
 
 
 def grouped_gemm_s(m, n, k, groups, hw):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import reference as ref
+from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model import memory, moe, ops, step
@@ -175,10 +176,7 @@ pp = [1, 2]
 ep = [1, 8]
 """, "<qwen3>")
     g = grid_mod.build_grid(spec)
-    n = g.num_points
-    inputs, tokens = np.empty((ks.NUM_INPUTS, n), np.int64), np.empty(n, np.float64)
-    out, status = np.empty((step.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8)
-    ks.sweep_chunk(0, n, *g.kernel_args(), inputs, tokens, out, status)
+    inputs, tokens, out, status = sweep_all_rows(g)
     assert (inputs[ks.INPUT_NAMES.index("kv_channels")] == 128).all()
     feasible = np.isin(status, [step.OK, step.OUT_OF_MEMORY])
     assert feasible.sum() >= 8, status

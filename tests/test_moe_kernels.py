@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import reference as ref
+from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model import moe, step
@@ -173,10 +174,7 @@ ep = [1, 3, 8]
 etp = [0, 1]
 """, "<moe>")
     g = grid_mod.build_grid(spec)
-    n = g.num_points
-    inputs, tokens = np.empty((ks.NUM_INPUTS, n), np.int64), np.empty(n, np.float64)
-    out, status = np.empty((step.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8)
-    ks.sweep_chunk(0, n, *g.kernel_args(), inputs, tokens, out, status)
+    inputs, tokens, out, status = sweep_all_rows(g)
     assert {step.OK, step.BAD_HEADS, step.BAD_NUM_GPUS} <= set(status.tolist())
     cols = ks.rows_from_inputs(inputs)
     ref_out, ref_status = np.empty_like(out), np.empty_like(status)
