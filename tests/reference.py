@@ -1023,14 +1023,26 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         moe_fwd, moe_bwd, moe_stored = moe_layer(b, s, h, f, t, hw, fl)
         moe_compute = (1.0 + rc) * moe_fwd + moe_bwd
         moe_ep = (2.0 + rc) * ep_exchange(b, s, h, t, hw, fl)
-        attn_tp = (2.0 + rc) * allreduce_act
-        if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
-            hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
-            attn_tp -= min(hideable, linear_gemm_s(h, _layer_dims(b, s, qw, a, g, t)[3], b * s, hw))
-        if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
-            for n_out, k_in in ((_layer_dims(b, s, qw, a, g, t)[3], h), (h, qw / t), (qw / t, h)):
-                attn_tp -= min(allreduce_act / 2.0, linear_gemm_s(b * s, n_out, k_in, hw))
+
+        def attention_tp(linears_hw):
+            """An MoE layer's exposed TP exchange: the attention's only, its GEMMs on linears_hw."""
+            x = (2.0 + rc) * allreduce_act
+            if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
+                hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
+                x -= min(hideable, linear_gemm_s(h, _layer_dims(b, s, qw, a, g, t)[3], b * s, linears_hw))
+            if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
+                for n_out, k_in in ((_layer_dims(b, s, qw, a, g, t)[3], h), (h, qw / t), (qw / t, h)):
+                    x -= min(allreduce_act / 2.0, linear_gemm_s(b * s, n_out, k_in, linears_hw))
+            return x
+
+        attn_tp = attention_tp(hw)
         moe_tp = attn_tp - layer_tp
+        # where every layer is an MoE layer, a bf16 layer (under FP8) runs its experts and the
+        # attention's hidden exchange in bf16 as well
+        if fl["moe_layer_step"] == 1 and fl["moe_first_dense_layers"] == 0:
+            moe16_fwd, moe16_bwd, _ = moe_layer(b, s, h, f, t, hw16, fl)
+            layer16_compute += (1.0 + rc) * moe16_fwd + moe16_bwd - moe_compute
+            layer16_tp = layer_tp + attention_tp(hw16) - attn_tp
         ep_size, etp_size = expert_sizes(t, hw)
         moe_dense_params, moe_expert_params = moe_layer_params(h, a, g, f, t, ep_size, etp_size, arch)
         edg = t * cp * d / (etp_size * ep_size)      # expert data parallelism: a stage's ranks over etp x ep

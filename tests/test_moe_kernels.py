@@ -240,3 +240,42 @@ def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism()
     hw = _hw(ep=8, **flash)
     code, _ = ref.step(L, H, A, G, F, V, S, 64, 1, 2, 1, 8, 0, 1e12, list(hw), moe_arch)
     assert code == ref.REFUSED
+
+
+@pytest.mark.parametrize("t,rc", [(1, 0), (2, 1), (4, 2)])
+def test_every_layer_in_bf16_prices_an_fp8_moe_model_as_bf16(t, rc):
+    # the experts of a layer kept in bf16 run in bf16 too (review 2026-12-01: they stayed FP8)
+    moe_arch = LLAMA._replace(num_experts=16.0, moe_router_topk=2.0, moe_ffn_hidden_size=1024.0)
+    base = dict(use_flash_attn=1, sequence_parallel=1 if t > 1 else 0, ep=8,
+                async_tensor_model_parallel_allreduce=1, tp_comm_overlap=1 if t > 1 else 0)
+    bf16 = _run(moe_arch, _hw(**base), t=t, d=8, B=64, rc=rc, p=2)[1]
+    prec = HW_FIELDS.index("precision")
+    fp8_all16 = _hw(**base, num_layers_at_start_in_bf16=L)
+    fp8_all16[prec] = 1.0
+    all16 = _run(moe_arch, fp8_all16, t=t, d=8, B=64, rc=rc, p=2)[1]
+    for name in ("iteration_time_s", "compute_s", "tp_comm_s", "memory_per_gpu_GiB"):
+        assert all16[name] == pytest.approx(bf16[name], rel=1e-9), name
+    # and the twin agrees with the kernel on a few of them kept in bf16
+    fp8_some = _hw(**base, num_layers_at_start_in_bf16=3)
+    fp8_some[prec] = 1.0
+    code, out = _run(moe_arch, fp8_some, t=t, d=8, B=64, rc=rc, p=2)
+    r_code, r_out = ref.step(L, H, A, G, F, V, S, 64, 1, t, 2, 8, rc, 1e12, list(fp8_some), moe_arch)
+    assert code == r_code
+    for name in ("iteration_time_s", "compute_s", "tp_comm_s", "memory_per_gpu_GiB"):
+        assert out[name] == pytest.approx(r_out[name], rel=1e-12), name
+
+
+@pytest.mark.parametrize("column,value,allowed", [
+    ("moe_router_topk", 0, "from 1"), ("moe_router_topk", 9, "1 to num_experts"), ("moe_layer_step", 0, "from 1"),
+    ("moe_first_dense_layers", 40, "fewer than num_layers"), ("kv_channels", 10_000_000, "to 100000"),
+])
+def test_evaluate_refuses_the_moe_columns_a_model_file_refuses(column, value, allowed):
+    # review 2026-12-01: these were priced (one with NaN times under a priced status)
+    import polars as pl
+    from vtrain_fast.analysis.evaluate import evaluate_frame
+    from vtrain_fast.io.errors import InputError
+    row = dict(model=["mixtral-8x7b"], gpu=["h100-sxm-80gb"], tp=[1], pp=[4], dp=[16], micro_batch_size=[1],
+               global_batch_size=[256], use_flash_attn=["true"], seq_length=[4096], **{column: [value]})
+    with pytest.raises(InputError, match=allowed) as e:
+        evaluate_frame(pl.DataFrame(row), "plans.csv")
+    assert f"column {column}, row 2" in str(e.value) and "Fix:" in str(e.value)

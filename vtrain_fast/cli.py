@@ -281,9 +281,8 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                                 params_billion=round(counts[m.name].total / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml; "
-                "experts: MoE (priced with standard attention, heads of kv_channels included; MLA and "
-                "capacity factors are refused, issue 13); active_billion: parameters per token, "
-                "the word embedding included)", console=console, keep=("model",))
+                "experts: the MoE layout, priced except multi-head latent attention (MLA) and capacity "
+                "factors, issue 13; active_billion: parameters per token, the word embedding included)", console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
                               hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
                               intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
@@ -307,8 +306,8 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
                                                        help="training context length; default: max_position_embeddings"),
               overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
-    Qwen2/3, Gemma, GPT-2, GPT-NeoX; mixture of experts (priced where standard attention covers them: Mixtral; issue 13): Mixtral,
-    Qwen3-MoE, DeepSeek-V3, gpt-oss. What the cost model cannot express is refused; what it prices
+    Qwen2/3, Gemma, GPT-2, GPT-NeoX; mixture of experts: Mixtral, Qwen3-MoE and gpt-oss (priced), and
+    DeepSeek-V3 (multi-head latent attention: imported, not priced yet, issue 13). What the cost model cannot express is refused; what it prices
     differently is noted (stderr, and comments in the file). A spec reads the file with
     model_files = ["FILE.toml"]."""
     from .io.errors import check_output_file, file_exists_error, write_atomically

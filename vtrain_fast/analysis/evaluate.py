@@ -55,6 +55,7 @@ ALIASES = {
     "max_position_embeddings": "seq_length", "n_positions": "seq_length", "context_length": "seq_length",
     "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "data_parallel_size": "dp",
     "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
     "virtual_pipeline_model_parallel_size": "vpp", "num_layers_per_virtual_pipeline_stage": "vpp",
     "mbs": "micro_batch_size", "gbs": "global_batch_size", "train_tokens": "num_tokens",
     "recompute_granularity": "recompute", "recompute_activations": "recompute",
@@ -70,9 +71,6 @@ ALIASES = {
 # cost model does not have: a column with one of these names would pass through as a label and
 # the plan would be priced without it, so it is refused with what to do instead.
 UNMODELLED = {
-    "expert_model_parallel_size": "expert parallelism (mixture of experts) is not modelled",
-    "ep": "expert parallelism (mixture of experts) is not modelled",
-    "num_experts": "mixture-of-experts layers are not modelled",
     "recompute_num_layers": "partial (block) recomputation is not modelled; recompute is none, selective or full",
     "recompute_method": "partial (block or uniform) recomputation is not modelled; "
                         "recompute is none, selective or full",
@@ -91,7 +89,8 @@ UNMODELLED = {
 # Allowed ranges of the integer columns: the spec's, plus dp and gpus_per_node.
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
                   **{st.name: st.int_range for st in INT_SETTINGS},
-                  **{name: (0, 10_000_000) for name in MOE_NAMES}}
+                  **{name: (0, 100_000) for name in MOE_NAMES},
+                  "moe_router_topk": (1, 100_000), "moe_layer_step": (1, 100_000)}
 # The precision column: the registry's choices, plus fp16, priced as bf16 (the same tensor-core peak
 # on every preset that has both, and 2-byte operands; loss scaling is not modelled) and written
 # back as given.
@@ -117,8 +116,33 @@ def _int_column(df: pl.DataFrame, name: str, where: str, default=None) -> np.nda
         bad &= ~empty
     if bad.any():
         i = int(np.argmax(bad))
-        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"whole numbers from {lo} to {hi}")
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"whole numbers from {lo} to {hi}",
+                         "write a whole number in that range" + (", or leave the cell empty for the default"
+                                                                 if default is not None else ""))
     return np.where(empty, 0 if default is None else default, np.nan_to_num(vals)).astype(np.int64)
+
+
+def _check_moe_rows(moe_cols: dict, num_layers: np.ndarray, where: str) -> None:
+    """The MoE columns of each row checked together, as a model file's are
+    (:func:`vtrain_fast.plan.models.shape_fields_from_table`, Megatron-core's
+    ``TransformerConfig.__post_init__``): an MoE row (``num_experts`` >= 1) routes each token to
+    1 .. num_experts experts and keeps at least one MoE layer after its dense first layers.
+
+    Raises
+    ------
+    InputError
+        Naming the column, the row and the allowed values.
+    """
+    experts, topk = moe_cols["num_experts"], moe_cols["moe_router_topk"]
+    moe = experts >= 1
+    for bad, name, allowed in (
+            (moe & (topk > experts), "moe_router_topk", "a whole number from 1 to num_experts"),
+            (moe & (moe_cols["moe_first_dense_layers"] >= num_layers), "moe_first_dense_layers",
+             "fewer than num_layers (at least one MoE layer)")):
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(where, f"column {name}, row {i + 2}", int(moe_cols[name][i]), allowed,
+                             f"this row has num_experts = {int(experts[i])} and num_layers = {int(num_layers[i])}")
 
 
 def _float_column(df, name, where, default, lo, hi) -> np.ndarray:
@@ -285,6 +309,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
     arch_codes = {fl.name: arch_column(df, fl, where) for fl in ARCH_FLAGS}
     moe_cols = {name: _int_column(df, name, where, default) for name, default in MOE_COLUMNS}
+    _check_moe_rows(moe_cols, ints["num_layers"], where)
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     precision = _str_column(df, "precision", where, PRECISIONS, BY_NAME["precision"].default)
     known = gpus or PRESETS

@@ -531,6 +531,15 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         moe_fwd, moe_bwd, moe_act = moe_layer_extra(b, s, h, f, t, hw, arch)
         ep_fwd = ep_exchange_s(b, s, h, t, hw, arch)
         mlp_hidden = mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated)
+        if (fp8 != 0.0 and (hw[H_BF16_START] > 0.0 or hw[H_BF16_END] > 0.0)
+                and arch.moe_layer_step == 1.0 and arch.moe_first_dense_layers == 0.0):
+            # where every layer is an MoE layer (Mixtral, Qwen3-MoE, gpt-oss) a bf16 layer runs its
+            # experts in bf16 too, and the TP exchange it hides is the attention's (no dense MLP);
+            # with dense layers among them the bf16 layers' experts stay FP8 (not told apart)
+            moe16_fwd, moe16_bwd, _ = moe_layer_extra(b, s, h, f, t, hw16, arch)
+            fwd16 += moe16_fwd - moe_fwd
+            bwd16 += moe16_bwd - moe_bwd
+            hidden16 -= mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw16, gated) - mlp_hidden
     return (layer_fwd + cp_fwd,
             layer_bwd + cp_bwd,
             tp_exchange,
