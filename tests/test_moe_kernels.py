@@ -13,7 +13,7 @@ import reference as ref
 from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import moe, step
+from vtrain_fast.model import comm, moe, step
 from vtrain_fast.model import sweep as ks
 from vtrain_fast.model.arch import DEFAULT_ARCH, Arch
 from vtrain_fast.model.params import HW_FIELDS, MD_ARCH
@@ -78,7 +78,7 @@ def test_one_expert_top_one_is_the_dense_model_plus_its_router():
 
 def test_ep_1_has_no_all_to_all():
     arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0)
-    assert step.all_to_all_s(1e9, 1.0, 1.0, H100) == 0.0
+    assert comm.all_to_all_s(1e9, 1.0, 1.0, H100) == 0.0
     assert step.ep_exchange_s(1.0, float(S), float(H), 1.0, _hw(ep=1), arch) == 0.0
     code, out = _run(arch, _hw(ep=1, use_flash_attn=1), d=8)
     assert code in (step.OK, step.OUT_OF_MEMORY) and out["ep_comm_s"] == 0.0
@@ -120,15 +120,15 @@ def test_dispatch_bytes_by_hand():
     inter = hw[HW_FIELDS.index("inter_node_Bps")] * hw[HW_FIELDS.index("inter_node_efficiency")]
     n = 64e6
     # inside a node: 7 of 8 eighths leave the rank, over NVLink
-    assert step.all_to_all_s(n, 8.0, 1.0, hw) == pytest.approx(
+    assert comm.all_to_all_s(n, 8.0, 1.0, hw) == pytest.approx(
         hw[HW_FIELDS.index("intra_node_latency_s")] + n * 7 / 8 / intra, rel=1e-15)
     # ep 16 over two nodes: 7/16 to node peers (NVLink), 8/16 over the NIC, at the same time
-    assert step.all_to_all_s(n, 16.0, 1.0, hw) == pytest.approx(
+    assert comm.all_to_all_s(n, 16.0, 1.0, hw) == pytest.approx(
         hw[HW_FIELDS.index("inter_node_latency_s")] + max(n * 7 / 16 / intra, n * 8 / 16 / inter), rel=1e-15)
     # etp 2 spreads ep 8 over 16 ranks: 4 members per node
-    assert step.all_to_all_s(n, 8.0, 2.0, hw) == pytest.approx(
+    assert comm.all_to_all_s(n, 8.0, 2.0, hw) == pytest.approx(
         hw[HW_FIELDS.index("inter_node_latency_s")] + max(n * 3 / 8 / intra, n * 4 / 8 / inter), rel=1e-15)
-    assert ref.all_to_all_s(n, 16.0, 1.0, hw) == pytest.approx(step.all_to_all_s(n, 16.0, 1.0, hw), rel=1e-15)
+    assert ref.all_to_all_s(n, 16.0, 1.0, hw) == pytest.approx(comm.all_to_all_s(n, 16.0, 1.0, hw), rel=1e-15)
 
 
 @pytest.mark.parametrize("ep, etp, t, d, status", [

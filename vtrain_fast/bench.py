@@ -128,7 +128,7 @@ first_pipeline_num_layers = [0, 8]
 
 def stack_axes_spec_text(num_tokens: int = 16) -> str:
     """Spec text of the sweep that varies the dense-stack axes (cp, zero_stage, precision, an uneven first stage)."""
-    return _STACK_AXES_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
+    return _STACK_AXES_TEXT.format(tokens=_token_budgets(num_tokens))
 
 
 # The same sweep with the context-parallel axes varied: cp = [1, 2] and both exchanges (FlashAttention
@@ -152,16 +152,18 @@ def full_model_cp_spec_text(num_tokens: int = 32) -> str:
 
 def full_model_moe_spec_text(num_tokens: int = 64) -> str:
     """Spec text of the full-model sweep on a mixture-of-experts model (issue 13): Mixtral 8x7B
-    with ep = [1, 8] and pp up to 8 (its 32 layers), 1,179,648 points, 96 % reaching the whole model
-    (the rest: bad_num_gpus, tp x dp not a multiple of etp x ep with etp = tp)."""
+    with ep = [1, 8] and pp up to 8 (its 32 layers), 1,179,648 points, with sequence parallelism
+    (Megatron-core refuses ep > 1 at tp > 1 without it), most reaching the whole model (the rest:
+    bad_num_gpus, tp x dp not a multiple of etp x ep with etp = tp)."""
     text = full_model_spec_text(num_tokens).replace('name = "bench-full-model"', 'name = "bench-full-model-moe"')
     return (text.replace('presets = ["gpt3-175b"]', 'presets = ["mixtral-8x7b"]')
+            .replace("[cluster]\n", "sequence_parallel = true\n[cluster]\n")
             .replace("pp = [1, 2, 4, 8, 16]", "pp = [1, 2, 4, 8]\nep = [1, 8]"))
 
 
 def full_model_spec_text(num_tokens: int = 64) -> str:
     """Spec text of the sweep whose every point reaches the whole cost model."""
-    return _FULL_MODEL_TEXT.format(tokens=", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens)))
+    return _FULL_MODEL_TEXT.format(tokens=_token_budgets(num_tokens))
 
 
 def frontier_spec_text(num_sizes: int = 128) -> str:
@@ -175,9 +177,23 @@ def frontier_spec_text(num_sizes: int = 128) -> str:
 def default_spec_text(name: str, num_tokens: int, num_sizes: int = 32) -> str:
     """The default sweep's axes with ``num_tokens`` token budgets and ``num_sizes`` cluster
     sizes (multiples of 256 GPUs), as spec text; used to size the end-to-end benchmark."""
-    tokens = ", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens))
     sizes = ", ".join(str(256 * (i + 1)) for i in range(num_sizes))
-    return _DEFAULT_TEXT.format(name=name, tokens=tokens, sizes=sizes)
+    return _DEFAULT_TEXT.format(name=name, tokens=_token_budgets(num_tokens), sizes=sizes)
+
+
+def _token_budgets(num_tokens: int) -> str:
+    """A spec's num_tokens list of ``num_tokens`` budgets, 1e11, 2e11, ... (a long fast axis)."""
+    return ", ".join(f"{1e11 * (i + 1):g}" for i in range(num_tokens))
+
+
+# The sweeps whose kernel rates `make bench` reports beside the default sweep's: (result key prefix,
+# spec text, what the printout calls it).
+SWEEP_BENCHES = (
+    ("full", full_model_spec_text, "full cost model on every point (gpt3-175b)"),
+    ("stack", stack_axes_spec_text, "dense-stack axes varied (llama3-70b: cp x zero_stage x precision x first stage)"),
+    ("cp", full_model_cp_spec_text, "full cost model with cp = [1, 2] and cp_comm_type = [p2p, all_gather]"),
+    ("moe", full_model_moe_spec_text, "full cost model on a mixture of experts (mixtral-8x7b, ep = [1, 8])"),
+)
 
 
 def _peak_rss_MiB() -> float:
@@ -261,10 +277,8 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
 
     t_scan = _best_scan(grid, repeat)
 
-    full = bench_sweep(full_model_spec_text(), "bench-full-model.toml", threads, repeat, b, batch)
-    stack = bench_sweep(stack_axes_spec_text(), "bench-stack-axes.toml", threads, repeat, b, batch)
-    cp = bench_sweep(full_model_cp_spec_text(), "bench-full-model-cp.toml", threads, repeat, b, batch)
-    moe = bench_sweep(full_model_moe_spec_text(), "bench-full-model-moe.toml", threads, repeat, b, batch)
+    sweeps = {key: bench_sweep(spec_text(), f"bench-{key}.toml", threads, repeat, b, batch)
+              for key, spec_text, _ in SWEEP_BENCHES}
     return {
         "points": n, "threads": threads,
         "rows_per_s": n / t_rows,
@@ -274,10 +288,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
         "full_model_ns_core": t_full * threads / full_idx.size * 1e9,
         "scan_per_s": n / t_scan,
         "status_fractions": (statuses[:7] / n).round(4).tolist(),
-        **{f"full_sweep_{k}": v for k, v in full.items()},
-        **{f"stack_sweep_{k}": v for k, v in stack.items()},
-        **{f"cp_sweep_{k}": v for k, v in cp.items()},
-        **{f"moe_sweep_{k}": v for k, v in moe.items()},
+        **{f"{key}_sweep_{k}": v for key, res in sweeps.items() for k, v in res.items()},
     }
 
 
@@ -438,30 +449,13 @@ def main(argv=None) -> int:
     print(f"      row kernel (every point, full rows):  {k['rows_per_s'] / 1e6:8.2f} M configurations/s"
           f"  ({k['ns_per_point_core']:.0f} core-ns/point)")
     print(f"      scan kernel (--keep frontier, pruned):  {k['scan_per_s'] / 1e6:8.2f} M configurations/s")
-    print(f"      full cost model, sweep of {k['full_sweep_points']:,} points "
-          f"({k['full_sweep_reached']:.0%} reach the whole model):")
-    print(f"        row kernel (full rows):               {k['full_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
-          f"  ({k['full_sweep_rows_ns_core']:.0f} core-ns/point)")
-    print(f"        scan kernel (--keep frontier):        {k['full_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
-          f"  ({k['full_sweep_scan_ns_core']:.0f} core-ns/point)")
-    print(f"      dense-stack axes varied (llama3-70b: cp x zero_stage x precision x first stage), "
-          f"{k['stack_sweep_points']:,} points ({k['stack_sweep_reached']:.0%} reach the whole model):")
-    print(f"        row kernel (full rows):               {k['stack_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
-          f"  ({k['stack_sweep_rows_ns_core']:.0f} core-ns/point; {k['stack_sweep_reached_per_s'] / 1e6:.2f} M/s of "
-          "those that reach it)")
-    print(f"        scan kernel (--keep frontier):        {k['stack_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s"
-          f"  ({k['stack_sweep_scan_ns_core']:.0f} core-ns/point)")
-    print(f"      full cost model with cp = [1, 2] and cp_comm_type = [p2p, all_gather], {k['cp_sweep_points']:,} "
-          f"points ({k['cp_sweep_reached']:.0%} reach the whole model):")
-    print(f"        row kernel (full rows):               {k['cp_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
-          f"  ({k['cp_sweep_rows_ns_core']:.0f} core-ns/point; {k['cp_sweep_reached_per_s'] / 1e6:.2f} M/s of "
-          "those that reach it)")
-    print(f"      full cost model on a mixture of experts (mixtral-8x7b, ep = [1, 8]), {k['moe_sweep_points']:,} "
-          f"points ({k['moe_sweep_reached']:.0%} reach the whole model):")
-    print(f"        row kernel (full rows):               {k['moe_sweep_rows_per_s'] / 1e6:8.2f} M configurations/s"
-          f"  ({k['moe_sweep_rows_ns_core']:.0f} core-ns/point; {k['moe_sweep_reached_per_s'] / 1e6:.2f} M/s of "
-          "those that reach it; dense full-model sweep above)")
-    print(f"        scan kernel (--keep frontier):        {k['moe_sweep_scan_per_s'] / 1e6:8.2f} M configurations/s")
+    for key, _, title in SWEEP_BENCHES:
+        s = {name[len(key) + 7:]: v for name, v in k.items() if name.startswith(f"{key}_sweep_")}
+        print(f"      {title}, {s['points']:,} points ({s['reached']:.0%} reach the whole model):")
+        print(f"        row kernel (full rows):               {s['rows_per_s'] / 1e6:8.2f} M configurations/s"
+              f"  ({s['rows_ns_core']:.0f} core-ns/point; {s['reached_per_s'] / 1e6:.2f} M/s of those that reach it)")
+        print(f"        scan kernel (--keep frontier):        {s['scan_per_s'] / 1e6:8.2f} M configurations/s"
+              f"  ({s['scan_ns_core']:.0f} core-ns/point)")
     print(f"      full cost model one configuration at a time (evaluate_rows on the "
           f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
           f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")

@@ -203,3 +203,22 @@ def cp_all_gather_s(kv_bytes, cp, stride, hw):
     if cp <= 1.0:
         return 0.0
     return group_allgather_s(cp * kv_bytes, cp, stride, hw)
+
+
+@jit
+def all_to_all_s(nbytes, n, stride, hw):
+    """Seconds of an all-to-all in which each of ``n`` ranks spaced ``stride`` apart sends
+    ``nbytes`` in all, ``nbytes / n`` to each rank (itself included: ``(n - 1) / n`` leaves it).
+    Inside one node (``n * stride <= gpus_per_node``): latency + the bytes over NVLink. Across
+    nodes, with ``g`` members per node (:func:`members_per_node`), the
+    ``(g - 1) / n`` to its node's peers go over NVLink and the ``(n - g) / n`` to other nodes over
+    the NIC at the same time: the inter-node latency + the longer of the two. 0 at ``n = 1``."""
+    if n <= 1.0:
+        return 0.0
+    gpn = hw[H_GPUS_PER_NODE]
+    g = members_per_node(stride, n, gpn)
+    intra = hw[H_INTRA_BPS] * hw[H_INTRA_EFF]
+    if g >= n:
+        return hw[H_INTRA_LAT_S] + nbytes * (n - 1.0) / n / intra
+    return hw[H_INTER_LAT_S] + max(nbytes * (g - 1.0) / n / intra,
+                                   nbytes * (n - g) / n / (hw[H_INTER_BPS] * hw[H_INTER_EFF]))

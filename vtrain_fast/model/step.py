@@ -24,7 +24,6 @@ from . import comm, memory, ops
 from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import H_PRECISION, PRECISION_BF16, hw_index
-from .params import H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTRA_BPS, H_INTRA_EFF, H_INTRA_LAT_S
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
@@ -686,25 +685,6 @@ def moe_layer_extra(b, s, h, f, t, hw, arch):
 
 
 @jit
-def all_to_all_s(nbytes, n, stride, hw):
-    """Seconds of an all-to-all in which each of ``n`` ranks spaced ``stride`` apart sends
-    ``nbytes`` in all, ``nbytes / n`` to each rank (itself included: ``(n - 1) / n`` leaves it).
-    Inside one node (``n * stride <= gpus_per_node``): latency + the bytes over NVLink. Across
-    nodes, with ``g`` members per node (:func:`~vtrain_fast.model.comm.members_per_node`), the
-    ``(g - 1) / n`` to its node's peers go over NVLink and the ``(n - g) / n`` to other nodes over
-    the NIC at the same time: the inter-node latency + the longer of the two. 0 at ``n = 1``."""
-    if n <= 1.0:
-        return 0.0
-    gpn = hw[H_GPUS_PER_NODE]
-    g = comm.members_per_node(stride, n, gpn)
-    intra = hw[H_INTRA_BPS] * hw[H_INTRA_EFF]
-    if g >= n:
-        return hw[H_INTRA_LAT_S] + nbytes * (n - 1.0) / n / intra
-    return hw[H_INTER_LAT_S] + max(nbytes * (g - 1.0) / n / intra,
-                                   nbytes * (n - g) / n / (hw[H_INTER_BPS] * hw[H_INTER_EFF]))
-
-
-@jit
 def dispatch_bytes(b, s, h, t, arch):
     """Bytes one rank sends in one MoE all-to-all (dispatch, or combine), one micro-batch: its
     routed tokens' ``k`` copies of ``h`` bf16 activations, ``2 k h b s / t`` (Megatron-core
@@ -716,14 +696,14 @@ def dispatch_bytes(b, s, h, t, arch):
 def ep_exchange_s(b, s, h, t, hw, arch):
     """Exposed seconds of one MoE layer's token exchange in forward (the same in backward), one
     micro-batch: the dispatch and the combine all-to-all over the ``ep`` ranks of the expert
-    group, spaced ``etp`` (Megatron-core's expert rank order etp-ep-edp-pp; :func:`all_to_all_s` of
+    group, spaced ``etp`` (Megatron-core's expert rank order etp-ep-edp-pp; :func:`~vtrain_fast.model.comm.all_to_all_s` of
     :func:`dispatch_bytes`), and with ``etp > 1`` the all-gather of the received tokens over the
     ``etp`` ranks (stride 1) before the experts and the reduce-scatter after them
     (``gather_from_sequence_parallel_region``, ``reduce_scatter_to_sequence_parallel_region``).
     Not overlapped with compute (DeepEP's overlap is not modelled)."""
     ep, etp = expert_sizes(t, hw)
     nbytes = dispatch_bytes(b, s, h, t, arch)
-    x = 2.0 * all_to_all_s(nbytes, ep, etp, hw)
+    x = 2.0 * comm.all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1.0:
         x += 2.0 * comm.group_allgather_s(nbytes * etp, etp, 1.0, hw)
     return x
