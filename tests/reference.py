@@ -25,6 +25,7 @@ import math
 from collections import namedtuple
 
 from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.settings import BY_NAME as SETTINGS_BY_NAME
 
 _FIELD_INDEX = {name: k for k, name in enumerate(HW_FIELDS)}
 
@@ -144,14 +145,15 @@ def quantize_bytes_and_kernels(hw):
     return 2.0 + 1.0 + 1.0, 1.0
 
 
-def fp8_gemm_time_s(m, n, k, hw):
-    """One FP8 GEMM (Transformer Engine linear): FLOPs at the FP8 peak times the FP8 GEMM
-    efficiency (same SM-occupancy rule), FP8 (1-byte) A and B, a bf16 C; MXFP8 A and B also
-    bring one 1-byte scale per 32 elements (same peak on Blackwell)."""
-    flops = 2.0 * m * n * k
+def fp8_gemm_time_s(m, n, k, hw, groups=1.0):
+    """One FP8 GEMM (Transformer Engine linear), or ``groups`` equal ones run together: FLOPs at
+    the FP8 peak times the FP8 GEMM efficiency (same SM-occupancy rule over all groups' tiles), FP8
+    (1-byte) A and B, a bf16 C; MXFP8 A and B also bring one 1-byte scale per 32 elements (same
+    peak on Blackwell)."""
+    flops = 2.0 * m * n * k * groups
     per_operand_element = 1.0 + (1.0 / 32.0 if _recipe(hw) == "mxfp8" else 0.0)
-    nbytes = per_operand_element * (m * k + k * n) + BYTES_FP16 * m * n
-    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    nbytes = (per_operand_element * (m * k + k * n) + BYTES_FP16 * m * n) * groups
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * groups
     busy_fraction = min(1.0, tiles / hw_get(hw, "num_sms"))
     compute_s = flops / (hw_get(hw, "peak_fp8_flops") * hw_get(hw, "fp8_gemm_efficiency") * busy_fraction)
     memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
@@ -820,10 +822,10 @@ def moe_layers_per_stage(L, counts, chunks, hw, fl):
 
 
 def grouped_gemm_s(m, n, k, groups, hw):
-    """A rank's local experts as one grouped GEMM (bf16: one kernel over all groups' tiles), or one
-    FP8 GEMM per expert."""
+    """A rank's local experts as one grouped GEMM: all groups' FLOPs, bytes and tiles, one kernel
+    overhead (bf16 one kernel; FP8 TE's concurrent streams)."""
     if _fp8(hw):
-        return groups * fp8_gemm_time_s(m, n, k, hw)
+        return fp8_gemm_time_s(m, n, k, hw, groups)
     return gemm_time_s(m, n, k, groups, hw)
 
 
@@ -844,7 +846,10 @@ def moe_layer(b, s, h, f, t, hw, fl):
     rows = routed * k * etp / local
     fe = (fl["moe_ffn_hidden_size"] or f) / etp
     fs = fl["moe_shared_expert_intermediate_size"] / t
-    router_mem = memory_bound_time_s(8.0 * routed * e + 4.0 * (1.0 + k) * routed * h, 4.0, hw)
+    permute = 4.0 * (1.0 + k) * routed * h
+    if _allgather_dispatcher(hw):       # the permutation reads all gathered tokens, the unpermutation
+        permute += (2.0 + 4.0) * (ep * etp - 1.0) * routed * h      # writes them all back in fp32
+    router_mem = memory_bound_time_s(8.0 * routed * e + permute, 4.0, hw)
     fwd = gemm_time_s(routed, e, h, 1.0, hw) + router_mem
     bwd = gemm_time_s(routed, h, e, 1.0, hw) + gemm_time_s(h, e, routed, 1.0, hw) + router_mem
     fc1 = (1.0 + gated) * fe
@@ -888,16 +893,38 @@ def all_to_all_s(nbytes, n, stride, hw):
     return hw_get(hw, "inter_node_latency_s") + max(nbytes * (per_node - 1) / n / intra, nbytes * (n - per_node) / n / inter)
 
 
+def _allgather_dispatcher(hw):
+    return SETTINGS_BY_NAME["moe_token_dispatcher_type"].decode(hw_get(hw, "moe_token_dispatcher_type")) == "allgather"
+
+
+def _ep_overlap(hw):
+    """overlap_moe_expert_parallel_comm on, with the alltoall dispatcher it needs (else no effect)."""
+    return hw_get(hw, "overlap_moe_expert_parallel_comm") != 0.0 and not _allgather_dispatcher(hw)
+
+
 def ep_exchange(b, s, h, t, hw, fl):
-    """One MoE layer's dispatch and combine all-to-all (k h bf16 values per routed token, over the
-    ep ranks, etp apart), and over etp > 1 the all-gather and reduce-scatter of the received tokens;
-    one way (forward; backward the same)."""
+    """One MoE layer's token exchange, ``(forward, backward)`` seconds. alltoall: the dispatch and
+    combine all-to-all (k h bf16 values per routed token, over the ep ranks, etp apart), and over
+    etp > 1 the all-gather and reduce-scatter of the received tokens; the same each way. allgather:
+    over the etp x ep ranks, each rank's b s / t tokens all-gathered (bf16 2 h, fp32 probabilities 4 E,
+    bool routing map E bytes) and the fp32 outputs (4 h) reduce-scattered; backward the outputs'
+    gradients all-gathered (4 h) and the tokens' and probabilities' reduce-scattered (2 h + 4 E)."""
     ep, etp = expert_sizes(t, hw)
+    if _allgather_dispatcher(hw):
+        n = ep * etp
+        if n <= 1:
+            return 0.0, 0.0
+        per_rank = b * s / t
+        e = fl["num_experts"]
+
+        def one(nbytes_per_token):     # one all-gather or reduce-scatter of the gathered buffer
+            return group_reduce_scatter_allgather_s(n * per_rank * nbytes_per_token, n, 1.0, hw) / 2.0
+        return one(2.0 * h + 5.0 * e) + one(4.0 * h), one(4.0 * h) + one(2.0 * h + 4.0 * e)
     nbytes = 2.0 * fl["moe_router_topk"] * h * b * s / t
     x = 2.0 * all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1:
         x += 2.0 * group_reduce_scatter_allgather_s(nbytes * etp, etp, 1.0, hw) / 2.0
-    return x
+    return x, x
 
 
 def moe_layer_params(h, a, g, f, t, ep, etp, arch):
@@ -938,6 +965,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if (status in (OK, BAD_BATCH) and flags(arch)["num_experts"] >= 1 and hw_get(hw, "ep") > 1 and t > 1
             and hw_get(hw, "sequence_parallel") == 0.0 and B > 0 and b > 0):
         status = REFUSED
+    # ... and its all-to-all overlap needs ep > 1, vpp > 1 at pp > 1, and no full recomputation
+    if (status in (OK, BAD_BATCH) and flags(arch)["num_experts"] >= 1 and B > 0 and b > 0
+            and _ep_overlap(hw)
+            and (hw_get(hw, "ep") <= 1 or (p > 1 and chunks <= 1))):
+        status = REFUSED
     if status == OK and chunks > 1:
         counts = stage_layer_counts(L, p, hw)
         # with the embedding / loss counted as layers, Megatron-core splits (L + e + l) / (p vpp)
@@ -950,6 +982,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             status = BAD_BATCH
     if status != OK:
         return status, nan_outputs()
+    if (flags(arch)["num_experts"] >= 1 and any(is_moe_layer(j, flags(arch)) for j in range(L)) and recompute == 1
+            and _ep_overlap(hw)):
+        return REFUSED, nan_outputs()       # Megatron-core: no full recomputation with the a2a overlap
     stage_layers = [float(n) for n in stage_layer_counts(L, p, hw)]
     bf16_layers = [float(n) for n in bf16_layers_per_stage(L, stage_layer_counts(L, p, hw), chunks, hw)]
     fl0 = flags(arch)
@@ -1022,7 +1057,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if moe_on:
         moe_fwd, moe_bwd, moe_stored = moe_layer(b, s, h, f, t, hw, fl)
         moe_compute = (1.0 + rc) * moe_fwd + moe_bwd
-        moe_ep = (2.0 + rc) * ep_exchange(b, s, h, t, hw, fl)
+        ep_f, ep_b = ep_exchange(b, s, h, t, hw, fl)
+        moe_ep = (1.0 + rc) * ep_f + ep_b
+        if _ep_overlap(hw):
+            # combined 1F1B: paired micro-batches hide each MoE layer's exchanges behind the other's
+            # forward + backward of that layer; unpaired: one micro-batch at p = 1, the first stage's
+            # interleaved warm-up ((p - 1) 2 + (vpp - 1) p chunks) at p > 1
+            unpaired = 1.0 if p == 1 else ((p - 1.0) * 2.0 + (chunks - 1.0) * p) / chunks
+            share = min(1.0, unpaired / m)
+            moe_ep = share * moe_ep + (1.0 - share) * max(0.0, moe_ep - (layer_compute + moe_compute))
 
         def attention_tp(linears_hw):
             """An MoE layer's exposed TP exchange: the attention's only, its GEMMs on linears_hw."""

@@ -65,6 +65,7 @@ SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCH
            "last_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0),
            "num_layers_at_start_in_bf16": (0.0, 0.0, 1.0, 2.0, 7.0), "num_layers_at_end_in_bf16": (0.0, 0.0, 1.0, 4.0),
            "ep": (1.0, 1.0, 2.0, 4.0, 8.0), "etp": (0.0, 0.0, 1.0, 2.0),    # MoE (no effect on dense models)
+           "moe_token_dispatcher_type": (0.0, 0.0, 1.0),   # alltoall, allgather
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 

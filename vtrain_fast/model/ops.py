@@ -135,7 +135,7 @@ def gemm_time_s(m, n, k, batch, hw):
 
 
 @jit
-def fp8_gemm_time_s(m, n, k, hw):
+def fp8_gemm_time_s(m, n, k, hw, groups=1.0):
     """Seconds for one GEMM ``(m x k) @ (k x n)`` with FP8 operands and a bf16 result, as
     Transformer Engine runs a linear layer's forward, data-gradient and weight-gradient GEMMs
     under ``precision = fp8`` (cuBLASLt FP8 GEMMs with per-tensor scales; Micikevicius et al. 2022,
@@ -149,11 +149,16 @@ def fp8_gemm_time_s(m, n, k, hw):
     With ``fp8_recipe`` = mxfp8 the GEMM is block scaled (cuBLASLt MXFP8, Blackwell
     ``tcgen05.mma kind::mxf8f6f4.block_scale``, the same tensor-core rate as unscaled FP8: CUTLASS
     docs, "Blackwell SM100 GEMMs", 2025): the same FLOP rate, and A and B each bring their E8M0
-    scales, :data:`MXFP8_SCALE_BYTES_PER_ELEMENT` (1/32) byte per element more."""
-    flops = 2.0 * m * n * k
+    scales, :data:`MXFP8_SCALE_BYTES_PER_ELEMENT` (1/32) byte per element more.
+
+    ``groups`` equal GEMMs (a rank's local experts, Transformer Engine ``GroupedLinear``, which runs
+    them concurrently on several CUDA streams, ``general_grouped_gemm`` / ``nvte_multi_stream_cublas_gemm``):
+    ``groups`` times the FLOPs and bytes, the SM utilisation of all groups' tiles, one kernel overhead
+    (the streams' launch gaps overlap), as the bf16 grouped GEMM (:func:`gemm_time_s` with ``batch``)."""
+    flops = 2.0 * m * n * k * groups
     operand = FP8_BYTES_PER_ELEMENT + (MXFP8_SCALE_BYTES_PER_ELEMENT if hw[H_FP8_RECIPE] == FP8_MXFP8 else 0.0)
-    nbytes = operand * (m * k + k * n) + BYTES_PER_ELEMENT * m * n
-    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    nbytes = (operand * (m * k + k * n) + BYTES_PER_ELEMENT * m * n) * groups
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * groups
     t_compute = flops * (1.0 / (hw[H_PEAK_FP8_FLOPS] * hw[H_FP8_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
     t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
     return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]

@@ -242,6 +242,27 @@ SETTINGS: tuple[Setting, ...] = (
             "--expert-tensor-parallel-size", table="parallel", int_range=(0, 100_000),
             inert_models="dense models (num_experts = 0)",
             example="etp = 1 or etp = [0, 1] (0 = the same as tp)"),
+    Setting("moe_token_dispatcher_type", str, "alltoall", "MoE token dispatcher",
+            "how an MoE layer's tokens reach their experts: alltoall (each rank sends its tokens' top-k copies to "
+            "the ranks of the ep group that hold their experts and gets the outputs back the same way, then with "
+            "etp > 1 all-gathers them over etp; Megatron-core MoEAlltoAllTokenDispatcher) or allgather (every "
+            "rank all-gathers the tokens of its whole etp x ep group, bf16 activations with their fp32 routing "
+            "probabilities and routing map, keeps those of its local experts, and the outputs are "
+            "reduce-scattered back in fp32; MoEAllGatherTokenDispatcher). Megatron-core's own default is "
+            "allgather; the default here is alltoall, which the published MoE recipes set. flex (DeepEP, HybridEP) "
+            "is not modelled; no effect on dense models",
+            "--moe-token-dispatcher-type", table="parallel", choices=("alltoall", "allgather"),
+            inert_models="dense models (num_experts = 0)"),
+    Setting("overlap_moe_expert_parallel_comm", bool, False, "MoE all-to-all overlapped (combined 1F1B)",
+            "true runs one micro-batch's forward together with another's backward, layer by layer, so that each "
+            "MoE layer's dispatch and combine all-to-all of the one hide behind the other's compute (Megatron-core "
+            "combined_1f1b, --overlap-moe-expert-parallel-comm; the idea of DeepSeek-V3's DualPipe); the "
+            "forwards of the warm-up and the backwards of the cool-down have no partner and expose theirs. "
+            "Megatron-core refuses it at ep = 1, with full recomputation and at pp > 1 without vpp (status "
+            "refused); no effect on dense models",
+            "--overlap-moe-expert-parallel-comm", table="parallel",
+            requires=(("moe_token_dispatcher_type", "alltoall"),),
+            inert_models="dense models (num_experts = 0)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

@@ -25,6 +25,7 @@ from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_s
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import H_PRECISION, PRECISION_BF16, hw_index
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
+from .settings import BY_NAME as SETTING_BY_NAME
 
 H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
 H_PARAM_GATHER = hw_index("overlap_param_gather")  # 1: parameter all-gather behind the next forward
@@ -37,6 +38,9 @@ H_BF16_END = hw_index("num_layers_at_end_in_bf16")       # FP8: last layers kept
 H_P2P_OVERLAP = hw_index("overlap_p2p_comm")             # 1: interleaved 1F1B's sends behind the next chunk
 H_EP = hw_index("ep")                                    # MoE: expert-parallel size
 H_ETP = hw_index("etp")                                  # MoE: expert-tensor-parallel size (0: tp)
+H_DISPATCHER = hw_index("moe_token_dispatcher_type")     # MoE: the token dispatcher (its index among the choices)
+DISPATCHER_ALLGATHER = SETTING_BY_NAME["moe_token_dispatcher_type"].encode("allgather")
+H_EP_OVERLAP = hw_index("overlap_moe_expert_parallel_comm")   # MoE: 1: all-to-all behind the other micro-batch
 # MoE (issue 13, docs/moe.md): the busiest expert's tokens over the mean, which sets the slowest
 # rank's grouped GEMMs. Dropless routing with an auxiliary load-balancing loss is assumed to keep
 # the experts balanced on average: 1.0, an assumption (not fitted: no MoE measurements here).
@@ -360,11 +364,26 @@ def refused_context_parallel(lay, hw):
 
 
 @jit
+def ep_overlap_on(hw):
+    """Whether ``overlap_moe_expert_parallel_comm`` acts: on, with the alltoall dispatcher it needs
+    (Megatron-core asserts alltoall or flex; with allgather the flag has no effect, and sweeps and
+    evaluate refuse the combination)."""
+    return hw[H_EP_OVERLAP] != 0.0 and hw[H_DISPATCHER] != DISPATCHER_ALLGATHER
+
+
+@jit
 def refused_experts(lay, hw, arch):
-    """Whether Megatron-core refuses this MoE plan: expert parallelism together with tensor
-    parallelism needs sequence parallelism (``TransformerConfig.__post_init__``: "When using expert
-    parallelism and tensor parallelism, sequence parallelism must be used"); never for a dense model."""
-    return arch.num_experts >= 1.0 and hw[H_EP] > 1.0 and lay.tp > 1 and hw[H_SEQ_PAR] == 0.0
+    """Whether Megatron-core refuses this MoE plan (``TransformerConfig.__post_init__``): expert
+    parallelism together with tensor parallelism needs sequence parallelism ("When using expert
+    parallelism and tensor parallelism, sequence parallelism must be used"), and
+    ``overlap_moe_expert_parallel_comm`` needs ``ep > 1`` and, at ``pp > 1``, the interleaved
+    schedule (``vpp > 1``) (its refusal with full recomputation: :func:`schedule`); never for a
+    dense model."""
+    if arch.num_experts < 1.0:
+        return False
+    if ep_overlap_on(hw) and (hw[H_EP] <= 1.0 or (lay.pp > 1 and hw[H_VPP] <= 1.0)):
+        return True
+    return hw[H_EP] > 1.0 and lay.tp > 1 and hw[H_SEQ_PAR] == 0.0
 
 
 @jit
@@ -525,10 +544,10 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         fwd16 = ops.layer_forward_s(b, s, h, a, g, f, t, hw16, arch) - layer_fwd
         bwd16 = ops.layer_backward_s(b, s, h, a, g, f, t, hw16, arch) - layer_bwd
         hidden16 = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw16, gated, qw) - tp_hidden
-    moe_fwd = moe_bwd = ep_fwd = moe_act = mlp_hidden = 0.0
+    moe_fwd = moe_bwd = ep_fwd = ep_bwd = moe_act = mlp_hidden = 0.0
     if arch.num_experts >= 1.0:
         moe_fwd, moe_bwd, moe_act = moe_layer_extra(b, s, h, f, t, hw, arch)
-        ep_fwd = ep_exchange_s(b, s, h, t, hw, arch)
+        ep_fwd, ep_bwd = ep_exchange_s(b, s, h, t, hw, arch)
         mlp_hidden = mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated)
         if (fp8 != 0.0 and (hw[H_BF16_START] > 0.0 or hw[H_BF16_END] > 0.0)
                 and arch.moe_layer_step == 1.0 and arch.moe_first_dense_layers == 0.0):
@@ -558,7 +577,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8, qw),
             cp_fwd_exposed, cp_bwd_exposed,
             fwd16, bwd16, hidden16, act_saving,
-            moe_fwd, moe_bwd, ep_fwd, ep_fwd, moe_act, mlp_hidden)
+            moe_fwd, moe_bwd, ep_fwd, ep_bwd, moe_act, mlp_hidden)
 
 
 @jit
@@ -589,10 +608,12 @@ def grouped_gemm_time_s(m, n, k, groups, hw):
     """Seconds of a grouped GEMM of ``groups`` equal GEMMs ``(m x k) @ (k x n)``, a rank's local
     experts (Megatron-core ``GroupedMLP`` / TE ``GroupedLinear``): in bf16 one kernel whose SM
     utilisation counts the tiles of all groups (:func:`~vtrain_fast.model.ops.gemm_time_s` with
-    ``batch = groups``: few rows per expert keep few SMs busy, the small-GEMM tail); in FP8
-    ``groups`` FP8 GEMMs (:func:`~vtrain_fast.model.ops.fp8_gemm_time_s`)."""
+    ``batch = groups``: few rows per expert keep few SMs busy, the small-GEMM tail); in FP8 the
+    same over TE's concurrent streams (:func:`~vtrain_fast.model.ops.fp8_gemm_time_s` with ``groups``;
+    was ``groups`` FP8 GEMMs one after another, which priced FP8 Qwen3-30B's experts alone above its
+    measured iteration)."""
     if ops.fp8_on(hw):
-        return groups * ops.fp8_gemm_time_s(m, n, k, hw)
+        return ops.fp8_gemm_time_s(m, n, k, hw, groups)
     return ops.gemm_time_s(m, n, k, groups, hw)
 
 
@@ -622,10 +643,18 @@ def moe_router_s(b, s, h, t, hw, arch):
     micro-batch, one rank: the router GEMM ``routed x h x E`` (Megatron-core ``TopKRouter``, bf16;
     backward its data and weight gradients), softmax and top-k over the fp32 logits
     (:data:`MOE_ROUTER_BYTES_PER_LOGIT`) and the permutation into expert order and back
-    (``2 (1 + k) routed h`` bytes read and written each, bf16), memory-bound, the same each way."""
+    (``2 (1 + k) routed h`` bytes read and written each, bf16), memory-bound, the same each way.
+    With the allgather dispatcher (``moe_token_dispatcher_type``) the permutation picks the local
+    experts' rows out of all ``n = etp ep`` ranks' gathered tokens and the unpermutation writes them
+    all back into an fp32 buffer (``MoEAllGatherTokenDispatcher``): ``(2 + 4) (n - 1) routed h``
+    bytes more."""
     routed, _, _ = moe_rows(b, s, t, hw, arch)
     e, k = arch.num_experts, arch.moe_router_topk
-    mem = ops.memory_bound_time_s(MOE_ROUTER_BYTES_PER_LOGIT * routed * e + 4.0 * routed * h * (1.0 + k),
+    permute = 4.0 * routed * h * (1.0 + k)
+    if hw[H_DISPATCHER] == DISPATCHER_ALLGATHER:
+        ep, etp = expert_sizes(t, hw)
+        permute += 6.0 * (ep * etp - 1.0) * routed * h
+    mem = ops.memory_bound_time_s(MOE_ROUTER_BYTES_PER_LOGIT * routed * e + permute,
                                   MOE_ROUTER_KERNELS + MOE_PERMUTE_KERNELS, hw)
     fwd = ops.gemm_time_s(routed, e, h, 1.0, hw) + mem
     bwd = ops.gemm_time_s(routed, h, e, 1.0, hw) + ops.gemm_time_s(h, e, routed, 1.0, hw) + mem
@@ -694,19 +723,41 @@ def dispatch_bytes(b, s, h, t, arch):
 
 @jit
 def ep_exchange_s(b, s, h, t, hw, arch):
-    """Exposed seconds of one MoE layer's token exchange in forward (the same in backward), one
-    micro-batch: the dispatch and the combine all-to-all over the ``ep`` ranks of the expert
-    group, spaced ``etp`` (Megatron-core's expert rank order etp-ep-edp-pp; :func:`~vtrain_fast.model.comm.all_to_all_s` of
-    :func:`dispatch_bytes`), and with ``etp > 1`` the all-gather of the received tokens over the
-    ``etp`` ranks (stride 1) before the experts and the reduce-scatter after them
-    (``gather_from_sequence_parallel_region``, ``reduce_scatter_to_sequence_parallel_region``).
-    Not overlapped with compute (DeepEP's overlap is not modelled)."""
+    """``(forward, backward)`` seconds of one MoE layer's token exchange, one micro-batch, by
+    ``moe_token_dispatcher_type``:
+
+    - alltoall: the dispatch and the combine all-to-all over the ``ep`` ranks of the expert
+      group, spaced ``etp`` (Megatron-core's expert rank order etp-ep-edp-pp;
+      :func:`~vtrain_fast.model.comm.all_to_all_s` of :func:`dispatch_bytes`), and with ``etp > 1``
+      the all-gather of the received tokens over the ``etp`` ranks (stride 1) before the experts and
+      the reduce-scatter after them (``gather_from_sequence_parallel_region``,
+      ``reduce_scatter_to_sequence_parallel_region``); the same each way.
+    - allgather (``MoEAllGatherTokenDispatcher``): over the ``n = etp ep`` ranks of the expert
+      tensor-and-model-parallel group (stride 1), forward the all-gather of every rank's
+      ``routed = b s / t`` tokens, ``2 h`` bytes each (bf16) with their routing probabilities
+      (``4 E``, fp32) and routing map (``E``, bool), and the reduce-scatter of the expert outputs in
+      fp32 (``4 h``); backward the all-gather of those outputs' gradients (``4 h``) and the
+      reduce-scatter of the tokens' and probabilities' gradients (``2 h + 4 E``)
+      (:func:`~vtrain_fast.model.comm.group_allgather_s` of the gathered size ``n routed x bytes``).
+
+    Exposed in full; ``overlap_moe_expert_parallel_comm`` hides them in :func:`schedule`."""
     ep, etp = expert_sizes(t, hw)
+    if hw[H_DISPATCHER] == DISPATCHER_ALLGATHER:
+        n = ep * etp
+        if n <= 1.0:
+            return 0.0, 0.0
+        gathered = n * b * s / t
+        e = arch.num_experts
+        fwd = (comm.group_allgather_s(gathered * (2.0 * h + 5.0 * e), n, 1.0, hw)
+               + comm.group_allgather_s(gathered * 4.0 * h, n, 1.0, hw))
+        bwd = (comm.group_allgather_s(gathered * 4.0 * h, n, 1.0, hw)
+               + comm.group_allgather_s(gathered * (2.0 * h + 4.0 * e), n, 1.0, hw))
+        return fwd, bwd
     nbytes = dispatch_bytes(b, s, h, t, arch)
     x = 2.0 * comm.all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1.0:
         x += 2.0 * comm.group_allgather_s(nbytes * etp, etp, 1.0, hw)
-    return x
+    return x, x
 
 
 @jit
@@ -991,7 +1042,8 @@ def moe_mlp_extra_flops_per_token(h, f, arch):
 def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals, out, i):
     """Compose the 1F1B schedule, memory and totals of one shape-valid configuration from its
     per-micro-batch, per-split and per-model parts, write its outputs into column ``i`` of
-    ``out`` and return ``OK`` or ``OUT_OF_MEMORY``.
+    ``out`` and return ``OK`` or ``OUT_OF_MEMORY`` (``REFUSED``, outputs NaN: an MoE model with
+    ``overlap_moe_expert_parallel_comm`` and full recomputation).
 
     Parameters
     ----------
@@ -1029,6 +1081,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
     rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
     sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
+    if rc != 0.0 and ep_overlap_on(hw) and split[S_MOE_FIRST] + split[S_MOE_LAST] + split[S_MOE_MID_SUM] > 0.0:
+        fill_nan(out, i)                # Megatron-core: "disable full recomputation when enabling
+        return REFUSED                  # overlap_moe_expert_parallel_comm"
     core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
     num_gpus = float(world_size(lay))
     fwd = mb[M_FWD]
@@ -1082,6 +1137,16 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
     xm_compute = (1.0 + rc) * mb[M_MOE_FWD] + mb[M_MOE_BWD]
     xm_ep = (1.0 + rc) * mb[M_EP_FWD] + mb[M_EP_BWD]
+    if ep_overlap_on(hw):
+        # overlap_moe_expert_parallel_comm (Megatron-core combined_1f1b): a micro-batch's forward runs
+        # with another's backward, an MoE layer of each in turn, the all-to-alls of the one on their own
+        # stream under the other's compute, so a pair exposes what its MoE layer's exchanges take beyond
+        # the layer's forward and backward; the warm-up's forwards and the cool-down's backwards have
+        # no partner: one micro-batch's at pp = 1, the interleaved warm-up's (p - 1) 2 + (vs - 1) p chunks
+        # of the first stage at pp > 1 (Megatron-core get_pp_rank_microbatches), in micro-batches
+        alone = 1.0 if p == 1.0 else ((p - 1.0) * 2.0 + (vs - 1.0) * p) / vs
+        u = min(1.0, alone / m)
+        xm_ep = u * xm_ep + (1.0 - u) * max(0.0, xm_ep - (layer_compute + xm_compute))
     first_compute += nm_first * xm_compute
     last_compute += nm_last * xm_compute
     first_ep = nm_first * xm_ep

@@ -368,7 +368,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                    "precision = fp8, fp8_recipe = mxfp8 machines are left out" for name in skipped_mxfp8)
     notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
                    f"refuses it otherwise): the {other} "
-                   + (f"!= {value}" if BY_NAME[other].kind is int else f"= {str(not value).lower()}")
+                   + (f"= {str(not value).lower()}" if BY_NAME[other].kind is bool else f"!= {value}")
                    + f" machines run with {st} = false"
                    for st, other, value in unmet)
     # a machine whose settings change no plan beyond an earlier machine's (e.g. the asynchronous

@@ -1,0 +1,147 @@
+"""MoE token dispatchers and the all-to-all overlap (issue 13): the allgather dispatcher's bytes by
+hand, the overlap of Megatron-core's combined 1F1B hides the all-to-all behind the other micro-batch's
+compute and never the unpaired ones', Megatron-core's refusals as statuses, and FP8 grouped GEMMs
+priced as one grouped launch."""
+from __future__ import annotations
+
+import pytest
+
+from test_moe_kernels import H100, LLAMA, _hw, _mixtral, _run
+from vtrain_fast.io.errors import InputError
+from vtrain_fast.model import comm, ops, step
+from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.settings import BY_NAME
+from vtrain_fast.plan.spec import check_requirements, machine_variants  # noqa: F401
+
+ALLGATHER = BY_NAME["moe_token_dispatcher_type"].encode("allgather")
+
+
+def _moe_run(hw, t=1, p=1, d=8, b=1, m=8, rc=0):
+    """Mixtral 8x7B's shape on 8 layers, H100, ``d`` data-parallel ranks, ``m`` micro-batches: the
+    status (out of memory read as OK: the times are priced the same) and the outputs."""
+    (layers, h, a, g, f, v, s), arch = _mixtral()
+    code, out = _run(arch, hw, t=t, p=p, d=d, b=b, B=b * d * m, rc=rc, layers=8, seq=s)
+    return (step.OK if code == step.OUT_OF_MEMORY else code), out
+
+
+def test_allgather_dispatcher_bytes_by_hand():
+    """Forward: each of the n = etp x ep ranks' b s / t tokens gathered at 2 h + 4 E + E bytes, the fp32
+    outputs (4 h) reduce-scattered; backward 4 h gathered and 2 h + 4 E reduce-scattered. One node: ring
+    all-gathers over NVLink of the gathered size."""
+    (_, h, _, _, _, _, s), arch = _mixtral()
+    e = arch.num_experts
+    hw = _hw(ep=4, etp=1, moe_token_dispatcher_type=ALLGATHER)
+    n, tokens = 4.0, float(s)          # t = 1: every token of the sequence is routed by this rank
+
+    def ring(nbytes):                  # one ring all-gather inside a node (comm.ring_allgather_s)
+        return (hw[HW_FIELDS.index("intra_node_latency_s")] + (n - 1.0) * hw[HW_FIELDS.index("intra_node_step_latency_s")]
+                + (n - 1.0) / n * nbytes / (hw[HW_FIELDS.index("intra_node_Bps")]
+                                            * hw[HW_FIELDS.index("intra_node_efficiency")]))
+    fwd, bwd = step.ep_exchange_s(1.0, float(s), float(h), 1.0, hw, arch)
+    assert fwd == pytest.approx(ring(n * tokens * (2.0 * h + 5.0 * e)) + ring(n * tokens * 4.0 * h), rel=1e-12)
+    assert bwd == pytest.approx(ring(n * tokens * 4.0 * h) + ring(n * tokens * (2.0 * h + 4.0 * e)), rel=1e-12)
+    # a group of one rank sends nothing
+    assert step.ep_exchange_s(1.0, float(s), float(h), 1.0, _hw(ep=1, etp=1, moe_token_dispatcher_type=ALLGATHER),
+                              arch) == (0.0, 0.0)
+
+
+def test_allgather_moves_more_than_alltoall_and_leaves_the_experts_rows_alone():
+    """Every rank gathers all ep ranks' tokens (bf16 and fp32 outputs back) where all-to-all sends only the
+    k copies: the exchange is slower; the experts take the same rows (same grouped GEMMs)."""
+    a2a_code, a2a = _moe_run(_hw(ep=8, use_flash_attn=1))
+    ag_code, ag = _moe_run(_hw(ep=8, use_flash_attn=1, moe_token_dispatcher_type=ALLGATHER))
+    assert a2a_code == ag_code == step.OK
+    assert ag["ep_comm_s"] > 1.5 * a2a["ep_comm_s"] > 0.0
+    (_, h, _, _, _, _, s), arch = _mixtral()
+    assert step.moe_rows(1.0, float(s), 1.0, _hw(ep=8), arch) == step.moe_rows(
+        1.0, float(s), 1.0, _hw(ep=8, moe_token_dispatcher_type=ALLGATHER), arch)
+    # the permutation reads all 8 ranks' tokens: the allgather router / permute phase costs more
+    assert step.moe_router_s(1.0, float(s), float(h), 1.0, _hw(ep=8, moe_token_dispatcher_type=ALLGATHER), arch)[0] > \
+        step.moe_router_s(1.0, float(s), float(h), 1.0, _hw(ep=8), arch)[0]
+
+
+@pytest.mark.parametrize("p, vpp", [(1, 1), (2, 2), (4, 2)])
+def test_overlap_hides_the_paired_micro_batches_all_to_all_only(p, vpp):
+    base = dict(ep=8, use_flash_attn=1, vpp=vpp)
+    m = 16
+    code0, off = _moe_run(_hw(**base), p=p, m=m)
+    code1, on = _moe_run(_hw(**base, overlap_moe_expert_parallel_comm=1), p=p, m=m)
+    assert code0 == code1 == step.OK
+    assert on["compute_s"] == off["compute_s"]
+    assert 0.0 < on["ep_comm_s"] < off["ep_comm_s"]
+    # the unpaired micro-batches keep their whole exchange: 1 of m at pp = 1, the first stage's
+    # interleaved warm-up ((p - 1) 2 + (vpp - 1) p chunks, in micro-batches) at pp > 1
+    alone = 1.0 if p == 1 else ((p - 1) * 2.0 + (vpp - 1) * p) / vpp
+    assert on["ep_comm_s"] >= off["ep_comm_s"] * alone / m * (1 - 1e-12)
+    saved = off["iteration_time_s"] - on["iteration_time_s"]
+    if p == 1:      # nothing else moves
+        assert saved == pytest.approx(off["ep_comm_s"] - on["ep_comm_s"], rel=1e-9)
+    else:           # the slowest stage's exchange, and the bubble's share of the others'
+        assert saved >= (off["ep_comm_s"] - on["ep_comm_s"]) * (1 - 1e-9)
+
+
+def test_overlap_of_one_micro_batch_has_nothing_to_pair():
+    code0, off = _moe_run(_hw(ep=8, use_flash_attn=1), m=1)
+    code1, on = _moe_run(_hw(ep=8, use_flash_attn=1, overlap_moe_expert_parallel_comm=1), m=1)
+    assert code0 == code1 == step.OK and on["ep_comm_s"] == off["ep_comm_s"]
+
+
+def test_overlap_by_hand_at_pp_1():
+    """m micro-batches at pp = 1: one exposes its exchange, m - 1 expose what the exchange of an MoE
+    layer takes beyond that layer's forward and backward."""
+    (_, h, a, g, f, v, s), arch = _mixtral()
+    hw = _hw(ep=8, use_flash_attn=1, overlap_moe_expert_parallel_comm=1)
+    m = 8
+    code, on = _moe_run(hw, m=m)
+    mb = step.micro_batch_costs(1.0, float(s), float(h), float(a), float(g), float(f), float(v), 1.0, hw, arch)
+    x = mb[step.M_EP_FWD] + mb[step.M_EP_BWD]
+    layer = mb[step.M_FWD] + mb[step.M_BWD] + mb[step.M_MOE_FWD] + mb[step.M_MOE_BWD]
+    per_layer = (x + (m - 1) * max(0.0, x - layer)) / m
+    assert on["ep_comm_s"] == pytest.approx(m * 8 * per_layer, rel=1e-12)
+
+
+@pytest.mark.parametrize("settings, p, rc", [
+    (dict(ep=1), 1, 0),                    # Megatron-core: only with expert parallelism
+    (dict(ep=8, vpp=1), 2, 0),             # at pp > 1 only with the interleaved schedule
+    (dict(ep=8), 1, 1),                    # not with full recomputation
+])
+def test_megatron_refusals_of_the_overlap(settings, p, rc):
+    code, out = _moe_run(_hw(use_flash_attn=1, overlap_moe_expert_parallel_comm=1, **settings), p=p, rc=rc)
+    assert code == step.REFUSED and out["iteration_time_s"] != out["iteration_time_s"]   # NaN
+    # the same plan without the overlap is priced
+    code, _ = _moe_run(_hw(use_flash_attn=1, **settings), p=p, rc=rc)
+    assert code == step.OK
+
+
+def test_overlap_has_no_effect_on_a_dense_model_nor_with_the_allgather_dispatcher():
+    dense = [_run(LLAMA, _hw(use_flash_attn=1, overlap_moe_expert_parallel_comm=x, ep=8), d=8, B=64, rc=1)
+             for x in (0, 1)]
+    assert dense[0][0] == dense[1][0] == step.OK and dense[0][1] == dense[1][1]
+    ag = dict(ep=8, use_flash_attn=1, moe_token_dispatcher_type=ALLGATHER)
+    assert _moe_run(_hw(**ag)) == _moe_run(_hw(**ag, overlap_moe_expert_parallel_comm=1))
+
+
+def test_a_spec_asking_the_overlap_with_the_allgather_dispatcher_only_is_refused(tmp_path):
+    settings = {st.name: (st.default,) for st in BY_NAME.values()}
+    settings["overlap_moe_expert_parallel_comm"] = (True,)
+    settings["moe_token_dispatcher_type"] = ("allgather",)
+    with pytest.raises(InputError) as err:
+        check_requirements(tmp_path / "s.toml", settings)
+    assert "moe_token_dispatcher_type" in str(err.value) and "alltoall" in str(err.value)
+    settings["moe_token_dispatcher_type"] = ("alltoall", "allgather")
+    check_requirements(tmp_path / "s.toml", settings)       # a choice: the allgather machines run it off
+
+
+def test_fp8_grouped_gemm_is_one_launch_over_all_groups_tiles():
+    hw = _hw(precision=1)
+    one = ops.fp8_gemm_time_s(4096.0, 4096.0, 4096.0, hw)
+    eight = ops.fp8_gemm_time_s(4096.0, 4096.0, 4096.0, hw, 8.0)
+    overhead = hw[HW_FIELDS.index("kernel_overhead_s")]
+    # large GEMMs fill the SMs alone: 8 groups take 8 times the work and one overhead
+    assert eight == pytest.approx(8.0 * (one - overhead) + overhead, rel=1e-12)
+    # small GEMMs (few rows per expert): the groups' tiles share the SMs, far below 8 separate GEMMs
+    small1 = ops.fp8_gemm_time_s(128.0, 1536.0, 4096.0, hw)
+    small8 = ops.fp8_gemm_time_s(128.0, 1536.0, 4096.0, hw, 8.0)
+    assert small8 < 0.5 * 8.0 * small1
+    assert step.grouped_gemm_time_s(128.0, 1536.0, 4096.0, 8.0, hw) == small8
+    assert comm.all_to_all_s(0.0, 1.0, 1.0, H100) == 0.0
