@@ -145,3 +145,59 @@ def test_fp8_grouped_gemm_is_one_launch_over_all_groups_tiles():
     assert small8 < 0.5 * 8.0 * small1
     assert step.grouped_gemm_time_s(128.0, 1536.0, 4096.0, 8.0, hw) == small8
     assert comm.all_to_all_s(0.0, 1.0, 1.0, H100) == 0.0
+
+
+@pytest.mark.parametrize("settings, share", [
+    (dict(), 1.0),                                                          # balanced, dropless
+    (dict(moe_load_imbalance=1.5), 1.5),                                    # the busiest expert 1.5 x
+    (dict(moe_load_imbalance=1.5, moe_expert_capacity_factor=1.25), 1.25),  # capped by the capacity
+    (dict(moe_expert_capacity_factor=1.25, moe_pad_expert_input_to_capacity=1), 1.25),   # padded up to it
+    (dict(moe_expert_capacity_factor=0.5), 0.5),                            # half the tokens dropped
+    (dict(moe_pad_expert_input_to_capacity=1), 1.0),                        # no capacity: nothing to pad to
+])
+def test_the_busiest_experts_share(settings, share):
+    hw = _hw(ep=8, **settings)
+    assert step.moe_busiest_share(hw) == share
+    (_, h, _, _, _, _, s), arch = _mixtral()
+    routed, rows, local = step.moe_rows(1.0, float(s), 1.0, hw, arch)
+    assert rows == pytest.approx(routed * arch.moe_router_topk / local * share, rel=1e-15)
+
+
+def test_load_imbalance_slows_the_experts_and_the_exchange_and_not_the_model_flops():
+    code0, even = _moe_run(_hw(ep=8, use_flash_attn=1))
+    code1, skew = _moe_run(_hw(ep=8, use_flash_attn=1, moe_load_imbalance=1.5))
+    assert code0 == code1 == step.OK
+    assert skew["compute_s"] > even["compute_s"] and skew["ep_comm_s"] > even["ep_comm_s"]
+    assert skew["activations_GiB"] > even["activations_GiB"]
+    flops = lambda o: o["model_tflops_per_gpu"] * o["iteration_time_s"]    # noqa: E731
+    assert flops(skew) == pytest.approx(flops(even), rel=1e-12) and skew["mfu"] < even["mfu"]
+    # a dense model: no effect
+    dense = [_run(LLAMA, _hw(use_flash_attn=1, moe_load_imbalance=x, moe_expert_capacity_factor=c), d=8, B=64)[1]
+             for x, c in ((1.0, 0.0), (2.0, 0.5))]
+    assert dense[0] == dense[1]
+
+
+def test_capacity_and_imbalance_in_a_spec_and_in_evaluate(tmp_path):
+    import polars as pl
+    from test_setting_axes import ONE_POINT_SPEC
+    from vtrain_fast.analysis.evaluate import evaluate_frame
+    from vtrain_fast.plan.spec import parse_spec
+    spec = parse_spec(ONE_POINT_SPEC.format(training="moe_load_imbalance = [1.0, 1.5]\nmoe_expert_capacity_factor = 1.25"),
+                      "s.toml")
+    assert [(g.moe_load_imbalance, g.moe_expert_capacity_factor) for g in spec.gpus] == [(1.0, 1.25), (1.5, 1.25)]
+    for bad in ("moe_load_imbalance = 0.5", "moe_expert_capacity_factor = -1", "moe_load_imbalance = true"):
+        with pytest.raises(InputError, match=r"training\.moe_") as e:
+            parse_spec(ONE_POINT_SPEC.format(training=bad), "s.toml")
+        assert "e.g." in str(e.value)
+    row = dict(model="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+               ffn_hidden_size=14336, vocab_size=32000, seq_length=4096, num_experts=8, moe_router_topk=2,
+               gated_mlp="true", global_batch_size=64, micro_batch_size=1, tp=1, pp=4, dp=16, ep=8,
+               gpu="h100-sxm-80gb", use_flash_attn="true")
+    df = pl.DataFrame([row, {**row, "moe_load_imbalance": 1.5}, {**row, "moe_expert_capacity_factor": 1.0,
+                                                                   "moe_load_imbalance": 1.5}])
+    out = evaluate_frame(df, "rows.csv")
+    assert out["moe_load_imbalance"].to_list() == [1.0, 1.5, 1.5]
+    t = out["iteration_time_s"].to_list()
+    assert t[0] == t[2] < t[1]          # capacity 1.0 drops the busiest expert's excess: balanced again
+    with pytest.raises(InputError, match="moe_load_imbalance"):
+        evaluate_frame(pl.DataFrame([{**row, "moe_load_imbalance": 0.9}]), "rows.csv")

@@ -196,8 +196,8 @@ def test_a_model_file_with_an_moe_model_is_priced_unless_it_sets_a_capacity_fact
     assert cli("sweep", spec, "--dry-run").exit_code == 0
     spec.write_text(base.replace('presets = ["gpt3-1.3b"]', 'presets = ["my-capped-moe"]'))
     res = cli("sweep", spec, "--dry-run")
-    assert res.exit_code == 2 and "moe_expert_capacity_factor is not priced yet (issue 13)" in flat(res.output), \
-        res.output
+    assert res.exit_code == 2 and "moe_expert_capacity_factor is a training setting" in flat(res.output), res.output
+    assert "[training] moe_expert_capacity_factor = 1.25" in flat(res.output)
 
 
 def test_evaluate_prices_mixtral_and_refuses_a_row_naming_an_unpriced_moe_model(tmp_path, cli):

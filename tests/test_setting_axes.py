@@ -51,7 +51,7 @@ def test_each_flag_takes_a_list_and_every_combination_becomes_a_machine():
             lines[BY_NAME[k].table].append(f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {str(v).lower()}")
         for k, v in BY_NAME[flag].inert_with:       # no effect at another setting's default: leave it
             other = BY_NAME[k]
-            if other.default == v and other.kind is int:
+            if other.default == v and other.kind in (int, float):
                 lines[other.table].append(f"{k} = {v + 1}")
         text = ONE_POINT_SPEC.format(training="\n".join(lines["training"]))
         text = text.replace("pp = 1", "\n".join(["pp = 1", *lines["parallel"]]))

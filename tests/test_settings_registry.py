@@ -9,7 +9,7 @@ import pytest
 from vtrain_fast.hardware.gpus import GPUPreset, PRESETS, machine_vector
 from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.io.schema import SCHEMA, SETTING_COLUMNS
-from vtrain_fast.model.settings import BY_NAME, LAYOUT_SIZES, SETTINGS
+from vtrain_fast.model.settings import NO_FLAG, BY_NAME, LAYOUT_SIZES, SETTINGS
 from vtrain_fast.plan.spec import TRAINING_FLAGS
 
 
@@ -20,13 +20,13 @@ def test_every_setting_is_complete_and_reaches_every_table(st):
     assert st.name in HW_FIELDS and st.name in SETTING_COLUMNS
     assert set(st.inert_at) <= set(LAYOUT_SIZES)
     assert all(k in BY_NAME and BY_NAME[k].kind is type(v) for k, v in st.inert_with + st.requires)
-    assert st.name in SCHEMA.names and st.label and st.doc and st.megatron.startswith("--")
+    assert st.name in SCHEMA.names and st.label and st.doc and (st.megatron.startswith("--") or st.megatron == NO_FLAG)
     assert (st.name in TRAINING_FLAGS) == (st.kind is bool)
     # the machine vector carries the setting's value in its field
-    value = 2 if st.kind is int else st.choices[-1] if st.kind is str else True
+    value = 2 if st.kind is int else 1.25 if st.kind is float else st.choices[-1] if st.kind is str else True
     p = dataclasses.replace(PRESETS["h100-sxm-80gb"], **{st.name: value})
     # (a str setting: the index of its last choice, 2.0 for the three recipes of fp8_recipe)
-    expected = 2.0 if st.kind is int else float(len(st.choices) - 1) if st.kind is str else 1.0
+    expected = 2.0 if st.kind is int else 1.25 if st.kind is float else float(len(st.choices) - 1) if st.kind is str else 1.0
     assert machine_vector(p)[HW_FIELDS.index(st.name)] == expected
     assert st.decode(st.encode(value)) == value
     assert (st.kind is str) == bool(st.choices) and (st.kind is not str or st.default in st.choices)

@@ -22,7 +22,7 @@ from ..model.moe import KERNEL_COLUMNS as MOE_COLUMNS, KERNEL_NAMES as MOE_NAMES
 from ..model.moe import kernel_kv_channels
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
-from ..model.settings import BY_NAME, CHOICES, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
+from ..model.settings import BY_NAME, CHOICES, FLOAT_SETTINGS, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
@@ -32,7 +32,8 @@ REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "g
             "micro_batch_size", "tp", "pp", "dp", "gpu")
 # Cluster values a row may override (keys of hardware.OVERRIDE_RANGES, as in a spec's [cluster]).
 OPTIONAL = ("ffn_hidden_size", "num_query_groups", "vocab_size", *ARCH_NAMES, *MOE_NAMES, "recompute", "precision",
-            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS), "cp",
+            *CLUSTER_COLUMNS, "num_tokens", *TRAINING_FLAGS, *(st.name for st in INT_SETTINGS),
+            *(st.name for st in FLOAT_SETTINGS), "cp",
             *(st.name for st in CHOICES if st.name != "precision"))
 # Optional, and checked: num_gpus must be tp x cp x pp x dp, num_nodes ceil(num_gpus / gpus_per_node).
 CHECKED = ("num_gpus", "num_nodes")
@@ -321,6 +322,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                     _str_column(df, name, where, ("true", "false", "1", "0"), "false")]
              for name in TRAINING_FLAGS}
     int_settings = {st.name: _int_column(df, st.name, where, st.default) for st in INT_SETTINGS}
+    float_settings = {st.name: _float_column(df, st.name, where, st.default, *st.int_range) for st in FLOAT_SETTINGS}
     # the str settings other than precision (cp_comm_type): one of their choices, default theirs
     choice_settings = {st.name: _str_column(df, st.name, where, st.choices, st.default)
                        for st in CHOICES if st.name != "precision"}
@@ -334,7 +336,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         row_flags = {name: flags[name][i] for name in TRAINING_FLAGS}
         values = {k: None if np.isnan(v[i]) else float(v[i]) for k, v in cluster.items()}
         # the settings in one spelling (zero_stage 1 is the distributed optimizer)
-        row_settings = canonical_values({**{k: int(v[i]) for k, v in int_settings.items()}, **row_flags})
+        row_settings = canonical_values({**{k: int(v[i]) for k, v in int_settings.items()},
+                                         **{k: float(v[i]) for k, v in float_settings.items()}, **row_flags})
         row_precision = "bf16" if precision[i] == "fp16" else precision[i]
         row_choices = {k: v[i] for k, v in choice_settings.items()}
         key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), row_precision, *row_choices.values())
@@ -406,7 +409,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     names = [c.name for c in INPUT_COLUMNS if c.name in used]
     used_df = pl.DataFrame({k: used[k] for k in names},
                            schema={k: pl.String if k in ("gpu", "recompute") or BY_NAME.get(k, BY_NAME["vpp"]).kind is str
-                                   else pl.Float64 if k == "num_tokens"
+                                   else pl.Float64 if k == "num_tokens" or BY_NAME.get(k, BY_NAME["vpp"]).kind is float
                                    else pl.Boolean if k in TRAINING_FLAGS or (k in ARCH_BY_NAME and ARCH_BY_NAME[k].kind is bool)
                                    else pl.String if k in ARCH_BY_NAME
                                    else pl.Int64

@@ -56,7 +56,8 @@ INPUT_COLUMNS = (
     Column("global_batch_size", pa.int64(), "sequences", "global batch size B"),
     Column("recompute", _dict, "", "activation recomputation: none | full | selective"),
     # the training settings, from their registry (vtrain_fast.model.settings), in its order
-    *(Column(st.name, pa.int64() if st.kind is int else _dict if st.kind is str else pa.bool_(), "",
+    *(Column(st.name, pa.int64() if st.kind is int else pa.float64() if st.kind is float
+             else _dict if st.kind is str else pa.bool_(), "",
              st.doc + (" (" + " | ".join(st.choices) + ")" if st.choices else "")) for st in SETTINGS),
 )
 # Training-setting columns (a value or a list per sweep, stored with each gpu-axis machine, whose
@@ -75,6 +76,8 @@ def setting_values(column: str, field_values):
     st = BY_NAME[column]
     if st.kind is str:
         return [st.decode(v) for v in field_values]
+    if st.kind is float:
+        return field_values.astype("float64")
     return field_values.astype("int64") if st.kind is int else field_values != 0.0
 
 

@@ -347,6 +347,8 @@ def unpriced_reason(shape) -> str | None:
             return (f"{shape.name}'s moe_layer_freq pattern is not priced yet (issue 13): the kernels take every "
                     "k-th layer, or dense first layers then MoE layers")
         if shape.moe_expert_capacity_factor is not None:
-            return (f"moe_expert_capacity_factor is not priced yet (issue 13): {shape.name} sets "
-                    f"{shape.moe_expert_capacity_factor}; the kernels price dropless routing (leave it out)")
+            return (f"moe_expert_capacity_factor is a training setting, not a model's: {shape.name} sets "
+                    f"{shape.moe_expert_capacity_factor}; remove it from the model and set [training] "
+                    f"moe_expert_capacity_factor = {shape.moe_expert_capacity_factor} (or an evaluate column), "
+                    "so that one model can be priced dropless and with token dropping")
     return None

@@ -35,8 +35,9 @@ class Setting:
         Spec key, column, ``GPUPreset`` field and machine-vector field (Megatron-LM's argument
         name).
     kind : type
-        ``bool`` (a switch), ``int`` (``vpp``, ``zero_stage``, the pipeline-split counts) or ``str``
-        (a choice among :attr:`choices`: ``precision``, ``cp_comm_type``, ``fp8_recipe``).
+        ``bool`` (a switch), ``int`` (``vpp``, ``zero_stage``, the pipeline-split counts), ``float``
+        (a number: the MoE capacity factor and load imbalance) or ``str`` (a choice among
+        :attr:`choices`: ``precision``, ``cp_comm_type``, ``fp8_recipe``).
     default : bool, int or str
         Value when a spec or CSV row leaves it out.
     label : str
@@ -65,9 +66,10 @@ class Setting:
     table : str
         The spec table that takes it (``training``; ``parallel`` for ``vpp``).
     int_range : tuple of (int, int)
-        Allowed values of an ``int`` setting, both ends included (spec keys and evaluate columns).
+        Allowed values of an ``int`` or ``float`` setting, both ends included (spec keys and evaluate
+        columns).
     example : str
-        For an ``int`` setting, what a fix shows (``vpp = 2 or vpp = [1, 2, 4]``).
+        For an ``int`` or ``float`` setting, what a fix shows (``vpp = 2 or vpp = [1, 2, 4]``).
     choices : tuple of str
         The values of a ``str`` setting (empty for the others); its machine-vector field holds
         the index of the value in this tuple (:meth:`encode`), its column the text.
@@ -102,6 +104,8 @@ class Setting:
         """The setting's value of a machine-vector value (the inverse of :meth:`encode`)."""
         if self.kind is str:
             return self.choices[int(code)]
+        if self.kind is float:
+            return float(code)
         return code != 0.0 if self.kind is bool else int(code)
 
     def has_no_effect(self, sizes_are_1: dict, values: dict) -> bool:
@@ -112,6 +116,9 @@ class Setting:
                 or any(values[k] == v for k, v in self.inert_with)
                 or any(values[k] != v for k, v in self.requires))
 
+
+# What a setting that is a modelling assumption, not a framework's argument, gives as its flag.
+NO_FLAG = "no framework flag: an assumption"
 
 # In the order of the sweep's machine axis (the last setting varies fastest): this order decides
 # the row order of every sweep, so a new setting goes at the end.
@@ -263,12 +270,37 @@ SETTINGS: tuple[Setting, ...] = (
             "--overlap-moe-expert-parallel-comm", table="parallel",
             requires=(("moe_token_dispatcher_type", "alltoall"),),
             inert_models="dense models (num_experts = 0)"),
+    Setting("moe_expert_capacity_factor", float, 0.0, "MoE expert capacity factor",
+            "0: dropless routing (Megatron-core's default, None); else each expert takes at most this factor "
+            "times its even share of the routed tokens and drops the rest, which caps the busiest expert's "
+            "rows at the factor (Megatron-LM --moe-expert-capacity-factor, with the aux-loss router); no effect "
+            "on dense models",
+            "--moe-expert-capacity-factor", int_range=(0.0, 1000.0),
+            example="moe_expert_capacity_factor = 1.25 or [0.0, 1.0, 1.25] (0 = dropless)",
+            inert_models="dense models (num_experts = 0)"),
+    Setting("moe_pad_expert_input_to_capacity", bool, False, "MoE expert inputs padded to capacity",
+            "true pads every expert's tokens up to its capacity (moe_expert_capacity_factor times the even "
+            "share): every expert computes and every rank receives exactly the capacity (Megatron-LM "
+            "--moe-pad-expert-input-to-capacity); no effect on dense models",
+            "--moe-pad-expert-input-to-capacity", inert_with=(("moe_expert_capacity_factor", 0.0),),
+            inert_models="dense models (num_experts = 0)"),
+    Setting("moe_load_imbalance", float, 1.0, "MoE load imbalance (assumed)",
+            "the busiest expert's routed tokens over the mean (1.0: balanced, what the auxiliary "
+            "load-balancing loss aims at and Megatron-Bridge's force-balanced benchmarks run); the slowest "
+            "rank's expert GEMMs, their activations and the all-to-all it receives scale with it, capped by "
+            "the capacity factor (padded: the capacity itself). An assumption to vary, not a framework flag: "
+            "nothing here measures it; no effect on dense models",
+            NO_FLAG, int_range=(1.0, 1000.0),
+            example="moe_load_imbalance = 1.2 or [1.0, 1.2, 1.5] (1 = balanced)",
+            inert_models="dense models (num_experts = 0)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
 SWITCHES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is bool)
 # The integer settings (vpp, zero_stage), in axis order.
 INT_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is int)
+# The number settings (the MoE capacity factor and load imbalance), in axis order.
+FLOAT_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is float)
 # The choice (str) settings, in axis order.
 CHOICES: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.kind is str)
 

@@ -41,10 +41,11 @@ H_ETP = hw_index("etp")                                  # MoE: expert-tensor-pa
 H_DISPATCHER = hw_index("moe_token_dispatcher_type")     # MoE: the token dispatcher (its index among the choices)
 DISPATCHER_ALLGATHER = SETTING_BY_NAME["moe_token_dispatcher_type"].encode("allgather")
 H_EP_OVERLAP = hw_index("overlap_moe_expert_parallel_comm")   # MoE: 1: all-to-all behind the other micro-batch
-# MoE (issue 13, docs/moe.md): the busiest expert's tokens over the mean, which sets the slowest
-# rank's grouped GEMMs. Dropless routing with an auxiliary load-balancing loss is assumed to keep
-# the experts balanced on average: 1.0, an assumption (not fitted: no MoE measurements here).
-MOE_LOAD_IMBALANCE = 1.0
+# MoE (issue 13, docs/moe.md): the busiest expert's tokens over the mean (the setting
+# moe_load_imbalance, 1.0 by default), capped by the capacity factor: moe_busiest_share
+H_CAPACITY = hw_index("moe_expert_capacity_factor")     # MoE: 0 dropless, else tokens per expert capped
+H_PAD_CAPACITY = hw_index("moe_pad_expert_input_to_capacity")   # MoE: 1: every expert padded to capacity
+H_IMBALANCE = hw_index("moe_load_imbalance")             # MoE: the busiest expert's tokens over the mean
 # Router memory-bound work per routed token and expert: the fp32 logits read and the fp32
 # probabilities written by the softmax and the top-k (4 + 4 bytes), two kernels each way.
 MOE_ROUTER_BYTES_PER_LOGIT = 8.0
@@ -618,17 +619,30 @@ def grouped_gemm_time_s(m, n, k, groups, hw):
 
 
 @jit
+def moe_busiest_share(hw):
+    """The busiest expert's routed tokens over the even share, which sets the slowest rank's expert
+    GEMMs, their activations and the tokens it receives: ``moe_load_imbalance`` under dropless
+    routing; with ``moe_expert_capacity_factor`` ``c > 0`` at most ``c`` (Megatron-core drops the
+    tokens beyond each expert's capacity, ``c`` times the even share: ``moe_utils.get_capacity``),
+    and exactly ``c`` with ``moe_pad_expert_input_to_capacity`` (every expert padded to it)."""
+    c = hw[H_CAPACITY]
+    if c > 0.0:
+        return c if hw[H_PAD_CAPACITY] != 0.0 else min(hw[H_IMBALANCE], c)
+    return hw[H_IMBALANCE]
+
+
+@jit
 def moe_rows(b, s, t, hw, arch):
     """``(routed, rows, local)`` of one MoE layer on one rank, one micro-batch (``s`` the rank's
     tokens of a sequence): the tokens this rank routes, ``b s / t`` (Megatron-core's MoE layer takes
     the sequence-parallel input: each TP rank routes its share), the rows each local expert's GEMMs
     take, ``routed k etp / (E / ep)`` (uniform routing: the all-to-all over ``ep`` brings as many
     token copies as the rank sent, the all-gather over ``etp`` multiplies them by ``etp``) times
-    :data:`MOE_LOAD_IMBALANCE` for the busiest rank, and the local experts ``E / ep``."""
+    :func:`moe_busiest_share` for the busiest rank, and the local experts ``E / ep``."""
     ep, etp = expert_sizes(t, hw)
     routed = b * s / t
     local = arch.num_experts / ep
-    return routed, routed * arch.moe_router_topk * etp / local * MOE_LOAD_IMBALANCE, local
+    return routed, routed * arch.moe_router_topk * etp / local * moe_busiest_share(hw), local
 
 
 @jit
@@ -728,7 +742,9 @@ def ep_exchange_s(b, s, h, t, hw, arch):
 
     - alltoall: the dispatch and the combine all-to-all over the ``ep`` ranks of the expert
       group, spaced ``etp`` (Megatron-core's expert rank order etp-ep-edp-pp;
-      :func:`~vtrain_fast.model.comm.all_to_all_s` of :func:`dispatch_bytes`), and with ``etp > 1``
+      :func:`~vtrain_fast.model.comm.all_to_all_s` of :func:`dispatch_bytes` times
+      :func:`moe_busiest_share`: the busiest rank receives that much more, or with a capacity
+      factor what its experts keep, padded or not), and with ``etp > 1``
       the all-gather of the received tokens over the ``etp`` ranks (stride 1) before the experts and
       the reduce-scatter after them (``gather_from_sequence_parallel_region``,
       ``reduce_scatter_to_sequence_parallel_region``); the same each way.
@@ -753,7 +769,7 @@ def ep_exchange_s(b, s, h, t, hw, arch):
         bwd = (comm.group_allgather_s(gathered * 4.0 * h, n, 1.0, hw)
                + comm.group_allgather_s(gathered * (2.0 * h + 4.0 * e), n, 1.0, hw))
         return fwd, bwd
-    nbytes = dispatch_bytes(b, s, h, t, arch)
+    nbytes = dispatch_bytes(b, s, h, t, arch) * moe_busiest_share(hw)
     x = 2.0 * comm.all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1.0:
         x += 2.0 * comm.group_allgather_s(nbytes * etp, etp, 1.0, hw)

@@ -143,8 +143,8 @@ def _routed(cfg, where, shape, notes, experts_key, topk_keys, width_key):
         raise InputError(where, topk_key, out["moe_router_topk"], f"at most {experts_key} ({out['num_experts']})",
                          "check the value in the published config.json")
     out["moe_ffn_hidden_size"] = _moe_int(where, cfg, width_key, "moe_ffn_hidden_size")
-    notes.append("assumed: dropless routing (moe_expert_capacity_factor left out, Megatron-core's default); add "
-                 "moe_expert_capacity_factor to the table for a run that drops tokens")
+    notes.append("assumed: dropless routing (Megatron-core's default); a run that drops tokens sets the training "
+                 "setting moe_expert_capacity_factor ([training] in a spec, or an evaluate column)")
     return out
 
 

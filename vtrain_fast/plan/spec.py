@@ -276,12 +276,27 @@ def _int_setting(where, st, value):
     return tuple(dict.fromkeys(out))
 
 
+def _float_setting(where, st, value):
+    """A number setting (the MoE capacity factor; its registry record ``st``) in its table: one
+    number of ``st.int_range`` or a list of them (then an axis)."""
+    lo, hi = st.int_range
+    key = f"{st.table}.{st.name}"
+    out = []
+    for v in _as_list(where, key, value, f"numbers from {lo:g} to {hi:g}"):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise InputError(where, key, v, f"numbers from {lo:g} to {hi:g}", f"{st.doc}; e.g. {st.example}")
+        out.append(float(v))
+    return tuple(dict.fromkeys(out))
+
+
 def setting_values_of(where, tables: dict, st):
     """The values a spec gives setting ``st`` (registry record) in its table of ``tables`` (name ->
     dict), its default when left out, as a tuple."""
     value = tables.get(st.table, {}).get(st.name, st.default)
     if st.kind is int:
         return _int_setting(where, st, value)
+    if st.kind is float:
+        return _float_setting(where, st, value)
     if st.kind is str:
         return _choices(where, st, value)
     return _flags(where, st.name, value, st.doc, st.table)
