@@ -41,10 +41,12 @@ RMSNORM, LEARNED, ROPE = 1.0, 0.0, 1.0      # normalization 1: RMSNorm; position
 
 
 # ... then the MoE columns (restated: vtrain_fast.model.moe.KERNEL_COLUMNS), a dense model's by default,
-# and kv_channels (the head width d; 0: h / a)
+# kv_channels (the head width d; 0: h / a) and multi-head latent attention (a switch and its widths)
 MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-              "moe_layer_step", "moe_first_dense_layers", "kv_channels")
-DENSE = (0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+              "moe_layer_step", "moe_first_dense_layers", "kv_channels",
+              "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+              "v_head_dim")
+DENSE = (0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 ModelFlags = namedtuple("ModelFlags", ("gated_mlp", "normalization", "position_embedding_type", "add_bias_linear",
                                        "untie_embeddings_and_output_weights") + MOE_FIELDS, defaults=DENSE)
 
@@ -61,10 +63,53 @@ def _rope(arch) -> bool:
     return flags(arch)["position_embedding_type"] == ROPE
 
 
+def _mla(arch) -> bool:
+    return flags(arch)["multi_latent_attention"] != 0.0
+
+
 def _qw(h, a, arch) -> float:
-    """Megatron-core's query_projection_size: heads x kv_channels, or h when kv_channels is 0."""
-    d = flags(arch)["kv_channels"]
+    """Megatron-core's query_projection_size: heads x kv_channels, or h when kv_channels is 0.
+    With multi-head latent attention the core's one head width of the same FLOPs: queries and keys
+    of qk_head_dim + qk_pos_emb_head_dim channels, values of v_head_dim, so a x their mean."""
+    fl = flags(arch)
+    if _mla(arch):
+        return a * ((fl["qk_head_dim"] + fl["qk_pos_emb_head_dim"]) + fl["v_head_dim"]) / 2.0
+    d = fl["kv_channels"]
     return a * d if d > 0 else h
+
+
+def _cw(h, a, arch) -> float:
+    """The context's width (the output projection's input): a x v_head_dim with MLA."""
+    return a * flags(arch)["v_head_dim"] if _mla(arch) else _qw(h, a, arch)
+
+
+def mla_linears(tokens, h, a, t, sp, arch):
+    """Multi-head latent attention's linears before the output projection (DeepSeek-V2 Sec.
+    2.1.2-2.1.3; Megatron-core MLASelfAttention), one TP rank: ``(rows, outputs, inputs, split)``
+    each. The down projections are duplicated on every rank (the whole weight) and run on the
+    rank's own tokens (tokens / t with sequence parallelism); the up projections are column
+    parallel (1/t of the outputs) on all the tokens."""
+    fl = flags(arch)
+    dq = fl["qk_head_dim"] + fl["qk_pos_emb_head_dim"]
+    own = tokens / sp
+    out = []
+    if fl["q_lora_rank"] > 0:
+        out.append((own, fl["q_lora_rank"], h, False))                       # W^DQ
+        out.append((tokens, a * dq / t, fl["q_lora_rank"], True))            # W^UQ with W^QR
+    else:
+        out.append((tokens, a * dq / t, h, True))                            # queries at full rank
+    out.append((own, fl["kv_lora_rank"] + fl["qk_pos_emb_head_dim"], h, False))   # W^DKV with W^KR
+    out.append((tokens, a * (fl["qk_head_dim"] + fl["v_head_dim"]) / t, fl["kv_lora_rank"], True))   # W^UK, W^UV
+    return out
+
+
+def mla_weights_on_rank(h, a, t, arch):
+    """Weights of MLA's linears on one TP rank: the duplicated ones whole, the rest's 1/t, the
+    output projection's 1/t; plus the q and kv norms (replicated)."""
+    lin = mla_linears(1.0, h, a, t, 1.0, arch)
+    fl = flags(arch)
+    return (sum(n * k for _, n, k, _ in lin) + _cw(h, a, arch) * h / t
+            + _norm(fl["q_lora_rank"] + fl["kv_lora_rank"], arch))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,13 +350,31 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=0.0):
         (2.0 * (1.0 + gated) + 2.0) * tokens * f / t,   # bias-GeLU (SwiGLU: read gate and up, write f)
     ]
     launches = LAYER_FWD_MEMORY_BOUND_LAUNCHES
+    linear_inputs = [tokens * h, tokens * qw / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
+    if _mla(arch):
+        # MLA's linears replace QKV; the context is a x v_head_dim
+        fl = flags(arch)
+        cw = _cw(h, a, arch)
+        mla = mla_linears(tokens, h, a, t, sp, arch)
+        gemms = [(m, n, k, None) for m, n, k, _ in mla] + [(tokens, h, cw / t, None)] + gemms[2:]
+        streaming_bytes[1] = (2.0 + 2.0) * tokens * cw / t            # context permute copy
+        linear_inputs = [m * k for m, _, k, _ in mla] + [tokens * cw / t, tokens * h, tokens * f / t]
+        latent = fl["q_lora_rank"] + fl["kv_lora_rank"]
+        dq = fl["qk_head_dim"] + fl["qk_pos_emb_head_dim"]
+        streaming_bytes += [(2.0 + 2.0) * tokens * latent / sp,       # q and kv norms: read, write
+                            (2.0 + 2.0) * tokens * a / t * (dq + dq + fl["v_head_dim"])]   # q, k, v assembly
+        launches += (2.0 if fl["q_lora_rank"] > 0 else 1.0) + 3.0
     if _fp8(hw):
         # TE cast-transpose of each linear's input (read 2, write FP8 1 + FP8 transpose 1; per recipe)
         per_element, kernels = quantize_bytes_and_kernels(hw)
-        linear_inputs = [tokens * h, tokens * qw / t, tokens * h, tokens * f / t]   # QKV, proj, FC1, FC2
         streaming_bytes += [per_element * x for x in linear_inputs]
         launches += kernels * len(linear_inputs)
-    if _rope(arch):
+    if _mla(arch):
+        # decoupled RoPE: the queries' rotary channels of this rank's heads, the one shared rotary key
+        r = flags(arch)["qk_pos_emb_head_dim"]
+        streaming_bytes += [(2.0 + 2.0) * tokens * a / t * r, (2.0 + 2.0) * tokens * r]
+        launches += 2.0
+    elif _rope(arch):
         # fused rotary embedding on q and on k (the k columns of qkv_cols include v's half): read, write
         streaming_bytes += [(2.0 + 2.0) * tokens * heads * head_dim, (2.0 + 2.0) * tokens * (qkv_cols - heads * head_dim) / 2.0]
         launches += 2.0
@@ -352,13 +415,32 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=0.0):
         (2.0 * (1.0 + gated) + 2.0 + 2.0 * (1.0 + gated)) * tokens * f / t,   # act backward: x, dy -> dx
     ]
     launches = LAYER_BWD_MEMORY_BOUND_LAUNCHES
+    output_grads = [tokens * qkv_cols, tokens * h, tokens * (1.0 + gated) * f / t, tokens * h]
+    if _mla(arch):
+        fl = flags(arch)
+        cw = _cw(h, a, arch)
+        mla = mla_linears(tokens, h, a, t, sp, arch)
+        grads = []
+        for m, n, k, _ in mla:
+            grads += [(m, k, n, None), (k, n, m, None)]                     # dX, dW
+        gemms = grads + [(tokens, cw / t, h, None), (cw / t, h, tokens, None)] + gemms[4:]
+        streaming_bytes[1] = (2.0 + 2.0) * tokens * cw / t            # context permute copy
+        output_grads = [m * n for m, n, _, _ in mla] + output_grads[1:]
+        latent = fl["q_lora_rank"] + fl["kv_lora_rank"]
+        dq = fl["qk_head_dim"] + fl["qk_pos_emb_head_dim"]
+        streaming_bytes += [(2.0 + 2.0 + 2.0) * tokens * latent / sp,   # norm backwards: x, dy -> dx
+                            (2.0 + 2.0) * tokens * a / t * (dq + dq + fl["v_head_dim"])]   # q, k, v gradients' copies
+        launches += (2.0 if fl["q_lora_rank"] > 0 else 1.0) + 3.0
     if _fp8(hw):
         # TE cast-transpose (+ bias gradient) of each linear's output gradient
         per_element, kernels = quantize_bytes_and_kernels(hw)
-        output_grads = [tokens * qkv_cols, tokens * h, tokens * (1.0 + gated) * f / t, tokens * h]
         streaming_bytes += [per_element * x for x in output_grads]
         launches += kernels * len(output_grads)
-    if _rope(arch):                             # the rotary embedding's backward on dq and dk
+    if _mla(arch):
+        r = flags(arch)["qk_pos_emb_head_dim"]
+        streaming_bytes += [(2.0 + 2.0) * tokens * a / t * r, (2.0 + 2.0) * tokens * r]
+        launches += 2.0
+    elif _rope(arch):                           # the rotary embedding's backward on dq and dk
         streaming_bytes += [(2.0 + 2.0) * tokens * heads * head_dim, (2.0 + 2.0) * tokens * (qkv_cols - heads * head_dim) / 2.0]
         launches += 2.0
     if not flash:
@@ -554,6 +636,9 @@ def layer_params(h, a, g, f, arch=0.0):
     gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
     qw = _qw(h, a, arch)
     q = _qkv_cols(qw, a, g)
+    if _mla(arch):          # MLA's linears and norms (no biases), the projection's bias if any
+        return (mla_weights_on_rank(h, a, 1.0, arch) + bias * h + (h * f + bias * f) * (1.0 + gated)
+                + (f * h + bias * h) + 2.0 * _norm(h, arch))
     return (h * q + bias * q) + (qw * h + bias * h) + (h * f + bias * f) * (1.0 + gated) + (f * h + bias * h) + 2.0 * _norm(h, arch)
 
 
@@ -564,6 +649,9 @@ def layer_params_per_rank(h, a, g, f, t, arch=0.0):
     gated, bias = fl["gated_mlp"], fl["add_bias_linear"]
     qw = _qw(h, a, arch)
     q = _qkv_cols(qw, a, g)
+    if _mla(arch):          # MLA: down projections and their norms whole on every rank
+        return (mla_weights_on_rank(h, a, t, arch) + ((h * f + bias * f) * (1.0 + gated) + f * h) / t
+                + bias * (h + h) + 2.0 * _norm(h, arch))
     split = h * q + bias * q + qw * h + (h * f + bias * f) * (1.0 + gated) + f * h
     return split / t + bias * (h + h) + 2.0 * _norm(h, arch)
 
@@ -579,7 +667,7 @@ def model_params(num_layers, h, a, g, f, v, s, arch=0.0):
     return num_layers * layer_params(h, a, g, f, arch) + v * h + position_params(s, h, arch) + _norm(h, arch) + head
 
 
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=None):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=None, latent=0.0):
     """Korthikanti et al. 2022 Sec. 4.1, generalised to GQA and any FFN width:
     sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with sequence parallelism (Sec. 4.2.2) the
     10 sbh outside the TP regions is divided by t as well; with FlashAttention the s^2 term
@@ -592,21 +680,29 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=None):
     # softmax output (fp16, or fp32 from PyTorch's unfused softmax), dropout mask, dropout output
     softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
     attention_core = 4.0 * b * (a / t) * s if flash else (softmax_out + 1.0 + 2.0) * a * s * s * b / t
-    return s * b * h * (outside + tp_split / t) + attention_core
+    # MLA (latent = q_lora_rank + kv_lora_rank): the q and kv norms' inputs and outputs, 2 bytes
+    # each, on the rows the down projections ran on
+    mla_norms = (2.0 + 2.0) * s * b * latent / (t if sp else 1.0)
+    return s * b * h * (outside + tp_split / t) + attention_core + mla_norms
 
 
-def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8=False, qw=None):
+def fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8=False, qw=None, latent=0.0):
     """TE saves the FP8 (1-byte) copy of a linear's input for its weight gradient: 1 byte fewer
     per element of the QKV and FC1 inputs (1/t with sequence parallelism), FC2's input (f/t) and,
     unless FlashAttention keeps it as its output, the projection's (h/t). MXFP8's saved copy
     keeps its scales: 1/32 byte per element back."""
     qw = h if qw is None else qw      # the projection's input: the context, a heads x kv_channels
-    elements = 2.0 * s * b * h / (t if sp else 1.0) + s * b * f / t + (0.0 if flash else s * b * qw / t)
+    elements = (2.0 * s * b * h / (t if sp else 1.0) + s * b * f / t + (0.0 if flash else s * b * qw / t)
+                + s * b * latent / (t if sp else 1.0))          # MLA: the up projections' inputs
     return (2.0 - 1.0 - (1.0 / 32.0 if mxfp8 else 0.0)) * elements
 
 
-def linear_weights(h, a, g, f, t, gated=0.0, qw=None):
-    """Weights of one layer's four linears on one TP rank (no biases)."""
+def linear_weights(h, a, g, f, t, gated=0.0, qw=None, arch=0.0):
+    """Weights of one layer's four linears on one TP rank (no biases); MLA's linears instead of QKV."""
+    if _mla(arch):
+        fl = flags(arch)
+        return (mla_weights_on_rank(h, a, t, arch) - _norm(fl["q_lora_rank"] + fl["kv_lora_rank"], arch)
+                + (2.0 + gated) * h * f / t)
     qw = h if qw is None else qw
     return (h * _qkv_cols(qw, a, g) + qw * h + (2.0 + gated) * h * f) / t
 
@@ -621,14 +717,14 @@ def attention_core_bytes(b, s, a, t, flash):
 
 
 def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0,
-                           fp8=False, mxfp8=False, qw=None):
+                           fp8=False, mxfp8=False, qw=None, cw=None, latent=0.0):
     """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
     fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
     selective recompute (code 2) keeps everything but the attention core's tensors; FP8 layers
     keep their linears' inputs in FP8 (:func:`fp8_saved_bytes_fewer`)."""
-    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated, qw)
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated, qw, latent)
     if fp8:
-        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8, qw)
+        per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8, qw if cw is None else cw, latent)
     if recompute == 2:
         core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
         return in_flight * layers_on_stage * (per_layer - core) + core
@@ -647,12 +743,19 @@ def chinchilla_loss(num_parameters, num_tokens):
     return E + A / num_parameters ** alpha + B / num_tokens ** beta
 
 
-def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0, qw=None):
+def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0, qw=None, arch=0.0):
     """2 FLOPs per weight per token for QKV, projection and MLP, 4sh for attention scores and
     context over the full s x s, and 2hv for the LM head; with heads of kv_channels d the
     attention's h is qw = a d where it is the query width (Megatron-LM's query_projection_size)."""
     qw = h if qw is None else qw
     per_layer = 2.0 * h * _qkv_cols(qw, a, g) + 2.0 * qw * h + 2.0 * (2.0 + gated) * h * f + 2.0 * 2.0 * s * qw
+    if _mla(arch):
+        # 2 FLOPs per weight of MLA's linears and its projection; scores over the query/key width,
+        # context over the value width, full s x s
+        fl = flags(arch)
+        weights = sum(n * k for _, n, k, _ in mla_linears(1.0, h, a, 1.0, 1.0, arch)) + a * fl["v_head_dim"] * h
+        per_layer = (2.0 * weights + 2.0 * (2.0 + gated) * h * f
+                     + 2.0 * s * a * (fl["qk_head_dim"] + fl["qk_pos_emb_head_dim"]) + 2.0 * s * a * fl["v_head_dim"])
     return num_layers * per_layer + 2.0 * h * v
 
 
@@ -724,7 +827,7 @@ def validate_shape(L, h, a, g, f, v, s, B, b, t, p, d, hw=None, cp=1, arch=0.0):
     cuts each sequence into 2 cp equal chunks, so seq_length must divide by 2 cp."""
     if any(x <= 0 for x in (L, h, a, g, f, v, s, B, b, t, p, d, cp)):
         return BAD_INPUT
-    if a % t or g % t or (h % a and not flags(arch)["kv_channels"]) or a % g:
+    if a % t or g % t or (h % a and not flags(arch)["kv_channels"] and not _mla(arch)) or a % g:
         return BAD_HEADS
     if stage_layer_counts(L, p, hw) is None:
         return BAD_LAYERS
@@ -945,6 +1048,8 @@ def moe_layer_params(h, a, g, f, t, ep, etp, arch):
     qw = _qw(h, a, arch)
     q = _qkv_cols(qw, a, g)
     dense = (h * q + bias * q + qw * h) / t + bias * h + 2.0 * _norm(h, arch) + fl["num_experts"] * h
+    if _mla(arch):
+        dense = mla_weights_on_rank(h, a, t, arch) + bias * h + 2.0 * _norm(h, arch) + fl["num_experts"] * h
     fs = fl["moe_shared_expert_intermediate_size"]
     if fs:
         dense += ((h * fs + bias * fs) * (1.0 + gated) + fs * h) / t + bias * h
@@ -1015,6 +1120,19 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     fl = flags(arch)
     gated = fl["gated_mlp"]
     qw = _qw(h, a, arch)          # the attention width (queries, context): a heads x kv_channels
+    cw = _cw(h, a, arch)          # the context's width (the projection's input; a x v_head_dim with MLA)
+    latent = fl["q_lora_rank"] + fl["kv_lora_rank"] if _mla(arch) else 0.0
+    sp_ways = _seq_split(t, hw)
+
+    def column_parallel(wgrad, linears_hw):
+        """The GEMMs of the attention's column-parallel linears (QKV; MLA's up projections) that
+        an input all-gather feeds (forward) or whose input-gradient exchange runs beside (wgrad)."""
+        if _mla(arch):
+            lin = [(m, n, k) for m, n, k, split in mla_linears(b * s, h, a, t, sp_ways, arch) if split]
+        else:
+            lin = [(b * s, _layer_dims(b, s, qw, a, g, t)[3], h)]
+        return sum(linear_gemm_s(k, n, m, linears_hw) if wgrad else linear_gemm_s(m, n, k, linears_hw)
+                   for m, n, k in lin)
     cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = context_parallel_attention(b, s, qw, a, g, t, cp, hw)
     fwd = layer_forward_s(b, s, h, a, g, f, t, hw, arch) + cp_fwd
     bwd = layer_backward_s(b, s, h, a, g, f, t, hw, arch) + cp_bwd
@@ -1039,16 +1157,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # under their weight-gradient GEMMs (dW = X^T dY: h x cols x tokens), hidden up to the
             # GEMM's length
             hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
-            _, _, _, qkv_cols, _ = _layer_dims(b, s, qw, a, g, t)
-            for cols in (qkv_cols, (1.0 + gated) * f / t):
-                layer_tp -= min(hideable, linear_gemm_s(h, cols, b * s, linears_hw))
+            layer_tp -= min(hideable, column_parallel(True, linears_hw))
+            layer_tp -= min(hideable, linear_gemm_s(h, (1.0 + gated) * f / t, b * s, linears_hw))
         if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
             # TE userbuffers (--tp-comm-overlap): each all-gather / reduce-scatter (half the exchange)
             # pipelined with the GEMM that consumes or produces it, hidden up to that GEMM's length:
             # forward AG->QKV, proj->RS, AG->FC1, FC2->RS; backward AG->dgrad of proj and of FC2
-            _, _, _, qkv_cols, _ = _layer_dims(b, s, qw, a, g, t)
             tokens = b * s
-            for n_out, k_in in ((qkv_cols, h), (h, qw / t), ((1.0 + gated) * f / t, h), (h, f / t), (qw / t, h), (f / t, h)):
+            layer_tp -= min(allreduce_act / 2.0, column_parallel(False, linears_hw))
+            for n_out, k_in in ((h, cw / t), ((1.0 + gated) * f / t, h), (h, f / t), (cw / t, h), (f / t, h)):
                 layer_tp -= min(allreduce_act / 2.0, linear_gemm_s(tokens, n_out, k_in, linears_hw))
         return layer_tp
 
@@ -1081,9 +1198,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             x = (2.0 + rc) * allreduce_act
             if (hw_get(hw, "async_tensor_model_parallel_allreduce") != 0.0 or seq_par_on) and t > 1.0:
                 hideable = allreduce_act / 2.0 if seq_par_on else allreduce_act
-                x -= min(hideable, linear_gemm_s(h, _layer_dims(b, s, qw, a, g, t)[3], b * s, linears_hw))
+                x -= min(hideable, column_parallel(True, linears_hw))
             if hw_get(hw, "tp_comm_overlap") != 0.0 and seq_par_on and t > 1.0:
-                for n_out, k_in in ((_layer_dims(b, s, qw, a, g, t)[3], h), (h, qw / t), (qw / t, h)):
+                x -= min(allreduce_act / 2.0, column_parallel(False, linears_hw))
+                for n_out, k_in in ((h, cw / t), (cw / t, h)):
                     x -= min(allreduce_act / 2.0, linear_gemm_s(b * s, n_out, k_in, linears_hw))
             return x
 
@@ -1194,7 +1312,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
-                                         seq_par, gated, _fp8(hw), _mxfp8(hw), qw)
+                                         seq_par, gated, _fp8(hw), _mxfp8(hw), qw, cw, latent)
             chunks_in_flight = in_flight
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
@@ -1202,12 +1320,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
-                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw), qw)
+                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw), qw, cw, latent)
             chunks_in_flight = in_flight       # a device's bf16 layers: in one chunk, counted so
         if n16 > 0:
             # bf16 layers save their linears' inputs in bf16 (the FP8 saving they lack); with full
             # recomputation only the one rebuilt layer holds them
-            lacks = fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw), qw)
+            lacks = fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw), cw, latent)
             act += lacks if recompute == 1 else chunks_in_flight * n16 * lacks
         if nm > 0:
             # MoE layers store their routed rows' tensors instead of a dense MLP's; with full
@@ -1238,10 +1356,12 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # cast at every gather (forward and backward) of every layer
             # (per recipe: tensorwise adds the weight's amax pass; MXFP8 both copies' 1/32-byte scales)
             per_element, kernels = quantize_bytes_and_kernels(hw)
-            cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated, qw), 4.0 * kernels, hw)
+            n_linears = 3.0 + (len(mla_linears(1.0, h, a, t, 1.0, arch)) if _mla(arch) else 1.0)
+            cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated, qw, arch),
+                                       n_linears * kernels, hw)
             regather = zero >= 3 and shard > 1
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
-            states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw)
+            states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw, arch)
             compute += (n - n16) * (2.0 * cast if regather else cast / m)
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
@@ -1311,7 +1431,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     s = s_full                    # model FLOPs, parameters and tokens: whole sequences
     n_params = model_params(L, h, a, g, f, v, s, arch)
     tokens_per_iter = B * s
-    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated, qw)
+    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, gated, qw, arch)
     if moe_on:
         # every expert's parameters; FLOPs of the active ones (2 per weight: top-k experts, router, shared)
         dense_part, experts = moe_layer_params(h, a, g, f, 1.0, 1.0, 1.0, arch)

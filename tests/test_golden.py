@@ -41,7 +41,10 @@ ADDED_COLUMNS = {"gated_mlp": False, "normalization": "LayerNorm", "position_emb
                  "num_experts": 0, "moe_router_topk": 2, "moe_ffn_hidden_size": 0,
                  "moe_shared_expert_intermediate_size": 0, "moe_layer_step": 1, "moe_first_dense_layers": 0,
                  # heads of kv_channels channels: 0, hidden_size / num_attention_heads
-                 "kv_channels": 0}
+                 "kv_channels": 0,
+                 # multi-head latent attention: off, its widths 0
+                 "multi_latent_attention": 0, "q_lora_rank": 0, "kv_lora_rank": 0, "qk_head_dim": 0,
+                 "qk_pos_emb_head_dim": 0, "v_head_dim": 0}
 # Output columns added after the digests were taken, with the value they hold where the feature
 # is off (context parallelism's exposed exchange at cp = 1): left out where every row holds it.
 ADDED_OUTPUTS = {"cp_comm_s": 0.0, "ep_comm_s": 0.0}

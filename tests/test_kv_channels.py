@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pytest
 
+from vtrain_fast.model.params import MODEL_FIELDS
+
 import reference as ref
 from conftest import sweep_all_rows
 import test_kernels as tk
@@ -62,12 +64,13 @@ def test_kv_channels_h_over_a_is_bit_identical_to_0(k, t, p, cp, rc):
 
 
 def test_preset_rows_write_0_for_the_default_width():
-    assert MODEL_PRESETS["llama3-8b"].as_row()[-1] == 0          # 4096 / 32 = 128: the default
-    assert MODEL_PRESETS["qwen3-30b-a3b"].as_row()[-1] == 128     # 2048 / 32 = 64 < 128
-    assert MODEL_PRESETS["gpt-oss-20b"].as_row()[-1] == 64        # 2880 / 64 = 45 < 64
+    kv = MODEL_FIELDS.index("kv_channels")
+    assert MODEL_PRESETS["llama3-8b"].as_row()[kv] == 0          # 4096 / 32 = 128: the default
+    assert MODEL_PRESETS["qwen3-30b-a3b"].as_row()[kv] == 128     # 2048 / 32 = 64 < 128
+    assert MODEL_PRESETS["gpt-oss-20b"].as_row()[kv] == 64        # 2880 / 64 = 45 < 64
     assert moe.unpriced_reason(MODEL_PRESETS["qwen3-30b-a3b"]) is None
     assert moe.unpriced_reason(MODEL_PRESETS["gpt-oss-120b"]) is None
-    assert "latent attention" in moe.unpriced_reason(MODEL_PRESETS["deepseek-v3"])   # still refused
+    assert moe.unpriced_reason(MODEL_PRESETS["deepseek-v3"]) is None   # MLA: priced (tests/test_mla.py)
 
 
 def test_wider_heads_cost_their_gemms_by_hand():

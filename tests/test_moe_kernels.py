@@ -206,7 +206,7 @@ def test_kernel_matches_twin_on_random_moe_configs(seed):
 def test_priced_presets_and_what_is_still_refused():
     assert moe.unpriced_reason(MODEL_PRESETS["mixtral-8x7b"]) is None
     assert moe.unpriced_reason(MODEL_PRESETS["mixtral-8x22b"]) is None
-    assert "latent attention" in moe.unpriced_reason(MODEL_PRESETS["deepseek-v3"])
+    assert moe.unpriced_reason(MODEL_PRESETS["deepseek-v3"]) is None          # MLA: priced (tests/test_mla.py)
     assert moe.unpriced_reason(MODEL_PRESETS["qwen3-235b-a22b"]) is None       # kv_channels heads: priced
     assert moe.layer_placement(61, moe.parse_layer_pattern("([0]*3+[1]*58)")) == (1, 3)
     assert moe.layer_placement(8, (1, 0, 1, 0, 1, 0, 1, 0)) == (2, 0)

@@ -170,18 +170,12 @@ def test_capacity_factor_and_pattern_are_read():
 
 
 # ------------------------------------------------------------------------------- refused for pricing
-def test_a_sweep_naming_an_moe_preset_is_priced_and_an_mla_one_refused(tmp_path, cli):
+def test_a_sweep_naming_an_moe_or_an_mla_preset_is_priced(tmp_path, cli):
     spec = tmp_path / "spec.toml"
-    spec.write_text(SMALL_SWEEP.format(training="").replace('presets = ["gpt3-1.3b"]',
-                                                            'presets = ["gpt3-1.3b", "mixtral-8x7b"]'))
-    assert cli("sweep", spec, "-o", tmp_path / "out", "--dry-run").exit_code == 0
-    spec.write_text(SMALL_SWEEP.format(training="").replace('presets = ["gpt3-1.3b"]',
-                                                            'presets = ["gpt3-1.3b", "deepseek-v3"]'))
-    res = cli("sweep", spec, "-o", tmp_path / "out", "--dry-run")
-    out = flat(res.output)
-    assert res.exit_code == 2, res.output
-    assert "multi-head latent attention is not priced yet (issue 13)" in out and "model.presets" in out, out
-    assert "deepseek-v3" in out and "Traceback" not in out
+    for presets in ('["gpt3-1.3b", "mixtral-8x7b"]', '["gpt3-1.3b", "deepseek-v3"]'):
+        spec.write_text(SMALL_SWEEP.format(training="").replace('presets = ["gpt3-1.3b"]', f"presets = {presets}"))
+        res = cli("sweep", spec, "-o", tmp_path / "out", "--dry-run")
+        assert res.exit_code == 0, res.output
 
 
 def test_a_model_file_with_an_moe_model_is_priced_unless_it_sets_a_capacity_factor(tmp_path, cli):
@@ -209,20 +203,30 @@ def test_evaluate_prices_mixtral_and_refuses_a_row_naming_an_unpriced_moe_model(
     import polars as pl
     df = pl.read_csv(tmp_path / "out.csv")
     assert df["num_experts"].to_list() == [8] and df["ep"].to_list() == [8] and df["ep_comm_s"][0] > 0
+    (tmp_path / "m.toml").write_text("[models.capped]\nnum_layers = 4\nhidden_size = 64\nnum_attention_heads = 4\n"
+                                     "seq_length = 128\nnum_experts = 8\nmoe_expert_capacity_factor = 1.25\n")
     csv.write_text("model,global_batch_size,micro_batch_size,tp,pp,dp,gpu\n"
-                   "llama3-8b,64,1,4,2,1,h100-sxm-80gb\ndeepseek-v3,64,1,4,2,1,h100-sxm-80gb\n")
-    res = cli("evaluate", csv, "-o", tmp_path / "out2.csv")
+                   "llama3-8b,64,1,4,2,1,h100-sxm-80gb\ncapped,64,1,4,2,1,h100-sxm-80gb\n")
+    res = cli("evaluate", csv, "--models", tmp_path / "m.toml", "-o", tmp_path / "out2.csv")
     out = flat(res.output)
     assert res.exit_code == 2, res.output
-    assert "column model, row 3" in out and "latent attention" in out, out
+    assert "column model, row 3" in out and "capacity_factor" in out, out
     assert not (tmp_path / "out2.csv").exists()
+    # an MLA preset is priced: its MLA columns as the kernels' rows hold them
+    csv.write_text("model,global_batch_size,micro_batch_size,tp,pp,dp,ep,gpu,use_flash_attn,sequence_parallel\n"
+                   "deepseek-v3,64,1,2,1,32,32,h100-sxm-80gb,true,true\n")
+    res = cli("evaluate", csv, "-o", tmp_path / "out3.csv")
+    assert res.exit_code == 0, res.output
+    df = pl.read_csv(tmp_path / "out3.csv")
+    assert (df["multi_latent_attention"][0], df["q_lora_rank"][0], df["kv_lora_rank"][0]) == (1, 1536, 512)
+    assert df["num_query_groups"][0] == 128 and df["num_parameters"][0] == 671_026_404_352
 
 
-def test_kv_channels_on_a_dense_shape_is_priced_and_mla_refused():
+def test_kv_channels_and_mla_on_a_dense_shape_are_priced():
     dense = MODEL_PRESETS["llama3-8b"]
     assert unpriced_reason(replace(dense, kv_channels=256)) is None          # priced: the kv_channels column
     assert unpriced_reason(replace(dense, kv_channels=128)) is None          # hidden / heads: the default
-    assert "latent attention" in unpriced_reason(replace(dense, multi_latent_attention=True))
+    assert unpriced_reason(replace(dense, multi_latent_attention=True)) is None   # the MLA columns
 
 
 def test_the_presets_listing_marks_moe_with_total_and_active(cli, wide_console):

@@ -90,8 +90,9 @@ def test_rows_are_priced_once_the_model_stops_refusing(monkeypatch):
     assert priced.filter(pl.col("preset").str.starts_with("qwen3")).height > 0
     assert priced.filter(pl.col("preset").str.starts_with("gpt-oss")).height > 0
     assert not out["not_priced_reason"].drop_nulls().str.contains("kv_channels").any()
-    # DeepSeek-V3 keeps its own refusal (MLA)
-    assert out.filter(pl.col("preset") == "deepseek-v3")["not_priced_reason"].str.contains("latent").all()
+    # DeepSeek-V3's MLA is priced too: no row of it carries a kernel refusal
+    assert not out.filter(pl.col("preset") == "deepseek-v3")["not_priced_reason"].drop_nulls().str.contains(
+        "not priced yet").any()
 
 
 def test_plan_mapping(runs):
@@ -105,7 +106,7 @@ def test_plan_mapping(runs):
     assert M.precision(mx) == ("fp8", "mxfp8")
     assert M.gpu_preset("GB200 (DGX GB200 NVL72)").preset == "gb200-nvl72-186gb"
     assert M.gpu_preset("B200 (DGX B200)").preset == "b200-hgx-180gb"
-    assert M.gpu_preset("H800") is None
+    assert M.gpu_preset("H800 (8 per node)").preset == "h800-sxm-80gb"
 
 
 def test_cli_prints_mape_per_source_and_writes_parquet(tmp_path):
@@ -124,3 +125,15 @@ def test_unknown_set_is_refused():
     res = CliRunner().invoke(app, ["validate", "--set", "moee"])
     assert res.exit_code == 2
     assert "moe" in res.output
+
+
+def test_the_deepseek_v3_report_row_is_planned_as_the_closest_megatron_plan(runs):
+    """DeepSeek's own stack (DualPipe) is not modelled: the row is priced as Megatron-core's 1F1B with
+    the stated sizes on the H800 preset, and what the report does not state is filled and listed."""
+    r = next(x for x in runs if x["id"].startswith("deepseekv3_report"))
+    assert M.unexpressible_reason(r) is None
+    plan, assumed = M.plan_row(r)
+    assert (plan["gpu"], plan["tp"], plan["pp"], plan["ep"], plan["dp"], plan["micro_batch_size"]) == (
+        "h800-sxm-80gb", 1, 16, 64, 128, 1)
+    assert (plan["first_pipeline_num_layers"], plan["last_pipeline_num_layers"]) == (3, 2)    # 3 + 14 x 4 + 2 = 61
+    assert "DualPipe" in assumed and "micro_batch_size 1" in assumed

@@ -19,7 +19,7 @@ from ..model.step import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.moe import KERNEL_COLUMNS as MOE_COLUMNS, KERNEL_NAMES as MOE_NAMES
-from ..model.moe import kernel_kv_channels
+from ..model.moe import MLA_FIELDS, kernel_values
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, FLOAT_SETTINGS, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
@@ -91,7 +91,8 @@ UNMODELLED = {
 CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OVERRIDE_RANGES["gpus_per_node"],
                   **{st.name: st.int_range for st in INT_SETTINGS},
                   **{name: (0, 100_000) for name in MOE_NAMES},
-                  "moe_router_topk": (1, 100_000), "moe_layer_step": (1, 100_000)}
+                  "moe_router_topk": (1, 100_000), "moe_layer_step": (1, 100_000),
+                  "multi_latent_attention": (0, 1), **{name: (0, 1_000_000) for name in MLA_FIELDS}}
 # The precision column: the registry's choices, plus fp16, priced as bf16 (the same tensor-core peak
 # on every preset that has both, and 2-byte operands; loss scaling is not modelled) and written
 # back as given.
@@ -123,11 +124,15 @@ def _int_column(df: pl.DataFrame, name: str, where: str, default=None) -> np.nda
     return np.where(empty, 0 if default is None else default, np.nan_to_num(vals)).astype(np.int64)
 
 
-def _check_moe_rows(moe_cols: dict, num_layers: np.ndarray, where: str) -> None:
+def _check_moe_rows(moe_cols: dict, num_layers: np.ndarray, where: str, heads=None, groups=None,
+                    kv_channels=None) -> None:
     """The MoE columns of each row checked together, as a model file's are
     (:func:`vtrain_fast.plan.models.shape_fields_from_table`, Megatron-core's
     ``TransformerConfig.__post_init__``): an MoE row (``num_experts`` >= 1) routes each token to
-    1 .. num_experts experts and keeps at least one MoE layer after its dense first layers.
+    1 .. num_experts experts and keeps at least one MoE layer after its dense first layers. A
+    multi-head latent attention row (``multi_latent_attention`` 1) has a ``kv_lora_rank``,
+    ``qk_head_dim`` and ``v_head_dim`` of at least 1, ``num_query_groups`` = ``num_attention_heads``
+    and no ``kv_channels`` (Megatron-core's MLA); a row without MLA leaves the MLA columns 0.
 
     Raises
     ------
@@ -144,6 +149,23 @@ def _check_moe_rows(moe_cols: dict, num_layers: np.ndarray, where: str) -> None:
             i = int(np.argmax(bad))
             raise InputError(where, f"column {name}, row {i + 2}", int(moe_cols[name][i]), allowed,
                              f"this row has num_experts = {int(experts[i])} and num_layers = {int(num_layers[i])}")
+    mla = moe_cols["multi_latent_attention"] == 1
+    checks = [(~mla & (moe_cols[n] != 0), n, "0 without multi_latent_attention",
+               "set multi_latent_attention to 1, or leave the MLA columns empty") for n in MLA_FIELDS]
+    checks += [(mla & (moe_cols[n] < 1), n, "a whole number of at least 1 with multi_latent_attention",
+                "give the MLA widths (DeepSeek-V3: kv_lora_rank 512, qk_head_dim 128, v_head_dim 128)")
+               for n in ("kv_lora_rank", "qk_head_dim", "v_head_dim")]
+    if kv_channels is not None:
+        checks.append((mla & (kv_channels != 0), "kv_channels", "0 with multi_latent_attention (its head widths are "
+                       "qk_head_dim, qk_pos_emb_head_dim and v_head_dim)", "leave kv_channels empty"))
+    if heads is not None and groups is not None:
+        checks.append((mla & (groups != heads), "num_query_groups", "num_attention_heads with multi_latent_attention "
+                       "(its keys and values are per head)", "leave num_query_groups empty"))
+    for bad, name, allowed, fix in checks:
+        if bad.any():
+            i = int(np.argmax(bad))
+            value = (kv_channels if name == "kv_channels" else groups if name == "num_query_groups" else moe_cols[name])[i]
+            raise InputError(where, f"column {name}, row {i + 2}", int(value), allowed, fix)
 
 
 def _float_column(df, name, where, default, lo, hi) -> np.ndarray:
@@ -310,7 +332,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     vocab = _int_column(df, "vocab_size", where, DEFAULT_VOCAB_SIZE)
     arch_codes = {fl.name: arch_column(df, fl, where) for fl in ARCH_FLAGS}
     moe_cols = {name: _int_column(df, name, where, default) for name, default in MOE_COLUMNS}
-    _check_moe_rows(moe_cols, ints["num_layers"], where)
+    _check_moe_rows(moe_cols, ints["num_layers"], where, a, groups, moe_cols["kv_channels"])
     recompute = _str_column(df, "recompute", where, RECOMPUTE_VALUES, RECOMPUTE_DEFAULT)
     precision = _str_column(df, "precision", where, PRECISIONS, BY_NAME["precision"].default)
     known = gpus or PRESETS
@@ -454,10 +476,13 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
     shapes = {n: models[n].resolved() for n in set(names) if n in models}
     if not shapes:
         return df
+    # the MoE, kv_channels and MLA columns as the kernels' rows hold them (kv_channels 0 for h / a,
+    # the MLA widths 0 without MLA: moe.kernel_values)
+    kernel = {n: dict(zip(MOE_NAMES, kernel_values(shape))) for n, shape in shapes.items()}
     for col in MODEL_FIELDS:
         fl = ARCH_BY_NAME.get(col)
-        values = [(kernel_kv_channels(shapes[n]) if col == "kv_channels" else getattr(shapes[n], col))
-                  if n in shapes else None for n in names]       # kv_channels: 0 for h / a, as the kernels' rows
+        values = [(kernel[n][col] if col in kernel[n] else getattr(shapes[n], col))
+                  if n in shapes else None for n in names]
         if fl is None:
             preset = pl.Series(col, [None if v is None else int(v) for v in values], dtype=pl.Int64)
         elif fl.kind is bool and col in df.columns and df.schema[col] == pl.Boolean:

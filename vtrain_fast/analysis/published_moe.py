@@ -15,7 +15,7 @@ Per row, one reason at most (:func:`not_priced_reason`, the first that applies):
   :func:`vtrain_fast.plan.models.check_priced` (``model/moe.py`` ``unpriced_reason``) at run
   time, never from a list here, so a model the kernels learn (kv_channels heads, MLA) is priced
   by the next run without a change here;
-* no GPU preset (H800), a precision the model does not have (NVFP4), a token-dropping run whose
+* no GPU preset, a precision the model does not have (NVFP4), a token-dropping run whose
   capacity factor is not stated (the kernels price dropless routing), a plan value the source
   does not state (ep, micro-batch, GPU count), the metric not convertible;
 * the evaluation refuses the plan (``evaluate``'s own message), or prices it infeasible (its
@@ -93,7 +93,17 @@ STACKS: dict[str, P.Stack] = {
     "nemo2504": P.Stack(
         "NeMo 25.04 perf summary", "NeMo 2.0 (Megatron-core), 25.04", dict(_NEMO2),
         "as NeMo 25.02; the 25.04 page states FP8 'per-tensor current scaling' (fp8_recipe tensorwise)"),
-    "deepseekv3": P.Stack("DeepSeek-V3 report", "DeepSeek HAI-LLM (DualPipe)", {}, "not priced (MLA, H800)"),
+    "deepseekv3": P.Stack(
+        "DeepSeek-V3 report", "DeepSeek HAI-LLM (DualPipe), priced as the closest Megatron-core plan",
+        dict(distributed_optimizer=True, use_flash_attn=True, etp=1),
+        "an assumption, not DeepSeek's stack: their own framework with DualPipe (computation-communication "
+        "overlap of forward and backward chunks) and their own all-to-all kernels is not modelled; priced as "
+        "Megatron-core's 1F1B with the stated tp 1, pp 16, ep 64, dp 128 and ZeRO-1 (distributed optimizer), "
+        "TE fused attention; what the report does not state is filled: micro-batch 1, the 61 layers as 3 on the "
+        "first stage, 2 on the last and 4 on each other (Megatron-core's uneven first/last stages; DualPipe's "
+        "split is not stated), FP8 as TE's per-tensor current scaling (DeepSeek's 1x128 / 128x128 block scaling "
+        "has no recipe here), recompute none (theirs recomputes only RMSNorm and the MLA up projections), "
+        "the multi-token-prediction module not priced"),
     "deepseekv2": P.Stack("DeepSeek-V2 report", "DeepSeek HAI-LLM", {}, "not priced (no preset, no GPU count)"),
 }
 
@@ -103,7 +113,13 @@ GPU_PRESETS: tuple[P.GPUMap, ...] = (
     P.GPUMap(("b300",), "b300-hgx-270gb", {}, "DGX B300 (8 GPUs per node)"),
     P.GPUMap(("b200",), "b200-hgx-180gb", {}, "DGX B200 (8 GPUs per node)"),
     P.GPUMap(("h100",), "h100-sxm-80gb", {}, "DGX H100 (H100 SXM5 80 GB, 8 per node)"),
+    P.GPUMap(("h800",), "h800-sxm-80gb", {}, "H800 SXM5 80 GB, 8 per node (DeepSeek's cluster)"),
 )
+# Plan values a stack fills where its source does not state them (an assumption each, listed in the
+# row's assumptions; DeepSeek-V3: see its Stack's basis).
+STACK_FILLS: dict[str, dict] = {
+    "deepseekv3": dict(micro_batch_size=1, first_pipeline_num_layers=3, last_pipeline_num_layers=2),
+}
 
 
 def gpu_preset(name: str | None) -> P.GPUMap | None:
@@ -182,8 +198,9 @@ def _r_token_drop(row):
 
 
 def _r_unstated(row):
+    fills = STACK_FILLS.get(row["source_key"], {})
     missing = [c for c in ("num_gpus", "tp", "pp", "dp", "ep", "micro_batch_size", "global_batch_size", "seq_len")
-               if row.get(c) is None]
+               if row.get(c) is None and c not in fills]
     if missing:
         return ", ".join(missing) + " not stated"
 
@@ -233,8 +250,12 @@ def plan_row(row: dict) -> tuple[dict, str]:
         assumed.append("zero_stage 3 (FSDP)")
     if prec == "fp8":
         assumed.append(f"fp8_recipe {recipe}")
+    fills = {k: v for k, v in STACK_FILLS.get(row["source_key"], {}).items() if row.get(k) is None}
+    assumed += [f"{k} {v}" for k, v in fills.items()]
+    settings |= {k: v for k, v in fills.items() if k != "micro_batch_size"}
     plan = dict(id=row["id"], model=row["preset"], seq_length=row["seq_len"],
-                global_batch_size=row["global_batch_size"], micro_batch_size=row["micro_batch_size"],
+                global_batch_size=row["global_batch_size"],
+                micro_batch_size=row["micro_batch_size"] or fills.get("micro_batch_size"),
                 tp=tp, cp=row.get("cp") or 1, pp=row["pp"], dp=row["dp"], vpp=row.get("virtual_pp") or 1,
                 ep=row["ep"], etp=etp, num_gpus=row["num_gpus"], gpu=gpu_preset(row["gpu"]).preset,
                 recompute="none", precision=prec, fp8_recipe=recipe,

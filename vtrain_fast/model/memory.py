@@ -13,7 +13,7 @@ scale by ``qw / h``).
 from __future__ import annotations
 
 from ._jit import jit
-from .ops import MXFP8_SCALE_BYTES_PER_ELEMENT, attention_width, fused_softmax
+from .ops import MXFP8_SCALE_BYTES_PER_ELEMENT, attention_width, context_width, fused_softmax, mla_latent_width, mla_weights
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .params import H_DP_SHARD, H_OPT_SHARD, H_ZERO_STAGE
 
@@ -94,8 +94,12 @@ def layer_params(h, a, g, f, arch=DEFAULT_ARCH):
     ``arch.gated_mlp`` 1, SwiGLU, has three ``h x f`` matrices instead of two), their biases
     (``arch.add_bias_linear``) and two norms (:func:`norm_params`). Heads of ``arch.kv_channels``
     channels (:func:`~vtrain_fast.model.ops.attention_width` ``qw``): QKV ``h x (qw + 2 qw g/a)``,
-    projection ``qw x h``."""
+    projection ``qw x h``. Multi-head latent attention: its block, :func:`mla_attention_params_per_rank`
+    at ``t = 1``, instead of QKV and projection."""
     gated = arch.gated_mlp
+    if arch.multi_latent_attention != 0.0:
+        return (mla_attention_params_per_rank(h, a, 1.0, arch) + (2.0 + gated) * h * f
+                + arch.add_bias_linear * (h + (1.0 + gated) * f + h) + 2.0 * norm_params(h, arch))
     qw = attention_width(h, a, arch)
     qkv_out = qw + 2.0 * qw * g / a
     weights = h * qkv_out + qw * h + (2.0 + gated) * h * f
@@ -104,11 +108,28 @@ def layer_params(h, a, g, f, arch=DEFAULT_ARCH):
 
 
 @jit
+def mla_attention_params_per_rank(h, a, t, arch):
+    """Parameters of one multi-head latent attention block held by one tensor-parallel rank (no
+    biases: Megatron-core's MLA linears take none, as DeepSeek's): the down projections and the q
+    and kv norms (over ``q_lora_rank`` and ``kv_lora_rank``, :func:`norm_params`) replicated
+    (TELinear ``parallel_mode="duplicated"``), the up projections and the output projection ``a
+    v_head_dim x h`` over ``t`` (:func:`~vtrain_fast.model.ops.mla_weights`; DeepSeek-V2
+    Sec. 2.1.2-2.1.3). At ``t = 1``, :func:`vtrain_fast.model.moe.attention_params`."""
+    rep, split = mla_weights(h, a, arch)
+    return rep + norm_params(mla_latent_width(arch), arch) + (split + context_width(h, a, arch) * h) / t
+
+
+@jit
 def layer_params_per_rank(h, a, g, f, t, arch=DEFAULT_ARCH):
     """Parameters of one layer held by one tensor-parallel rank (:func:`layer_params`): the
     weights and the column-parallel biases (QKV, FC1) over ``t``, the row-parallel biases
-    (projection, FC2) and the norms replicated."""
+    (projection, FC2) and the norms replicated; with multi-head latent attention its block as
+    :func:`mla_attention_params_per_rank` holds it."""
     gated = arch.gated_mlp
+    if arch.multi_latent_attention != 0.0:       # MLA: its down projections and norms replicated
+        return (mla_attention_params_per_rank(h, a, t, arch)
+                + ((2.0 + gated) * h * f + arch.add_bias_linear * (1.0 + gated) * f) / t
+                + arch.add_bias_linear * 2.0 * h + 2.0 * norm_params(h, arch))
     qw = attention_width(h, a, arch)
     qkv_out = qw + 2.0 * qw * g / a
     split = h * qkv_out + qw * h + (2.0 + gated) * h * f + arch.add_bias_linear * (qkv_out + (1.0 + gated) * f)
@@ -126,9 +147,12 @@ def moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch):
     :func:`layer_params`, :func:`vtrain_fast.model.moe.param_counts`'s counts."""
     gated = arch.gated_mlp
     bias = arch.add_bias_linear
-    qw = attention_width(h, a, arch)
-    qkv_out = qw + 2.0 * qw * g / a
-    attn = (h * qkv_out + qw * h + bias * qkv_out) / t + bias * h + 2.0 * norm_params(h, arch)
+    if arch.multi_latent_attention != 0.0:
+        attn = mla_attention_params_per_rank(h, a, t, arch) + bias * h + 2.0 * norm_params(h, arch)
+    else:
+        qw = attention_width(h, a, arch)
+        qkv_out = qw + 2.0 * qw * g / a
+        attn = (h * qkv_out + qw * h + bias * qkv_out) / t + bias * h + 2.0 * norm_params(h, arch)
     fs = arch.moe_shared_expert_intermediate_size
     shared = 0.0
     if fs > 0.0:
@@ -157,7 +181,7 @@ def model_params(num_layers, h, a, g, f, v, s, arch=DEFAULT_ARCH):
 
 
 @jit
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0, latent=0.0):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
     (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
 
@@ -177,11 +201,26 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0):
     Heads of ``kv_channels`` channels (``qw = a d``, the attention width,
     :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``): Q and the context (the projection's
     input) are ``2 s b qw`` bytes each and K and V ``2 s b qw g / a`` each, so ``4 + 4g/a`` becomes
-    ``(4 + 4g/a) qw / h``; the layer-norm outputs, dropouts and MLP terms keep ``h``."""
+    ``(4 + 4g/a) qw / h``; the layer-norm outputs, dropouts and MLP terms keep ``h``.
+
+    Multi-head latent attention (``qw`` its :func:`~vtrain_fast.model.ops.attention_width`, ``g =
+    a``, so that ``(4 + 4g/a) qw`` is exactly its Q and K of ``dq = qk_head_dim +
+    qk_pos_emb_head_dim`` and V and the context of ``v_head_dim`` channels per head, the core's
+    inputs and output, ``2 a (2 dq + 2 v_head_dim)`` bytes per token over ``t``): the down
+    projections' input is the layer norm's output that QKV's is (in the ``10``, on ``s b / t`` rows
+    with sequence parallelism); ``latent`` (``q_lora_rank + kv_lora_rank``,
+    :func:`~vtrain_fast.model.ops.mla_latent_width`; 0 without MLA) adds the q and kv norms' inputs
+    and outputs (the up projections' inputs), ``2 + 2`` bytes per channel per token, on the ``s b
+    / t`` rows they run on with sequence parallelism (TE saves the local input and gathers it again
+    for the weight gradient). The up projections' outputs are not kept beyond the assembled Q, K, V
+    (their backward needs only their inputs); the rotary kernels keep nothing."""
     outside = 10.0 / t if sp != 0.0 else 10.0
     r = qw / h if qw > 0.0 else 1.0
     base = s * b * h * (outside + (4.0 * r + 4.0 * r * g / a + (4.0 + 2.0 * gated) * f / h) / t)
-    return base + attention_core_activation_bytes(b, s, a, t, flash)
+    core = base + attention_core_activation_bytes(b, s, a, t, flash)
+    if latent > 0.0:
+        return core + 4.0 * s * b * latent / (t if sp != 0.0 else 1.0)
+    return core
 
 
 @jit
@@ -232,16 +271,22 @@ FP8_WEIGHT_COPY_BYTES_PER_PARAM = 2.0
 
 
 @jit
-def linear_weights_per_rank(h, a, g, f, t, gated=0.0, qw=0.0):
+def linear_weights_per_rank(h, a, g, f, t, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Weights (no biases) of one layer's four linears held by one tensor-parallel rank:
     QKV ``h (qw + 2 qw g/a)``, projection ``qw h``, FC1 and FC2 ``(2 + gated) h f``, over ``t``
-    (``qw`` the attention width, :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``)."""
+    (``qw`` the attention width, :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``). With
+    multi-head latent attention (``arch``) MLA's linears instead of QKV, the down projections whole
+    and the up projections over ``t`` (:func:`~vtrain_fast.model.ops.mla_weights`), and the
+    projection ``a v_head_dim x h`` over ``t``."""
+    if arch.multi_latent_attention != 0.0:
+        rep, split = mla_weights(h, a, arch)
+        return rep + (split + context_width(h, a, arch) * h + (2.0 + gated) * h * f) / t
     q = qw if qw > 0.0 else h
     return (h * (q + 2.0 * q * g / a) + q * h + (2.0 + gated) * h * f) / t
 
 
 @jit
-def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0, qw=0.0):
+def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Bytes of one layer's FP8 weight copies on one TP rank with ``fp8`` non-zero: 2 bytes per
     linear weight (:data:`FP8_WEIGHT_COPY_BYTES_PER_PARAM`: the FP8 weight and its transpose,
     cached by Transformer Engine across the micro-batches of a step) on top of the bf16 weights
@@ -254,11 +299,11 @@ def fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated=0.0, mxfp8=0.0, qw=0.0):
     if fp8 == 0.0:
         return 0.0
     per_weight = FP8_WEIGHT_COPY_BYTES_PER_PARAM + (2.0 * MXFP8_SCALE_BYTES_PER_ELEMENT if mxfp8 != 0.0 else 0.0)
-    return per_weight * linear_weights_per_rank(h, a, g, f, t, gated, qw)
+    return per_weight * linear_weights_per_rank(h, a, g, f, t, gated, qw, arch)
 
 
 @jit
-def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0, qw=0.0):
+def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0, qw=0.0, latent=0.0):
     """Bytes fewer that one layer stores for backward, one micro-batch, with ``fp8`` non-zero:
     Transformer Engine saves the FP8 (1-byte) copy of a linear's input for its weight-gradient
     GEMM instead of the bf16 one (:func:`layer_activation_bytes` counts 2 bytes). Saved inputs
@@ -266,7 +311,11 @@ def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0, qw=0.0
     ``t`` with sequence parallelism), FC2's (the activation output, ``s b f / t``) and, without
     FlashAttention, the projection's (the context, ``s b qw / t``, ``qw`` the attention width, 0:
     ``h``; FlashAttention keeps it in bf16
-    as its output for its own backward). 0.0 otherwise.
+    as its output for its own backward). 0.0 otherwise. With multi-head latent attention ``qw`` is
+    the context's width (:func:`~vtrain_fast.model.ops.context_width`) and ``latent`` (``q_lora_rank
+    + kv_lora_rank``) adds the up projections' inputs (``s b latent``, over ``t`` with sequence
+    parallelism); its two down projections are counted as QKV's one saved input (each keeps its
+    own FP8 copy of it: the second copy is not counted, an approximation).
 
     With ``mxfp8`` non-zero the saved (columnwise) MXFP8 copy carries its E8M0 scales, 1/32 byte
     per element (:data:`~vtrain_fast.model.ops.MXFP8_SCALE_BYTES_PER_ELEMENT`): 1 - 1/32 bytes
@@ -276,4 +325,6 @@ def fp8_activation_saving_bytes(b, s, h, f, t, flash, sp, fp8, mxfp8=0.0, qw=0.0
     outside = 2.0 / t if sp != 0.0 else 2.0       # the QKV and FC1 inputs
     proj = 0.0 if flash != 0.0 else (qw if qw > 0.0 else h) / t
     saved = FP8_BYTES + (MXFP8_SCALE_BYTES_PER_ELEMENT if mxfp8 != 0.0 else 0.0)
+    if latent > 0.0:        # MLA: the up projections' inputs too
+        return (2.0 - saved) * s * b * (outside * h + f / t + proj + 0.5 * outside * latent)
     return (2.0 - saved) * s * b * (outside * h + f / t + proj)

@@ -112,8 +112,8 @@ SHAPE_FIELDS: tuple[ShapeField, ...] = (
 BY_NAME: dict[str, ShapeField] = {f.name: f for f in SHAPE_FIELDS}
 SHAPE_FIELD_NAMES = tuple(f.name for f in SHAPE_FIELDS)
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-# The shape fields the kernels' model table was planned to gain (docs/moe.md); the first slice takes
-# KERNEL_COLUMNS (below: kv_channels with the MoE columns); MLA is refused until priced.
+# The shape fields the kernels' model table was planned to gain (docs/moe.md); all are in
+# KERNEL_COLUMNS (below: kv_channels and the MLA columns with the MoE columns).
 KERNEL_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                  "kv_channels", "multi_latent_attention", *MLA_FIELDS)
 
@@ -124,7 +124,12 @@ KERNEL_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_s
 # from layer ``moe_first_dense_layers`` on is an MoE layer.
 KERNEL_COLUMNS = (("num_experts", 0), ("moe_router_topk", 2), ("moe_ffn_hidden_size", 0),
                   ("moe_shared_expert_intermediate_size", 0), ("moe_layer_step", 1), ("moe_first_dense_layers", 0),
-                  ("kv_channels", 0))
+                  ("kv_channels", 0),
+                  # multi-head latent attention (0 / 1, then its widths; all 0 without MLA)
+                  ("multi_latent_attention", 0), ("q_lora_rank", 0), ("kv_lora_rank", 0), ("qk_head_dim", 0),
+                  ("qk_pos_emb_head_dim", 0), ("v_head_dim", 0))
+# the MLA columns of KERNEL_COLUMNS (the switch, then MLA_FIELDS)
+KERNEL_MLA_NAMES = ("multi_latent_attention", *MLA_FIELDS)
 KERNEL_NAMES = tuple(n for n, _ in KERNEL_COLUMNS)
 KERNEL_DEFAULTS = tuple(float(d) for _, d in KERNEL_COLUMNS)
 KERNEL_DOCS = {
@@ -139,6 +144,13 @@ KERNEL_DOCS = {
                               "--moe-layer-freq \"([0]*3+[1]*58)\": 3)",
     "kv_channels": "channels per attention head, d (0: hidden_size / num_attention_heads; queries and the "
                    "projection a x d wide, keys and values g x d each; Megatron-LM --kv-channels)",
+    "multi_latent_attention": "1: multi-head latent attention (DeepSeek-V2/V3; Megatron-LM --multi-latent-attention), "
+                              "priced with the five MLA columns after it; 0: standard attention (they are 0)",
+    "q_lora_rank": "MLA: rank of the query down-projection (0: none, queries projected from h at full rank)",
+    "kv_lora_rank": "MLA: rank of the joint key/value down-projection (0 without MLA)",
+    "qk_head_dim": "MLA: query/key channels per head without position (0 without MLA)",
+    "qk_pos_emb_head_dim": "MLA: rotary query/key channels per head, the key's shared by all heads (0 without MLA)",
+    "v_head_dim": "MLA: value channels per head (0 without MLA)",
 }
 
 
@@ -172,13 +184,16 @@ def kernel_kv_channels(shape) -> int:
 
 def kernel_values(shape) -> tuple[int, ...]:
     """The :data:`KERNEL_NAMES` values of a (resolved) model shape; a dense model's defaults (and
-    its ``kv_channels``, :func:`kernel_kv_channels`)."""
+    its ``kv_channels``, :func:`kernel_kv_channels`), then the MLA columns (1 and the
+    :data:`MLA_FIELDS` with multi-head latent attention, else 0s)."""
     kv = kernel_kv_channels(shape)
+    mla = ((1, *(int(getattr(shape, n)) for n in MLA_FIELDS)) if getattr(shape, "multi_latent_attention", False)
+           else (0,) * len(KERNEL_MLA_NAMES))
     if not is_moe(shape):
-        return tuple(int(d) for _, d in KERNEL_COLUMNS[:-1]) + (kv,)
+        return tuple(int(d) for _, d in KERNEL_COLUMNS[:6]) + (kv,) + mla
     step_, first = layer_placement(shape.num_layers, shape.moe_layer_freq) or (1, 0)
     return (shape.num_experts, shape.moe_router_topk, shape.moe_ffn_hidden_size or shape.ffn_hidden_size,
-            shape.moe_shared_expert_intermediate_size, step_, first, kv)
+            shape.moe_shared_expert_intermediate_size, step_, first, kv) + mla
 
 
 _PATTERN_PART = re.compile(r"\[\s*([01])\s*\]\s*\*\s*(\d+)|\[\s*([01](?:\s*,\s*[01])*)\s*\]")
@@ -333,15 +348,13 @@ def param_counts(shape) -> ParamCounts:
 
 
 def unpriced_reason(shape) -> str | None:
-    """Why the kernels cannot price ``shape`` yet, or None: multi-head latent attention, an MoE layer
-    placement that is neither every k-th layer nor dense first layers then MoE ones
-    (:func:`layer_placement`), or a capacity factor (the kernels price dropless routing). Routed
-    experts themselves are priced (issue 13, docs/moe.md), and so are heads of ``kv_channels`` other
-    than ``hidden_size / num_attention_heads`` (the kernels' ``kv_channels`` column). The kernels read the sizes, flags and MoE
-    columns of ``params.MODEL_FIELDS`` only; such a shape priced by them would silently be another."""
-    if shape.multi_latent_attention:
-        return (f"multi-head latent attention is not priced yet (issue 13): {shape.name} sets "
-                "multi_latent_attention = true")
+    """Why the kernels cannot price ``shape`` yet, or None: an MoE layer placement that is neither
+    every k-th layer nor dense first layers then MoE ones (:func:`layer_placement`), or a capacity
+    factor (the kernels price dropless routing). Routed experts themselves are priced (issue 13,
+    docs/moe.md), and so are heads of ``kv_channels`` other than ``hidden_size /
+    num_attention_heads`` (the kernels' ``kv_channels`` column) and multi-head latent attention (the
+    MLA columns). The kernels read the sizes, flags and MoE columns of ``params.MODEL_FIELDS``
+    only; such a shape priced by them would silently be another."""
     if is_moe(shape):
         if layer_placement(shape.num_layers, shape.moe_layer_freq) is None:
             return (f"{shape.name}'s moe_layer_freq pattern is not priced yet (issue 13): the kernels take every "

@@ -92,9 +92,164 @@ def attention_width(h, a, arch):
     ``d = arch.kv_channels`` (Megatron-LM ``--kv-channels``; Megatron-core's
     ``query_projection_size``), or ``h`` when ``kv_channels`` is 0 (``d = h / a``, the default).
     Keys and values are ``g x d`` each (``attention_width * g / a``); the attention-only formulas
-    below take it where they name ``h``."""
+    below take it where they name ``h``.
+
+    With multi-head latent attention (:func:`mla_on`) the attention core's queries and keys have
+    ``dq = qk_head_dim + qk_pos_emb_head_dim`` channels per head and its values and output
+    ``v_head_dim``, ``g = a`` heads of each: this is then ``a (dq + v_head_dim) / 2``, the one
+    head width that gives the core's exact FLOPs (``Q K^T`` ``2 s^2 dq`` plus ``P V`` ``2 s^2
+    v_head_dim`` per head: ``4 s^2 (dq + v_head_dim) / 2``), FlashAttention's forward bytes (Q, K,
+    V and O together), the context-parallel K/V bytes and Korthikanti's Q, K, V and context
+    activations exactly (their sum is what each formula takes); the backward's bytes and the
+    unfused core's GEMM tile counts are those of the mean width (an approximation). The output
+    projection's input is :func:`context_width`."""
+    if arch.multi_latent_attention != 0.0:
+        return a * (arch.qk_head_dim + arch.qk_pos_emb_head_dim + arch.v_head_dim) / 2.0
     d = arch.kv_channels
     return a * d if d > 0.0 else h
+
+
+@jit
+def context_width(h, a, arch):
+    """Width of the attention's output (the context, the output projection's input): ``a x
+    v_head_dim`` with multi-head latent attention, else :func:`attention_width`."""
+    if arch.multi_latent_attention != 0.0:
+        return a * arch.v_head_dim
+    return attention_width(h, a, arch)
+
+
+# Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1.2-2.1.3; DeepSeek-V3,
+# arXiv:2412.19437, Sec. 2.1.1; Megatron-core MLASelfAttention, megatron/core/transformer/
+# multi_latent_attention.py). Its linears replace QKV: with q_lora_rank, linear_q_down_proj h ->
+# q_lora_rank (a TELinear in parallel_mode "duplicated": every TP rank holds the whole weight and
+# runs it on its own tokens, the sequence-parallel share b s / t with sequence parallelism), the
+# q norm, linear_q_up_proj q_lora_rank -> a dq (column parallel, over t; with sequence
+# parallelism it gathers its q_lora_rank-wide input); without, linear_q_proj h -> a dq (column
+# parallel); linear_kv_down_proj h -> kv_lora_rank + qk_pos_emb_head_dim (duplicated), the kv
+# norm, linear_kv_up_proj kv_lora_rank -> a (qk_head_dim + v_head_dim) (column parallel); the
+# rotary key channels are shared by the heads. Then the query and key are assembled per head
+# (torch.cat of the rotary and the other channels, the value made contiguous): one copy kernel
+# each, read and written once.
+MLA_COPY_KERNELS = 3.0
+
+
+@jit
+def mla_on(arch):
+    """Whether the model has multi-head latent attention (the kernels' ``multi_latent_attention`` column)."""
+    return arch.multi_latent_attention != 0.0
+
+
+@jit
+def mla_linears(arch):
+    """MLA's linears before the output projection: 4 with ``q_lora_rank`` (two down, two up), 3 without."""
+    return 4.0 if arch.q_lora_rank > 0.0 else 3.0
+
+
+@jit
+def mla_latent_width(arch):
+    """Channels per token of MLA's compressed, normalised activations: ``q_lora_rank + kv_lora_rank``."""
+    return arch.q_lora_rank + arch.kv_lora_rank
+
+
+@jit
+def mla_weights(h, a, arch):
+    """``(replicated, split)`` weights of MLA's linears before the output projection (no biases):
+    replicated on every TP rank, the down projections ``h q_lora_rank + h (kv_lora_rank +
+    qk_pos_emb_head_dim)``; split over ``t``, the up projections ``q_lora_rank a dq +
+    kv_lora_rank a (qk_head_dim + v_head_dim)`` (without ``q_lora_rank``: ``h a dq`` for the
+    query, split, and no query down projection), ``dq = qk_head_dim + qk_pos_emb_head_dim``
+    (DeepSeek-V2 Sec. 2.1.2-2.1.3: W^DQ, W^UQ, W^QR; W^DKV, W^KR; W^UK, W^UV). The output projection
+    ``a v_head_dim x h`` is split too (:func:`context_width`)."""
+    dq = arch.qk_head_dim + arch.qk_pos_emb_head_dim
+    rep = h * (arch.kv_lora_rank + arch.qk_pos_emb_head_dim)
+    split = arch.kv_lora_rank * a * (arch.qk_head_dim + arch.v_head_dim)
+    if arch.q_lora_rank > 0.0:
+        rep += h * arch.q_lora_rank
+        split += arch.q_lora_rank * a * dq
+    else:
+        split += h * a * dq
+    return rep, split
+
+
+@jit
+def mla_linear_s(m, n, k, backward, hw):
+    """One MLA linear ``(m x k) @ (k x n)``: forward, or (``backward`` True) its data-gradient and
+    weight-gradient GEMMs (:func:`linear_gemm_time_s`)."""
+    if backward:
+        return linear_gemm_time_s(m, k, n, hw) + linear_gemm_time_s(k, n, m, hw)
+    return linear_gemm_time_s(m, n, k, hw)
+
+
+@jit
+def mla_gemms_s(tokens, h, a, t, sp, backward, hw, arch):
+    """Seconds of MLA's linears before the output projection, one micro-batch, one TP rank
+    (``tokens = b s``; ``sp`` = :func:`sequence_split`), forward or (``backward``) both gradients:
+    the down projections on ``tokens / sp`` rows (replicated weights on each rank's own tokens),
+    the up projections on ``tokens`` rows into ``1/t`` of their outputs (column parallel), as
+    :data:`MLA_COPY_KERNELS`' comment lists them."""
+    rows = tokens / sp
+    dq = a * (arch.qk_head_dim + arch.qk_pos_emb_head_dim) / t
+    time = mla_linear_s(rows, arch.kv_lora_rank + arch.qk_pos_emb_head_dim, h, backward, hw)   # kv down
+    time += mla_linear_s(tokens, a * (arch.qk_head_dim + arch.v_head_dim) / t, arch.kv_lora_rank, backward, hw)
+    if arch.q_lora_rank > 0.0:
+        time += mla_linear_s(rows, arch.q_lora_rank, h, backward, hw)                  # q down
+        time += mla_linear_s(tokens, dq, arch.q_lora_rank, backward, hw)               # q up
+    else:
+        time += mla_linear_s(tokens, dq, h, backward, hw)                              # q, full rank
+    return time
+
+
+@jit
+def mla_up_gemms_s(tokens, h, a, t, wgrad, hw, arch):
+    """Seconds of MLA's column-parallel linears (the query's up or full-rank projection and the
+    key/value up projection) alone: their forward GEMMs, or (``wgrad``) their weight-gradient
+    GEMMs: what the tensor-parallel exchanges that QKV's GEMMs hide in standard attention can hide
+    under (:func:`~vtrain_fast.model.step.tp_backward_hidden_s`)."""
+    dq = a * (arch.qk_head_dim + arch.qk_pos_emb_head_dim) / t
+    q_in = arch.q_lora_rank if arch.q_lora_rank > 0.0 else h
+    kv_out = a * (arch.qk_head_dim + arch.v_head_dim) / t
+    if wgrad:
+        return linear_gemm_time_s(q_in, dq, tokens, hw) + linear_gemm_time_s(arch.kv_lora_rank, kv_out, tokens, hw)
+    return linear_gemm_time_s(tokens, dq, q_in, hw) + linear_gemm_time_s(tokens, kv_out, arch.kv_lora_rank, hw)
+
+
+@jit
+def mla_linear_elements(tokens, h, a, t, sp, outputs, arch):
+    """Elements of MLA's linears' inputs (or, ``outputs`` True, their outputs, whose gradients
+    the backward quantizes) on one TP rank, one micro-batch, before the output projection: the
+    down projections' ``tokens / sp`` rows of ``h`` (outputs ``q_lora_rank`` and ``kv_lora_rank +
+    qk_pos_emb_head_dim``), the up projections' ``tokens`` rows of ``q_lora_rank`` and
+    ``kv_lora_rank`` (outputs ``a dq / t``, ``a (qk_head_dim + v_head_dim) / t``); without
+    ``q_lora_rank`` the query's ``tokens x h`` (output ``a dq / t``). For the FP8 casts
+    (:func:`fp8_cast_forward`, :func:`fp8_cast_backward`), as the standard path counts QKV's."""
+    rows = tokens / sp
+    dq = a * (arch.qk_head_dim + arch.qk_pos_emb_head_dim) / t
+    if outputs:
+        n = rows * (arch.kv_lora_rank + arch.qk_pos_emb_head_dim) + tokens * a * (arch.qk_head_dim + arch.v_head_dim) / t
+        if arch.q_lora_rank > 0.0:
+            return n + rows * arch.q_lora_rank + tokens * dq
+        return n + tokens * dq
+    n = rows * h + tokens * arch.kv_lora_rank
+    if arch.q_lora_rank > 0.0:
+        return n + rows * h + tokens * arch.q_lora_rank
+    return n + tokens * h
+
+
+@jit
+def mla_memory_costs(tokens, a, t, sp, backward, arch):
+    """``(bytes, kernels)`` of MLA's memory-bound work, one micro-batch, one TP rank, one way: the
+    q and kv norms over ``q_lora_rank`` and ``kv_lora_rank`` on the ``tokens / sp`` rows the down
+    projections produced (read 2 + write 2 bytes per element forward, x and dy read, dx written
+    backward: 6; one kernel each, the q norm only with ``q_lora_rank``; Megatron-core fuses them
+    into the up projections' TE LayerNormColumnParallelLinear, the same bytes), and the assembly
+    of the per-head query, key and value (:data:`MLA_COPY_KERNELS`: read and write ``a (2 dq +
+    v_head_dim) / t`` per token, 2 + 2 bytes; the backward's split, head-sum of the shared rotary
+    key's gradient and concatenation charged the same bytes, an approximation). MLA's rotary
+    kernels are :func:`rope_costs`'."""
+    norm = (6.0 if backward else 4.0) * tokens * mla_latent_width(arch) / sp
+    dq = arch.qk_head_dim + arch.qk_pos_emb_head_dim
+    copies = 4.0 * tokens * a * (2.0 * dq + arch.v_head_dim) / t
+    return norm + copies, (2.0 if arch.q_lora_rank > 0.0 else 1.0) + MLA_COPY_KERNELS
 
 
 @jit
@@ -221,7 +376,8 @@ def fp8_cast_forward(b, s, h, f, t, hw, qw=0.0):
     records the amax in the same pass; per recipe :func:`fp8_quantize_cost`: current scaling adds
     an amax pass, MXFP8 the block scales). Inputs: QKV and FC1 ``b s h`` (the all-gathered input
     with sequence parallelism), projection ``b s qw/t`` (``qw`` the attention width,
-    :func:`attention_width`; 0: ``h``), FC2 ``b s f/t``. ``(0, 0)`` in bf16.
+    :func:`attention_width`; 0: ``h``), FC2 ``b s f/t``. ``(0, 0)`` in bf16 (multi-head latent
+    attention: :func:`mla_fp8_casts`).
 
     The per-iteration amax-history and scale update of delayed scaling (one fused kernel per
     micro-batch per autocast region), its amax all-reduce over the data- and tensor-parallel group,
@@ -252,6 +408,26 @@ def fp8_cast_backward(b, s, h, a, g, f, t, hw, gated=0.0, qw=0.0):
     elems = tokens * (qkv_out + h + (1.0 + gated) * f / t + h)
     per_element, kernels = fp8_quantize_cost(hw)
     return per_element * elems, FP8_LINEARS * kernels
+
+
+@jit
+def mla_fp8_casts(b, s, h, a, f, t, hw, backward, gated, arch):
+    """``(bytes, kernels)`` of one MLA layer's FP8 quantization, one micro-batch, one TP rank, as
+    :func:`fp8_cast_forward` (``backward`` False: the linears' inputs) and :func:`fp8_cast_backward`
+    (their output gradients) count a standard layer's, with MLA's linears
+    (:func:`mla_linear_elements`, one cast each) in place of QKV and the output projection's input
+    the context, :func:`context_width`. ``(0, 0)`` in bf16."""
+    if hw[H_PRECISION] != PRECISION_FP8:
+        return 0.0, 0.0
+    tokens = b * s
+    cw = context_width(h, a, arch)
+    mla = mla_linear_elements(tokens, h, a, t, sequence_split(t, hw), backward, arch)
+    if backward:        # projection h, FC1 (1 + gated) f / t, FC2 h
+        elems = tokens * (h + (1.0 + gated) * f / t + h) + mla
+    else:               # projection cw / t, FC1 h, FC2 f / t
+        elems = tokens * (cw / t + h + f / t) + mla
+    per_element, kernels = fp8_quantize_cost(hw)
+    return per_element * elems, (FP8_LINEARS - 1.0 + mla_linears(arch)) * kernels
 
 
 @jit
@@ -347,7 +523,14 @@ def rope_costs(b, s, h, a, g, t, arch):
     """``(bytes, kernels)`` of the rotary embedding of one layer, one micro-batch, one TP rank, one
     way (forward on q and k, backward on their gradients): ``2 x 2 x b s (h + h g/a) / t`` bytes
     and :data:`ROPE_KERNELS` with ``arch.position_embedding_type`` rope, else ``(0, 0)``. ``h`` is
-    the attention width (:func:`attention_width`)."""
+    the attention width (:func:`attention_width`). With multi-head latent attention the rotary
+    channels only, always (Megatron-core's MLA applies its decoupled RoPE whatever the position
+    embedding): the queries' ``a qk_pos_emb_head_dim / t`` and the shared key's
+    ``qk_pos_emb_head_dim`` per token (the whole sequence's, gathered with sequence parallelism),
+    ``2 x 2 x b s (a qk_pos_emb_head_dim / t + qk_pos_emb_head_dim)`` bytes (DeepSeek-V2 eqs. 15-16)."""
+    if arch.multi_latent_attention != 0.0:
+        r = arch.qk_pos_emb_head_dim
+        return 4.0 * b * s * (a * r / t + r), ROPE_KERNELS
     if arch.position_embedding_type != ROPE:
         return 0.0, 0.0
     return 4.0 * b * s * (h + h * g / a) / t, ROPE_KERNELS
@@ -374,6 +557,14 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     ``arch.kv_channels`` channels (:func:`attention_width` ``qw = a d``): QKV ``h -> (qw + 2 qw
     g/a)/t``, the attention core over heads of ``d``, the projection ``qw/t -> h``.
 
+    Multi-head latent attention (:func:`mla_on`, ``g = a``): MLA's linears (:func:`mla_gemms_s`:
+    down projections replicated on ``b s / sp`` rows, up projections over ``t``) instead of QKV,
+    their norms and the per-head query, key and value assembly (:func:`mla_memory_costs`), the
+    rotary kernels on the rotary channels only (:func:`rope_costs`), their FP8 casts
+    (:func:`mla_fp8_casts`), the core over heads of the mean of the query/key and value widths
+    (:func:`attention_width`: the exact FLOPs), the projection ``a v_head_dim / t -> h``
+    (:func:`context_width`).
+
     Returns
     -------
     float
@@ -382,29 +573,43 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     gated = arch.gated_mlp
     tokens = b * s
     qw = attention_width(h, a, arch)
-    qkv_out = (qw + 2.0 * qw * g / a) / t
-    time = linear_gemm_time_s(tokens, qkv_out, h, hw)
-    time += linear_gemm_time_s(tokens, h, qw / t, hw)          # output projection
+    cw = context_width(h, a, arch)      # the projection's input (qw but with MLA)
+    sp = sequence_split(t, hw)
+    mla = arch.multi_latent_attention != 0.0
+    if mla:
+        time = mla_gemms_s(tokens, h, a, t, sp, False, hw, arch)        # MLA's linears instead of QKV
+    else:
+        qkv_out = (qw + 2.0 * qw * g / a) / t
+        time = linear_gemm_time_s(tokens, qkv_out, h, hw)
+    time += linear_gemm_time_s(tokens, h, cw / t, hw)          # output projection
     time += linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw)   # FC1 (gate and up when gated)
     time += linear_gemm_time_s(tokens, h, f / t, hw)           # FC2
-    sp = sequence_split(t, hw)
-    cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw, qw)   # (0, 0) in bf16
+    if mla:
+        cast_bytes, cast_kernels = mla_fp8_casts(b, s, h, a, f, t, hw, False, gated, arch)   # (0, 0) in bf16
+    else:
+        cast_bytes, cast_kernels = fp8_cast_forward(b, s, h, f, t, hw, qw)   # (0, 0) in bf16
     rope_bytes, rope_kernels = rope_costs(b, s, qw, a, g, t, arch)   # (0, 0) without RoPE
     cast_bytes += rope_bytes            # (cast_*: the layer's extra memory-bound kernels: FP8 casts, RoPE)
     cast_kernels += rope_kernels
+    gemm_kernels = 0.0                  # linears beyond QKV's one (MLA's)
+    if mla:
+        mla_bytes, mla_kernels = mla_memory_costs(tokens, a, t, sp, False, arch)
+        cast_bytes += mla_bytes
+        cast_kernels += mla_kernels
+        gemm_kernels = mla_linears(arch) - 1.0
     nbytes = (
         2.0 * 4.0 * tokens * h / sp     # two layer norms: read 2 + write 2 bytes / element
-        + 4.0 * tokens * qw / t         # context permute copy
+        + 4.0 * tokens * cw / t         # context permute copy
         + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
         + (4.0 + 2.0 * gated) * tokens * f / t   # bias-GeLU (SwiGLU: reads 2f, writes f)
     ) + cast_bytes
     if hw[H_FLASH_ATTN] != 0.0:
         time += flash_attention_forward_s(b, s, qw, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS + cast_kernels, hw),
-                       FLASH_LAYER_FORWARD_KERNELS + cast_kernels, hw)
+                       FLASH_LAYER_FORWARD_KERNELS + cast_kernels + gemm_kernels, hw)
     core_s, core_bytes, extra = attention_scores_forward(b, s, qw, a, t, hw)
     memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra + cast_kernels, hw)
-    return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra + cast_kernels, hw)
+    return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra + cast_kernels + gemm_kernels, hw)
 
 
 @jit
@@ -418,7 +623,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     with ``precision`` = fp8 the eight linear GEMMs run in FP8 and the output gradients are
     quantized first (:func:`fp8_cast_backward`); with RoPE its kernels on the q and k gradients
     (:func:`rope_costs`). Recomputation is added by the caller. TP communication is not included.
-    Heads of ``arch.kv_channels`` channels as in :func:`layer_forward_s`.
+    Heads of ``arch.kv_channels`` channels and multi-head latent attention as in :func:`layer_forward_s`.
 
     Returns
     -------
@@ -429,21 +634,35 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     tokens = b * s
     heads = a / t
     qw = attention_width(h, a, arch)
-    qkv_out = (qw + 2.0 * qw * g / a) / t
+    cw = context_width(h, a, arch)      # the projection's input (qw but with MLA)
     score_elems = b * heads * s * s
-    time = linear_gemm_time_s(tokens, h, qkv_out, hw) + linear_gemm_time_s(h, qkv_out, tokens, hw)
-    time += linear_gemm_time_s(tokens, qw / t, h, hw) + linear_gemm_time_s(qw / t, h, tokens, hw)
+    sp = sequence_split(t, hw)
+    mla = arch.multi_latent_attention != 0.0
+    if mla:
+        time = mla_gemms_s(tokens, h, a, t, sp, True, hw, arch)         # MLA's linears instead of QKV
+    else:
+        qkv_out = (qw + 2.0 * qw * g / a) / t
+        time = linear_gemm_time_s(tokens, h, qkv_out, hw) + linear_gemm_time_s(h, qkv_out, tokens, hw)
+    time += linear_gemm_time_s(tokens, cw / t, h, hw) + linear_gemm_time_s(cw / t, h, tokens, hw)
     fc1 = (1.0 + gated) * f / t                                # FC1 width (gate and up when gated)
     time += linear_gemm_time_s(tokens, h, fc1, hw) + linear_gemm_time_s(h, fc1, tokens, hw)
     time += linear_gemm_time_s(tokens, f / t, h, hw) + linear_gemm_time_s(f / t, h, tokens, hw)
-    sp = sequence_split(t, hw)
-    cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated, qw)   # (0, 0) in bf16
+    if mla:
+        cast_bytes, cast_kernels = mla_fp8_casts(b, s, h, a, f, t, hw, True, gated, arch)   # (0, 0) in bf16
+    else:
+        cast_bytes, cast_kernels = fp8_cast_backward(b, s, h, a, g, f, t, hw, gated, qw)   # (0, 0) in bf16
     rope_bytes, rope_kernels = rope_costs(b, s, qw, a, g, t, arch)   # (0, 0) without RoPE
     cast_bytes += rope_bytes            # (cast_*: the layer's extra memory-bound kernels: FP8 casts, RoPE)
     cast_kernels += rope_kernels
+    gemm_kernels = 0.0                  # linears' GEMMs beyond QKV's two (MLA's)
+    if mla:
+        mla_bytes, mla_kernels = mla_memory_costs(tokens, a, t, sp, True, arch)
+        cast_bytes += mla_bytes
+        cast_kernels += mla_kernels
+        gemm_kernels = 2.0 * (mla_linears(arch) - 1.0)
     nbytes = (
         2.0 * 6.0 * tokens * h / sp     # two layer-norm backwards: x, dy -> dx
-        + 4.0 * tokens * qw / t         # context permute copy
+        + 4.0 * tokens * cw / t         # context permute copy
         + 2.0 * 5.0 * tokens * h / sp   # two bias-dropout-add backwards: dy, mask -> dx
         + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
         + (6.0 + 4.0 * gated) * tokens * f / t   # bias-GeLU backward: x, dy -> dx (SwiGLU: 2f, f -> 2f)
@@ -451,14 +670,14 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     if hw[H_FLASH_ATTN] != 0.0:
         time += flash_attention_backward_s(b, s, qw, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS + cast_kernels, hw),
-                       FLASH_LAYER_BACKWARD_KERNELS + cast_kernels, hw)
+                       FLASH_LAYER_BACKWARD_KERNELS + cast_kernels + gemm_kernels, hw)
     time += gemm_time_s(s, qw / a, s, b * heads, hw) + gemm_time_s(qw / a, s, s, b * heads, hw)
     time += gemm_time_s(s, s, qw / a, b * heads, hw) + gemm_time_s(s, qw / a, s, b * heads, hw)
     _, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra + cast_kernels, hw),
-                   LAYER_BACKWARD_KERNELS + extra + cast_kernels, hw)
+                   LAYER_BACKWARD_KERNELS + extra + cast_kernels + gemm_kernels, hw)
 
 
 @jit

@@ -129,15 +129,29 @@ def chinchilla_loss(num_parameters, num_tokens):
 
 
 @jit
-def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0, qw=0.0):
+def forward_flops_per_token(num_layers, h, a, g, f, v, s, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Model forward FLOPs per token: GEMMs of every layer (QKV, attention scores and context
     over the full ``s x s`` as Megatron-LM counts them, output projection, MLP) and the LM head.
     Training model FLOPs are 3x this (PaLM, Chowdhery et al. 2022, Appendix B). Heads of
     ``kv_channels`` channels (``qw = a d``, :func:`~vtrain_fast.model.ops.attention_width`; 0:
     ``h``): QKV ``2 h (qw + 2 qw g/a)``, projection ``2 qw h``, scores and context ``4 s qw``
     (Megatron-LM ``num_floating_point_operations``: its attention terms times
-    ``query_projection_size / hidden_size``)."""
+    ``query_projection_size / hidden_size``).
+
+    Multi-head latent attention (``arch``; ``qw`` its
+    :func:`~vtrain_fast.model.ops.attention_width`, ``a (dq + v_head_dim) / 2``): 2 FLOPs per weight
+    of its linears (:func:`~vtrain_fast.model.ops.mla_weights`, replicated and split, and the
+    projection ``a v_head_dim x h``) instead of QKV's and the projection's, and scores and
+    context ``4 s qw = 2 s a (dq + v_head_dim)`` (``Q K^T`` over ``dq = qk_head_dim +
+    qk_pos_emb_head_dim`` channels, ``P V`` over ``v_head_dim``, full ``s x s``: Megatron-LM's MLA
+    count doubled, as its causal halving is not taken here; its norm terms, ``q_lora_rank +
+    kv_lora_rank`` per token, are left out)."""
     q = qw if qw > 0.0 else h
+    if arch.multi_latent_attention != 0.0:
+        rep_w, split_w = ops.mla_weights(h, a, arch)
+        per_layer = (2.0 * (rep_w + split_w) + 2.0 * ops.context_width(h, a, arch) * h
+                     + (4.0 + 2.0 * gated) * h * f + ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * q)
+        return num_layers * per_layer + 2.0 * h * v
     per_layer = (2.0 * h * (q + 2.0 * q * g / a) + 2.0 * q * h + (4.0 + 2.0 * gated) * h * f
                  + ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * q)
     return num_layers * per_layer + 2.0 * h * v
@@ -324,13 +338,14 @@ def validate_split(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
     (:data:`~vtrain_fast.model.layout.Layout`) on machine ``hw``: every size positive
     (``BAD_INPUT``), heads and query groups divisible by ``tp`` and hidden by heads unless
-    ``arch.kv_channels`` sets the head width (``BAD_HEADS``), the layers split over ``pp`` stages (:func:`stage_layers`: evenly, or as the
+    ``arch.kv_channels`` sets the head width or the model has multi-head latent attention (``BAD_HEADS``), the layers split over ``pp`` stages (:func:`stage_layers`: evenly, or as the
     machine's uneven-stage settings ask; ``BAD_LAYERS``), an MoE model's expert grid
     (:func:`validate_experts`); ``OK`` when all hold."""
     t, p, d = lay.tp, lay.pp, lay.dp
     if L <= 0 or h <= 0 or a <= 0 or g <= 0 or f <= 0 or v <= 0 or s <= 0 or t <= 0 or p <= 0 or d <= 0:
         return BAD_INPUT
-    if a % t != 0 or g % t != 0 or (h % a != 0 and arch.kv_channels <= 0.0) or a % g != 0:
+    if (a % t != 0 or g % t != 0 or (h % a != 0 and arch.kv_channels <= 0.0 and arch.multi_latent_attention == 0.0)
+            or a % g != 0):
         return BAD_HEADS
     if not stage_layers(float(L), float(p), hw)[3]:
         return BAD_LAYERS
@@ -522,6 +537,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     fp8 = 1.0 if ops.fp8_on(hw) else 0.0
     mxfp8 = 1.0 if ops.mxfp8_on(hw) else 0.0        # MXFP8 block scaling: the scales' bytes
     qw = ops.attention_width(h, a, arch)            # queries, context, projection input: a x kv_channels
+    cw = ops.context_width(h, a, arch)              # the projection's input (qw but with MLA)
+    latent = ops.mla_latent_width(arch) if ops.mla_on(arch) else 0.0   # MLA's compressed q and kv
     if hw[H_SEQ_PAR] != 0.0:
         # the activation between stages is already split over the TP ranks: each sends its
         # 1/t and no all-gather follows
@@ -535,8 +552,9 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     cp_fwd_exposed, cp_bwd_exposed = cp_exchange_s(b, s, qw, a, g, t, cp, hw)
     layer_fwd = ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch)
     layer_bwd = ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch)
-    tp_hidden = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated, qw)
-    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8, mxfp8, qw)
+    tp_hidden = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated, qw, arch)
+    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8, mxfp8, cw,
+                                                    latent)
     # a layer kept in bf16 under FP8 (num_layers_at_start/end_in_bf16): what it costs beyond an FP8 one
     fwd16 = bwd16 = hidden16 = 0.0
     if fp8 != 0.0 and (hw[H_BF16_START] > 0.0 or hw[H_BF16_END] > 0.0):
@@ -544,7 +562,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         hw16[H_PRECISION] = PRECISION_BF16
         fwd16 = ops.layer_forward_s(b, s, h, a, g, f, t, hw16, arch) - layer_fwd
         bwd16 = ops.layer_backward_s(b, s, h, a, g, f, t, hw16, arch) - layer_bwd
-        hidden16 = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw16, gated, qw) - tp_hidden
+        hidden16 = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw16, gated, qw, arch) - tp_hidden
     moe_fwd = moe_bwd = ep_fwd = ep_bwd = moe_act = mlp_hidden = 0.0
     if arch.num_experts >= 1.0:
         moe_fwd, moe_bwd, moe_act = moe_layer_extra(b, s, h, f, t, hw, arch)
@@ -568,14 +586,14 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             gather,
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated, qw)
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated, qw, latent)
             - act_saving,
             s * b * v / t * 6.0,
             ops.attention_core_forward_s(b, s, qw, a, g, t, hw) + cp_fwd,
             memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
             tp_hidden,
-            fp8_weight_cast_s(h, a, g, f, t, hw, gated, qw),
-            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8, qw),
+            fp8_weight_cast_s(h, a, g, f, t, hw, gated, qw, arch),
+            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8, qw, arch),
             cp_fwd_exposed, cp_bwd_exposed,
             fwd16, bwd16, hidden16, act_saving,
             moe_fwd, moe_bwd, ep_fwd, ep_bwd, moe_act, mlp_hidden)
@@ -777,18 +795,19 @@ def ep_exchange_s(b, s, h, t, hw, arch):
 
 
 @jit
-def tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated=0.0, qw=0.0):
+def tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Seconds of one layer's tensor-parallel exchanges (``tp_exchange``: one activation's) that
     overlap hides, one micro-batch: :func:`tp_backward_hidden_s` with the asynchronous all-reduce
     or sequence parallelism (half the exchange, the reduce-scatter, with sequence parallelism),
     plus :func:`tp_comm_overlap_hidden_s` with ``tp_comm_overlap`` and sequence parallelism
-    (``qw`` the attention width, :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``)."""
+    (``qw`` the attention width, :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``; ``arch``
+    for multi-head latent attention's linears)."""
     hidden = 0.0
     if hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0:
         hidden = tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0),
-                                      hw, gated, qw)
+                                      hw, gated, qw, arch)
     if hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0:
-        hidden += tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated, qw)
+        hidden += tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated, qw, arch)
     return hidden
 
 
@@ -818,7 +837,7 @@ def cp_exchange_s(b, s, h, a, g, t, cp, hw):
 
 
 @jit
-def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0, qw=0.0):
+def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Seconds of one layer's backward tensor-parallel exchanges that asynchronous communication
     hides, one micro-batch.
 
@@ -834,6 +853,9 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0, qw=0.0)
     if t <= 1.0:
         return 0.0
     tokens = b * s
+    if ops.mla_on(arch):                # MLA: its column-parallel up projections' weight gradients
+        return (min(exchange_s, ops.mla_up_gemms_s(tokens, h, a, t, True, hw, arch))
+                + min(exchange_s, ops.linear_gemm_time_s(h, (1.0 + gated) * f / t, tokens, hw)))
     q = qw if qw > 0.0 else h           # the attention width (0: h)
     qkv_out = (q + 2.0 * q * g / a) / t
     return (min(exchange_s, ops.linear_gemm_time_s(h, qkv_out, tokens, hw))
@@ -841,7 +863,7 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0, qw=0.0)
 
 
 @jit
-def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw, gated=0.0, qw=0.0):
+def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Seconds of one layer's sequence-parallel exchanges that Transformer Engine's userbuffers
     overlap hides beyond :func:`tp_backward_hidden_s`, one micro-batch (Megatron-LM
     ``--tp-comm-overlap``, which needs sequence parallelism).
@@ -860,6 +882,14 @@ def tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, half_s, hw, gated=0.0, qw=0.0)
     if t <= 1.0:
         return 0.0
     tokens = b * s
+    if ops.mla_on(arch):                # MLA: the gather feeds its up projections; the context a v_head_dim
+        cw = ops.context_width(h, a, arch)
+        return (min(half_s, ops.mla_up_gemms_s(tokens, h, a, t, False, hw, arch))   # AG -> up projections
+                + min(half_s, ops.linear_gemm_time_s(tokens, h, cw / t, hw))
+                + min(half_s, ops.linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw))
+                + min(half_s, ops.linear_gemm_time_s(tokens, h, f / t, hw))
+                + min(half_s, ops.linear_gemm_time_s(tokens, cw / t, h, hw))
+                + min(half_s, ops.linear_gemm_time_s(tokens, f / t, h, hw)))
     q = qw if qw > 0.0 else h           # the attention width (0: h)
     qkv_out = (q + 2.0 * q * g / a) / t
     return (min(half_s, ops.linear_gemm_time_s(tokens, qkv_out, h, hw))        # AG -> QKV
@@ -878,7 +908,7 @@ FP8_WEIGHT_CAST_KERNELS = 4.0
 
 
 @jit
-def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0, qw=0.0):
+def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Seconds of casting one layer's linear weights (one TP rank's shard,
     :func:`~vtrain_fast.model.memory.linear_weights_per_rank`) to FP8 with their transposes, once
     per iteration: Transformer Engine caches the FP8 weights over the micro-batches of a step
@@ -889,8 +919,11 @@ def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0, qw=0.0):
     mxfp8 4 + 2/32 and 1); 0.0 in bf16."""
     if not ops.fp8_on(hw):
         return 0.0
-    weights = memory.linear_weights_per_rank(h, a, g, f, t, gated, qw)
+    weights = memory.linear_weights_per_rank(h, a, g, f, t, gated, qw, arch)
     per_weight, kernels = ops.fp8_quantize_cost(hw)
+    if ops.mla_on(arch):                # MLA's linears instead of QKV: one cast each
+        return ops.memory_bound_time_s(per_weight * weights, (ops.FP8_LINEARS - 1.0 + ops.mla_linears(arch)) * kernels,
+                                       hw)
     return ops.memory_bound_time_s(per_weight * weights, ops.FP8_LINEARS * kernels, hw)
 
 
@@ -1031,7 +1064,7 @@ def model_totals(L, h, a, g, f, v, s, num_tokens, arch=DEFAULT_ARCH):
     trained on ``num_tokens`` tokens (:func:`~vtrain_fast.model.memory.model_params`,
     :func:`forward_flops_per_token`, :func:`chinchilla_loss`); layout :data:`TOTAL_NAMES`."""
     n_params = memory.model_params(L, h, a, g, f, v, s, arch)
-    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, arch.gated_mlp, ops.attention_width(h, a, arch))
+    fwd_flops = forward_flops_per_token(L, h, a, g, f, v, s, arch.gated_mlp, ops.attention_width(h, a, arch), arch)
     if arch.num_experts >= 1.0:
         # MoE layers: all experts' parameters; FLOPs of the active ones (top-k routed experts, the
         # router and the shared experts) instead of the dense MLP's

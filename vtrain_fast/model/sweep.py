@@ -128,7 +128,9 @@ def model_arch(models, mi):
     return Arch(float(models[mi, MD_ARCH]), float(models[mi, MD_ARCH + 1]), float(models[mi, MD_ARCH + 2]),
                 float(models[mi, MD_ARCH + 3]), float(models[mi, MD_ARCH + 4]), float(models[mi, MD_ARCH + 5]),
                 float(models[mi, MD_ARCH + 6]), float(models[mi, MD_ARCH + 7]), float(models[mi, MD_ARCH + 8]),
-                float(models[mi, MD_ARCH + 9]), float(models[mi, MD_ARCH + 10]), float(models[mi, MD_ARCH + 11]))
+                float(models[mi, MD_ARCH + 9]), float(models[mi, MD_ARCH + 10]), float(models[mi, MD_ARCH + 11]),
+                float(models[mi, MD_ARCH + 12]), float(models[mi, MD_ARCH + 13]), float(models[mi, MD_ARCH + 14]),
+                float(models[mi, MD_ARCH + 15]), float(models[mi, MD_ARCH + 16]), float(models[mi, MD_ARCH + 17]))
 
 
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
@@ -140,7 +142,7 @@ def model_arch(models, mi):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 28 or NUM_SPLIT != 35 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 12:     # grid_point unpacks them by hand
+if NUM_MICRO != 28 or NUM_SPLIT != 35 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 18:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
                       "or model.arch's flags")
 
@@ -669,7 +671,9 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
                               float(cols[R_ARCH + 3, j]), float(cols[R_ARCH + 4, j]), float(cols[R_ARCH + 5, j]),
                               float(cols[R_ARCH + 6, j]), float(cols[R_ARCH + 7, j]), float(cols[R_ARCH + 8, j]),
                               float(cols[R_ARCH + 9, j]), float(cols[R_ARCH + 10, j]),
-                              float(cols[R_ARCH + 11, j])))
+                              float(cols[R_ARCH + 11, j]), float(cols[R_ARCH + 12, j]), float(cols[R_ARCH + 13, j]),
+                              float(cols[R_ARCH + 14, j]), float(cols[R_ARCH + 15, j]), float(cols[R_ARCH + 16, j]),
+                              float(cols[R_ARCH + 17, j])))
 
 
 def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:

@@ -4,9 +4,9 @@ biases, tied or untied output layer; Megatron-LM's GPT layer by default, the Lla
 theirs) and its mixture-of-experts and attention-shape fields (the registry
 :mod:`vtrain_fast.model.moe`: experts, top-k, expert widths, MoE layer placement, capacity
 factor, kv_channels, multi-head latent attention; dense by default). The kernels price dense
-shapes, MoE shapes with standard attention and heads of any ``kv_channels``: a sweep or evaluate
-run naming one that needs what they do not price (MLA, a capacity factor, another layer pattern) is
-refused (:func:`check_priced`). The shapes and their sources are data:
+shapes, MoE shapes, heads of any ``kv_channels`` and multi-head latent attention: a sweep or
+evaluate run naming one that needs what they do not price (a capacity factor, another layer
+pattern) is refused (:func:`check_priced`). The shapes and their sources are data:
 ``vtrain_fast/data/models.toml``; a spec adds its own in ``[models.<name>]`` tables, in the spec
 or in model files it names (``model_files``; ``vtrain-fast import-hf`` writes them from Hugging Face
 configs, :mod:`vtrain_fast.plan.hf`).
@@ -66,14 +66,17 @@ class ModelShape:
 
     def resolved(self) -> "ModelShape":
         """Return a copy with the defaults (0 = default) filled in: ``kv_channels`` =
-        ``hidden_size / num_attention_heads`` where that divides (not for MLA), and an MoE's
-        ``moe_ffn_hidden_size`` = ``ffn_hidden_size``."""
+        ``hidden_size / num_attention_heads`` where that divides (not for MLA), an MoE's
+        ``moe_ffn_hidden_size`` = ``ffn_hidden_size``, and with MLA ``num_query_groups`` =
+        ``num_attention_heads`` (MLA's keys and values are per head)."""
         from dataclasses import replace
         ffn = self.ffn_hidden_size or 4 * self.hidden_size
         h, a = self.hidden_size, self.num_attention_heads
         return replace(
             self,
-            num_query_groups=self.num_query_groups or self.num_attention_heads,
+            # MLA: every head has its own keys and values (Megatron-core MLASelfAttention: no groups)
+            num_query_groups=(self.num_attention_heads if self.multi_latent_attention
+                              else self.num_query_groups or self.num_attention_heads),
             ffn_hidden_size=ffn,
             kv_channels=self.kv_channels or (h // a if a and h % a == 0 and not self.multi_latent_attention else 0),
             moe_ffn_hidden_size=self.moe_ffn_hidden_size or (ffn if is_moe(self) else 0),
