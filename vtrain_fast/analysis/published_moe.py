@@ -64,6 +64,12 @@ _MBRIDGE = dict(distributed_optimizer=True, overlap_grad_reduce=True, overlap_pa
 # counted where the layers alone do not split evenly (Qwen3-235B's 94 + 2 = 96 over pp 8 x vpp 4); the
 # recipes of models whose layers split evenly (gpt-oss-120b: 36 over pp 4) leave them off
 _SPLIT = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+# DeepSeek-V3's Megatron-Bridge pipeline layouts without interleaving (NVIDIA-NeMo/Megatron-Bridge commit
+# 067f987d, src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout, which
+# every DeepSeek-V3 recipe calls): the 61 layers even over the stages but the last, which holds
+# the rest with the MTP module and the loss: pp -> the last stage's decoder layers. The layouts with
+# vpp > 1 are per model chunk (only the last chunk short), which the kernels' per-stage split cannot state.
+_DSV3_LAST_STAGE_LAYERS = {4: 13, 8: 5, 16: 1}
 _NEMO2 = dict(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True, use_flash_attn=True,
               async_tensor_model_parallel_allreduce=True, tp_comm_overlap=True, overlap_p2p_comm=True)
 
@@ -237,7 +243,9 @@ def plan_row(row: dict) -> tuple[dict, str]:
         if (row.get("fsdp") or 0) > 0:
             settings["zero_stage"] = 3
         chunks = row["pp"] * (row.get("virtual_pp") or 1)
-        if row["pp"] > 1 and MODEL_PRESETS[row["preset"]].num_layers % chunks:
+        if row["preset"] == "deepseek-v3" and (row.get("virtual_pp") or 1) == 1 and row["pp"] in _DSV3_LAST_STAGE_LAYERS:
+            settings["last_pipeline_num_layers"] = _DSV3_LAST_STAGE_LAYERS[row["pp"]]
+        elif row["pp"] > 1 and MODEL_PRESETS[row["preset"]].num_layers % chunks:
             settings |= _SPLIT
     values = {s.name: s.default for s in SETTINGS} | settings
     for st, _, _ in unmet_requirements(values):
@@ -248,6 +256,9 @@ def plan_row(row: dict) -> tuple[dict, str]:
                "a2a overlap)", "imbalance factor 1"]
     if settings.get("zero_stage") == 3:
         assumed.append("zero_stage 3 (FSDP)")
+    if "last_pipeline_num_layers" in settings and row["preset"] == "deepseek-v3" and row["source_key"] == "mbridge":
+        assumed.append(f"the recipe's pipeline layout: last stage {settings['last_pipeline_num_layers']} layers "
+                       "(its MTP module not priced)")
     if prec == "fp8":
         assumed.append(f"fp8_recipe {recipe}")
     fills = {k: v for k, v in STACK_FILLS.get(row["source_key"], {}).items() if row.get(k) is None}
