@@ -137,3 +137,19 @@ def test_the_deepseek_v3_report_row_is_planned_as_the_closest_megatron_plan(runs
         "h800-sxm-80gb", 1, 16, 64, 128, 1)
     assert (plan["first_pipeline_num_layers"], plan["last_pipeline_num_layers"]) == (3, 2)    # 3 + 14 x 4 + 2 = 61
     assert "DualPipe" in assumed and "micro_batch_size 1" in assumed
+
+
+@pytest.mark.parametrize("id_, last", [("mbridge_2604_deepseekv3_b200_256gpu_mxfp8", 1),     # pp 16
+                                       ("mbridge_2606_deepseekv3_b300_256gpu_mxfp8", 5)])    # pp 8
+def test_deepseek_v3_megatron_bridge_rows_take_the_recipes_pipeline_layout(runs, rows, id_, last):
+    """Megatron-Bridge's DeepSeek-V3 layout without interleaving: the 61 layers even over the stages
+    but the last (16 x 4 ... + 1; 7 x 8 + 5), which the kernels' uneven last stage states exactly."""
+    plan, assumed = M.plan_row(_run(runs, id_))
+    assert plan["last_pipeline_num_layers"] == last and (61 - last) % (plan["pp"] - 1) == 0
+    assert str(plan.get("account_for_embedding_in_pipeline_split", False)).lower() == "false"
+    assert "the recipe's pipeline layout: last stage" in str(assumed)
+    row = rows.filter(pl.col("id") == id_)
+    assert row["status"][0] in ("ok", "out_of_memory")          # priced, no longer bad_layers
+    # the interleaved ones keep their per-chunk layout, which the kernels cannot state
+    inter = rows.filter(pl.col("id") == "mbridge_2608_deepseekv3_gb200_256gpu_mxfp8")
+    assert inter["status"][0] == "bad_layers"
