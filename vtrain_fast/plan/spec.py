@@ -262,30 +262,19 @@ def _choices(where, st, value):
     return tuple(dict.fromkeys(out))
 
 
-def _int_setting(where, st, value):
-    """An integer setting (``vpp``, ``zero_stage``; its registry record ``st``) in its table: one
-    integer of ``st.int_range`` or a list of them (then an axis)."""
+def _number_setting(where, st, value):
+    """An integer setting (``vpp``, ``zero_stage``) or a number setting (the MoE capacity factor;
+    its registry record ``st``, kind ``int`` or ``float``) in its table: one value of
+    ``st.int_range`` or a list of them (then an axis); a ``float`` setting takes integers too."""
     lo, hi = st.int_range
+    whole = st.kind is int
+    allowed = f"integers from {lo} to {hi}" if whole else f"numbers from {lo:g} to {hi:g}"
     key = f"{st.table}.{st.name}"
     out = []
-    for v in _as_list(where, key, value, f"integers from {lo} to {hi}"):
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise InputError(where, key, v, f"integers from {lo} to {hi}",
-                             f"{st.doc}; e.g. {st.example}")
-        out.append(v)
-    return tuple(dict.fromkeys(out))
-
-
-def _float_setting(where, st, value):
-    """A number setting (the MoE capacity factor; its registry record ``st``) in its table: one
-    number of ``st.int_range`` or a list of them (then an axis)."""
-    lo, hi = st.int_range
-    key = f"{st.table}.{st.name}"
-    out = []
-    for v in _as_list(where, key, value, f"numbers from {lo:g} to {hi:g}"):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-            raise InputError(where, key, v, f"numbers from {lo:g} to {hi:g}", f"{st.doc}; e.g. {st.example}")
-        out.append(float(v))
+    for v in _as_list(where, key, value, allowed):
+        if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not lo <= v <= hi:
+            raise InputError(where, key, v, allowed, f"{st.doc}; e.g. {st.example}")
+        out.append(v if whole else float(v))
     return tuple(dict.fromkeys(out))
 
 
@@ -293,10 +282,8 @@ def setting_values_of(where, tables: dict, st):
     """The values a spec gives setting ``st`` (registry record) in its table of ``tables`` (name ->
     dict), its default when left out, as a tuple."""
     value = tables.get(st.table, {}).get(st.name, st.default)
-    if st.kind is int:
-        return _int_setting(where, st, value)
-    if st.kind is float:
-        return _float_setting(where, st, value)
+    if st.kind in (int, float):
+        return _number_setting(where, st, value)
     if st.kind is str:
         return _choices(where, st, value)
     return _flags(where, st.name, value, st.doc, st.table)
