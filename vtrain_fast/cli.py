@@ -306,8 +306,8 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
                                                        help="training context length; default: max_position_embeddings"),
               overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write a model file (one \\[models.<name>] table) from a Hugging Face config.json: Llama, Mistral,
-    Qwen2/3, Gemma, GPT-2, GPT-NeoX; mixture of experts: Mixtral, Qwen3-MoE and gpt-oss (priced), and
-    DeepSeek-V3 (multi-head latent attention: imported, not priced yet, issue 13). What the cost model cannot express is refused; what it prices
+    Qwen2/3, Gemma, GPT-2, GPT-NeoX; mixture of experts: Mixtral, Qwen3-MoE, gpt-oss and DeepSeek-V3
+    (with its multi-head latent attention). What the cost model cannot express is refused; what it prices
     differently is noted (stderr, and comments in the file). A spec reads the file with
     model_files = ["FILE.toml"]."""
     from .io.errors import check_output_file, file_exists_error, write_atomically
@@ -499,6 +499,38 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                 keep=("iteration_time_s",) + (BREAKDOWN_COLUMNS if breakdown else ()),
                 more_hint=f"every row is in {output}")
     console.print(f"wrote {_plural(df.height, 'row')} to {output}; status: {_status_line(counts)}")
+
+
+@app.command()
+@_user_errors
+def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .parquet table of plans "
+                                                  "(evaluate's columns)"),
+           to: str = typer.Option("megatron", "--to", help="megatron: Megatron-LM pretrain_gpt.py flags"),
+           where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat; a results "
+                                                                 "folder), e.g. 'num_gpus==1024', 'tp==8'"),
+           row: Optional[int] = typer.Option(None, "--row", help="which of several plans, in order of cost_usd "
+                                                                 "(0: the cheapest)"),
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the launch script here "
+                                                                               "(default: print it)"),
+           models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
+                                                                                "model column may name")):
+    """Write the launch arguments that run one plan: Megatron-LM's pretrain_gpt.py flags, named as
+    Megatron-LM names them (checked against its parser's flags at the commit the script names)."""
+    from .analysis.export import export as export_plan
+    from .io.errors import check_output_file, write_atomically
+    from .plan.spec import load_models
+    if output is not None:
+        check_output_file(output)
+    own_models = load_models(models) if models else None
+    result = export_plan(plan, to, where, row, own_models)
+    text = result.text()
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "launch script")
+    err.print(f"wrote {output}: {len([a for a in result.args if a.startswith('--')])} Megatron-LM flags; "
+              "add your data, tokenizer, optimizer and checkpoint arguments", markup=False, highlight=False)
 
 
 VALIDATION_SETS = ("vtrain", "published", "moe")

@@ -1,0 +1,288 @@
+"""Launch arguments for one plan: ``vtrain-fast export`` (issue 14).
+
+A plan is one row of a results folder or of an evaluate-style table (the columns of
+:data:`vtrain_fast.io.schema.SCHEMA`). :func:`megatron_args` writes the Megatron-LM
+``pretrain_gpt.py`` command line that runs it (the settings' flags from their registry record,
+:mod:`vtrain_fast.model.settings`). The flags are checked in the tests against the flags
+Megatron-LM's parser accepts at the commit named in ``tests/data/megatron_lm_args.txt``
+(written from its source by ``tests/data/make_framework_args.py``). Megatron-Bridge / NeMo
+overrides and torchtitan configurations are not written yet (issue 14).
+
+What a plan holds that is not a framework argument (the assumed MoE load imbalance, the GPU
+type, the cluster's price) is written as comments. Nothing here prices anything.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ..io.errors import InputError
+from ..model.settings import BY_NAME as SETTINGS
+
+# The Megatron-LM commit whose argument names the exports use (tests/data/megatron_lm_args.txt).
+MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+TARGETS = ("megatron",)
+
+
+@dataclass(frozen=True)
+class Export:
+    """One plan's launch arguments.
+
+    Attributes
+    ----------
+    target : str
+        ``megatron`` (Megatron-LM flags).
+    args : tuple of str
+        The arguments, in order: flags and their values.
+    notes : tuple of str
+        What the plan holds that no argument says (written as comments).
+    launcher : str
+        The ``torchrun`` line (nodes, GPUs per node) that starts it.
+    """
+
+    target: str
+    args: tuple[str, ...]
+    notes: tuple[str, ...]
+    launcher: str
+
+    def text(self) -> str:
+        """The export as a shell script fragment: the notes as comments, then the launch line."""
+        lines = ["#!/bin/sh"] + [f"# {n}" for n in self.notes]
+        pairs, i = [], 0
+        while i < len(self.args):
+            if i + 1 < len(self.args) and not self.args[i + 1].startswith("--"):
+                pairs.append(f"{self.args[i]} {shlex.quote(self.args[i + 1])}")
+                i += 2
+            else:
+                pairs.append(self.args[i])
+                i += 1
+        lines.append(self.launcher + " pretrain_gpt.py \\")
+        lines += [f"    {p} \\" for p in pairs[:-1]] + [f"    {pairs[-1]}"]
+        return "\n".join(lines) + "\n"
+
+
+def _get(row: dict, name: str):
+    """``row[name]``, or the registry default of a setting the row's folder predates."""
+    if name in row and row[name] is not None:
+        return row[name]
+    if name in SETTINGS:
+        return SETTINGS[name].default
+    return 0
+
+
+def moe_layer_freq(num_layers: int, step: int, first_dense: int) -> str:
+    """Megatron-LM's ``--moe-layer-freq`` for every ``step``-th layer from ``first_dense`` on: the int
+    ``step`` when no layer is dense first, else the pattern text (``([0]*3+[1]*58)``)."""
+    if first_dense == 0:
+        return str(step)
+    pattern = [1 if i >= first_dense and i % step == 0 else 0 for i in range(num_layers)]
+    if step == 1:
+        return f"([0]*{first_dense}+[1]*{num_layers - first_dense})"
+    return "[" + ",".join(map(str, pattern)) + "]"
+
+
+def _layers_per_virtual_stage(row: dict) -> int:
+    """``--num-layers-per-virtual-pipeline-stage``: the layers (with the embedding and the loss where
+    they count as layers) over pp x vpp chunks."""
+    extra = int(bool(_get(row, "account_for_embedding_in_pipeline_split"))) + \
+        int(bool(_get(row, "account_for_loss_in_pipeline_split")))
+    return (int(row["num_layers"]) + extra) // (int(row["pp"]) * int(_get(row, "vpp")))
+
+
+def megatron_args(row: dict, gpus_per_node: int) -> Export:
+    """The Megatron-LM ``pretrain_gpt.py`` arguments of a plan.
+
+    Parameters
+    ----------
+    row : dict
+        One plan: column name -> value (a results folder's or evaluate's columns).
+    gpus_per_node : int
+        GPUs per node of its cluster (the ``torchrun --nproc-per-node``).
+
+    Returns
+    -------
+    Export
+        Flags named as Megatron-LM names them at :data:`MEGATRON_LM_COMMIT`.
+    """
+    g = lambda k: _get(row, k)      # noqa: E731
+    L, h, a, qg = int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]), int(row["num_query_groups"])
+    a_ = ["--num-layers", str(L), "--hidden-size", str(h), "--num-attention-heads", str(a),
+          "--ffn-hidden-size", str(int(row["ffn_hidden_size"])), "--seq-length", str(int(row["seq_length"])),
+          "--max-position-embeddings", str(int(row["seq_length"])),
+          "--tokenizer-type", "NullTokenizer", "--vocab-size", str(int(row["vocab_size"]))]
+    notes = [f"vtrain-fast export: the plan as Megatron-LM (NVIDIA/Megatron-LM {MEGATRON_LM_COMMIT[:8]}) runs it; "
+             "add your data, tokenizer, optimizer and checkpoint arguments",
+             f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted"]
+    mla = bool(g("multi_latent_attention"))
+    if qg != a and not mla:
+        a_ += ["--group-query-attention", "--num-query-groups", str(qg)]
+    kv = int(g("kv_channels"))
+    if kv and not mla and (h % a or kv != h // a):
+        a_ += ["--kv-channels", str(kv)]
+    if bool(g("gated_mlp")):
+        a_ += ["--swiglu"]
+    if g("normalization") == "RMSNorm":
+        a_ += ["--normalization", "RMSNorm"]
+    if g("position_embedding_type") == "rope":
+        a_ += ["--position-embedding-type", "rope"]
+    if not bool(row.get("add_bias_linear", True)):
+        a_ += ["--disable-bias-linear"]
+    if bool(g("untie_embeddings_and_output_weights")):
+        a_ += ["--untie-embeddings-and-output-weights"]
+    experts = int(g("num_experts"))
+    if experts:
+        a_ += ["--num-experts", str(experts), "--moe-router-topk", str(int(g("moe_router_topk"))), "--moe-grouped-gemm",
+               "--moe-layer-freq", moe_layer_freq(L, int(g("moe_layer_step")) or 1, int(g("moe_first_dense_layers")))]
+        if int(g("moe_ffn_hidden_size")):
+            a_ += ["--moe-ffn-hidden-size", str(int(g("moe_ffn_hidden_size")))]
+        if int(g("moe_shared_expert_intermediate_size")):
+            a_ += ["--moe-shared-expert-intermediate-size", str(int(g("moe_shared_expert_intermediate_size")))]
+        a_ += ["--moe-token-dispatcher-type", str(g("moe_token_dispatcher_type"))]
+        if bool(g("overlap_moe_expert_parallel_comm")):
+            a_ += ["--overlap-moe-expert-parallel-comm"]
+        if float(g("moe_expert_capacity_factor")) > 0.0:
+            a_ += ["--moe-expert-capacity-factor", f"{float(g('moe_expert_capacity_factor')):g}"]
+            if bool(g("moe_pad_expert_input_to_capacity")):
+                a_ += ["--moe-pad-expert-input-to-capacity"]
+        if float(g("moe_load_imbalance")) != 1.0:
+            notes.append(f"priced with the busiest expert at {float(g('moe_load_imbalance')):g} x the mean "
+                         "(moe_load_imbalance, an assumption: no framework argument)")
+    if mla:
+        a_ += ["--multi-latent-attention"]
+        if int(g("q_lora_rank")):
+            a_ += ["--q-lora-rank", str(int(g("q_lora_rank")))]
+        a_ += ["--kv-lora-rank", str(int(g("kv_lora_rank"))), "--qk-head-dim", str(int(g("qk_head_dim"))),
+               "--qk-pos-emb-head-dim", str(int(g("qk_pos_emb_head_dim"))), "--v-head-dim", str(int(g("v_head_dim")))]
+    # the plan
+    tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"]) if row.get("cp") is not None else 1
+    a_ += ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+           "--context-parallel-size", str(cp)]
+    if experts:
+        a_ += ["--expert-model-parallel-size", str(int(g("ep")))]
+        if int(g("etp")):
+            a_ += ["--expert-tensor-parallel-size", str(int(g("etp")))]
+    if pp > 1 and int(g("vpp")) > 1:
+        a_ += ["--num-layers-per-virtual-pipeline-stage", str(_layers_per_virtual_stage(row))]
+        if not bool(g("overlap_p2p_comm")):
+            a_ += [SETTINGS["overlap_p2p_comm"].megatron]        # Megatron-core overlaps them by default
+    for name in ("first_pipeline_num_layers", "last_pipeline_num_layers"):
+        if pp > 1 and int(g(name)):
+            a_ += [SETTINGS[name].megatron, str(int(g(name)))]
+    for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if pp > 1 and bool(g(name)):
+            a_ += [SETTINGS[name].megatron]
+    if cp > 1:
+        a_ += [SETTINGS["cp_comm_type"].megatron, str(g("cp_comm_type"))]
+    steps = row.get("num_steps")
+    a_ += ["--micro-batch-size", str(int(row["micro_batch_size"])), "--global-batch-size", str(int(row["global_batch_size"]))]
+    if steps is not None and not (isinstance(steps, float) and math.isnan(steps)):
+        a_ += ["--train-iters", str(int(steps))]
+    # precision
+    a_ += ["--bf16"]
+    if g("precision") == "fp8":
+        a_ += [SETTINGS["precision"].megatron, "hybrid", SETTINGS["fp8_recipe"].megatron, str(g("fp8_recipe"))]
+        start, end = int(g("num_layers_at_start_in_bf16")), int(g("num_layers_at_end_in_bf16"))
+        if start or end:
+            a_ += ["--first-last-layers-bf16", SETTINGS["num_layers_at_start_in_bf16"].megatron, str(start),
+                   SETTINGS["num_layers_at_end_in_bf16"].megatron, str(end)]
+    # attention kernel: TE's FlashAttention, or Megatron-core's own attention (the unfused path the
+    # cost model times without use_flash_attn)
+    a_ += ["--attention-backend", "flash" if bool(g("use_flash_attn")) else "local"]
+    # recomputation
+    rc = str(row.get("recompute", "none"))
+    if rc == "full":
+        a_ += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif rc == "selective":
+        a_ += ["--recompute-granularity", "selective"]     # Megatron-core's default modules: core_attn
+    # switches named by their registry record
+    for name in ("sequence_parallel", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather"):
+        if bool(g(name)) and not (name in ("sequence_parallel", "tp_comm_overlap") and tp == 1):
+            a_ += [SETTINGS[name].megatron]
+    zero = int(g("zero_stage"))
+    if zero >= 2:
+        a_ += ["--use-megatron-fsdp", SETTINGS["zero_stage"].megatron, ("optim_grads", "optim_grads_params")[zero - 2]]
+    elif zero == 1 or bool(g("distributed_optimizer")):
+        a_ += [SETTINGS["distributed_optimizer"].megatron]
+    shard = int(g("dp_shard"))
+    if shard and zero >= 1:
+        a_ += [SETTINGS["dp_shard"].megatron, str(int(row["dp"]) * cp // shard)]
+    if bool(g("async_tensor_model_parallel_allreduce")):
+        notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core (its TP linears overlap the "
+                     "backward all-reduce always)")
+    nodes = int(row.get("num_nodes") or math.ceil(int(row["num_gpus"]) / gpus_per_node))
+    launcher = f"torchrun --nnodes {nodes} --nproc-per-node {min(gpus_per_node, int(row['num_gpus']))}"
+    return Export("megatron", tuple(a_), tuple(notes), launcher)
+
+
+def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None) -> tuple[dict, int]:
+    """One plan from ``source``: a results folder (its feasible rows, :func:`~vtrain_fast.analysis.query.feasible_plans`,
+    with ``where`` conditions), or a ``.csv`` / ``.parquet`` table of plans (evaluated first, so that
+    every column is filled and checked). With several rows, ``row`` picks one of them in order of
+    ``cost_usd`` (0: the cheapest); without ``row`` a single row is needed.
+
+    Returns
+    -------
+    (dict, int)
+        The plan's columns, and the GPUs per node of its cluster.
+
+    Raises
+    ------
+    InputError
+        Not a results folder or a table; no feasible row; several rows and no ``row``; ``row`` out
+        of range.
+    """
+    from ..hardware.gpus import PRESETS
+    from ..io.writer import read_manifest
+    from .evaluate import evaluate_frame, read_csv
+    from .query import feasible_plans, where_filter, with_cluster_columns
+    path = Path(source)
+    if path.is_dir():
+        where_filter("command line", where)
+        df = feasible_plans(path, where=list(where)).collect()
+        df = with_cluster_columns(df, read_manifest(path))
+    elif path.suffix.lower() in (".csv", ".parquet", ".pq"):
+        df = evaluate_frame(read_csv(path), str(path), models=models)
+        df = df.filter(pl.col("status").is_in(["ok"]))
+        if where:
+            raise InputError(str(path), "--where", list(where), "--where with a results folder only",
+                             "pick the row with --row K (0 = the cheapest ok row)")
+    else:
+        raise InputError(str(path), "PLAN", str(source), "a results folder, or a .csv / .parquet table of plans",
+                         "run `vtrain-fast sweep` first, or write the plan's columns as for `vtrain-fast evaluate`")
+    if df.height == 0:
+        raise InputError(str(path), "plans", 0, "at least one feasible plan (status ok)",
+                         "relax --where, or fix the plan (see `vtrain-fast evaluate` for its status)")
+    if "cost_usd" in df.columns:
+        df = df.sort("cost_usd")
+    if row is None and df.height > 1:
+        raise InputError(str(path), "plans", df.height, "one plan",
+                         "narrow it with --where (e.g. 'tp==8', 'num_gpus==1024'), or pick one with --row K "
+                         "(0 = the cheapest of them)")
+    k = row or 0
+    if not 0 <= k < df.height:
+        raise InputError(str(path), "--row", k, f"0 to {df.height - 1}", "pick a row that exists")
+    plan = df.row(k, named=True)
+    gpu = plan.get("gpu")
+    gpn = int(plan.get("gpus_per_node") or (PRESETS[gpu].gpus_per_node if gpu in PRESETS else 8))
+    return plan, gpn
+
+
+def export(source: str | Path, to: str, where=(), row: int | None = None, models: dict | None = None) -> Export:
+    """The launch arguments of one plan of ``source`` (:func:`read_plan`) for framework ``to``
+    (:data:`TARGETS`).
+
+    Raises
+    ------
+    InputError
+        An unknown target, or as :func:`read_plan`.
+    """
+    if to not in TARGETS:
+        raise InputError("command line", "--to", to, " or ".join(TARGETS),
+                         "megatron: Megatron-LM pretrain_gpt.py flags (Megatron-Bridge / NeMo and torchtitan: "
+                         "not written yet)")
+    plan, gpn = read_plan(source, where, row, models)
+    return megatron_args(plan, gpn)
