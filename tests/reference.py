@@ -946,7 +946,7 @@ def moe_layer(b, s, h, f, t, hw, fl):
     tokens = b * s
     routed = tokens / t
     local = e / ep
-    rows = routed * k * etp / local * busiest_share(hw)
+    rows = routed * k * etp / local * busiest_share(ep, hw)
     fe = (fl["moe_ffn_hidden_size"] or f) / etp
     fs = fl["moe_shared_expert_intermediate_size"] / t
     permute = 4.0 * (1.0 + k) * routed * h
@@ -996,13 +996,15 @@ def all_to_all_s(nbytes, n, stride, hw):
     return hw_get(hw, "inter_node_latency_s") + max(nbytes * (per_node - 1) / n / intra, nbytes * (n - per_node) / n / inter)
 
 
-def busiest_share(hw):
-    """The busiest expert's tokens over the even share: the assumed load imbalance, capped by a
-    capacity factor (its tokens beyond are dropped), or the capacity itself when padded to it."""
+def busiest_share(ep, hw):
+    """The busiest expert-parallel rank's tokens over the even share: the assumed load imbalance
+    (none at ep = 1, where every rank holds every expert; at most ep), capped by a capacity factor
+    (the tokens beyond are dropped), or the capacity itself when padded to it."""
+    imbalance = min(hw_get(hw, "moe_load_imbalance"), ep) if ep > 1 else 1.0
     c = hw_get(hw, "moe_expert_capacity_factor")
     if c > 0:
-        return c if hw_get(hw, "moe_pad_expert_input_to_capacity") != 0.0 else min(c, hw_get(hw, "moe_load_imbalance"))
-    return hw_get(hw, "moe_load_imbalance")
+        return c if hw_get(hw, "moe_pad_expert_input_to_capacity") != 0.0 else min(c, imbalance)
+    return imbalance
 
 
 def _allgather_dispatcher(hw):
@@ -1032,7 +1034,7 @@ def ep_exchange(b, s, h, t, hw, fl):
         def one(nbytes_per_token):     # one all-gather or reduce-scatter of the gathered buffer
             return group_reduce_scatter_allgather_s(n * per_rank * nbytes_per_token, n, 1.0, hw) / 2.0
         return one(2.0 * h + 5.0 * e) + one(4.0 * h), one(4.0 * h) + one(2.0 * h + 4.0 * e)
-    nbytes = 2.0 * fl["moe_router_topk"] * h * b * s / t * busiest_share(hw)     # the busiest rank's receive
+    nbytes = 2.0 * fl["moe_router_topk"] * h * b * s / t * busiest_share(ep, hw)     # the busiest rank's receive
     x = 2.0 * all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1:
         x += 2.0 * group_reduce_scatter_allgather_s(nbytes * etp, etp, 1.0, hw) / 2.0

@@ -157,7 +157,7 @@ def test_fp8_grouped_gemm_is_one_launch_over_all_groups_tiles():
 ])
 def test_the_busiest_experts_share(settings, share):
     hw = _hw(ep=8, **settings)
-    assert step.moe_busiest_share(hw) == share
+    assert step.moe_busiest_share(8.0, hw) == share
     (_, h, _, _, _, _, s), arch = _mixtral()
     routed, rows, local = step.moe_rows(1.0, float(s), 1.0, hw, arch)
     assert rows == pytest.approx(routed * arch.moe_router_topk / local * share, rel=1e-15)
@@ -201,3 +201,13 @@ def test_capacity_and_imbalance_in_a_spec_and_in_evaluate(tmp_path):
     assert t[0] == t[2] < t[1]          # capacity 1.0 drops the busiest expert's excess: balanced again
     with pytest.raises(InputError, match="moe_load_imbalance"):
         evaluate_frame(pl.DataFrame([{**row, "moe_load_imbalance": 0.9}]), "rows.csv")
+
+
+def test_imbalance_needs_expert_parallelism_and_stops_at_every_token():
+    """At ep = 1 every rank holds every expert and computes all its tokens' k copies, however they
+    spread; at ep > 1 one rank can get at most every token (share ep)."""
+    assert step.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0)) == 1.0
+    assert step.moe_busiest_share(8.0, _hw(ep=8, moe_load_imbalance=20.0)) == 8.0
+    assert step.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0, moe_expert_capacity_factor=0.5)) == 0.5
+    one = [_moe_run(_hw(ep=1, use_flash_attn=1, moe_load_imbalance=x))[1] for x in (1.0, 3.0)]
+    assert one[0] == one[1]

@@ -154,6 +154,7 @@ BASE = dict(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=128)
     (dict(multi_latent_attention=True, add_bias_linear=False, kv_channels=16), "kv_channels"),
     (dict(multi_latent_attention=True), "add_bias_linear"),
     (dict(multi_latent_attention="yes"), "multi_latent_attention"),
+    (dict(multi_latent_attention=True, add_bias_linear=False, num_query_groups=2), "num_query_groups"),   # no GQA
 ])
 def test_bad_moe_keys_are_refused_naming_the_key(extra, key):
     with pytest.raises(InputError) as e:

@@ -176,11 +176,16 @@ def _float_column(df, name, where, default, lo, hi) -> np.ndarray:
         return np.full(df.height, fill, dtype=np.float64)
     col = df[name]
     empty = col.is_null().to_numpy()
-    vals = col.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
+    if col.dtype == pl.Boolean:         # true / false are not numbers (a cast would read them as 1 / 0)
+        vals = np.full(df.height, np.nan)
+    else:
+        vals = col.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy().astype(np.float64)
     bad = ~empty & (np.isnan(vals) | (vals < lo) | (vals > hi))
     if bad.any():
         i = int(np.argmax(bad))
-        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"numbers from {lo:g} to {hi:g}")
+        raise InputError(where, f"column {name}, row {i + 2}", col[i], f"numbers from {lo:g} to {hi:g}",
+                         "write a number in that range" + (", or leave the cell empty for the default"
+                                                           if default is not None else ", or leave the cell empty"))
     return np.where(empty, fill, vals)
 
 

@@ -109,7 +109,8 @@ STATUS_COLUMN = Column("status", _dict, "",
                        "bad_heads (also: num_experts not divisible by ep, MoE) | bad_layers | bad_batch | bad_input | "
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
                        "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, "
-                       "cp > 1 without use_flash_attn, ep > 1 at tp > 1 without sequence_parallel) | bad_seq_length (seq_length not divisible by 2 x cp)")
+                       "cp > 1 without use_flash_attn, ep > 1 at tp > 1 without sequence_parallel, "
+                       "overlap_moe_expert_parallel_comm at ep = 1, at pp > 1 without vpp or with full recomputation) | bad_seq_length (seq_length not divisible by 2 x cp)")
 
 _OUT_DOCS = {
     "iteration_time_s": ("s", "one optimizer step over the global batch"),

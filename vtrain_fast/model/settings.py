@@ -285,11 +285,13 @@ SETTINGS: tuple[Setting, ...] = (
             "--moe-pad-expert-input-to-capacity", inert_with=(("moe_expert_capacity_factor", 0.0),),
             inert_models="dense models (num_experts = 0)"),
     Setting("moe_load_imbalance", float, 1.0, "MoE load imbalance (assumed)",
-            "the busiest expert's routed tokens over the mean (1.0: balanced, what the auxiliary "
-            "load-balancing loss aims at and Megatron-Bridge's force-balanced benchmarks run); the slowest "
-            "rank's expert GEMMs, their activations and the all-to-all it receives scale with it, capped by "
-            "the capacity factor (padded: the capacity itself). An assumption to vary, not a framework flag: "
-            "nothing here measures it; no effect on dense models",
+            "the busiest expert-parallel rank's routed tokens (its local experts' together) over the mean "
+            "(1.0: balanced, what the auxiliary load-balancing loss aims at and Megatron-Bridge's "
+            "force-balanced benchmarks run); the slowest rank's expert GEMMs, their activations and the "
+            "all-to-all it receives scale with it, at most ep (one rank gets at most every token), capped by "
+            "the capacity factor (padded: the capacity itself); no effect at ep = 1 (every rank holds every "
+            "expert). An assumption to vary, not a framework flag: nothing here measures it; no effect on "
+            "dense models",
             NO_FLAG, int_range=(1.0, 1000.0),
             example="moe_load_imbalance = 1.2 or [1.0, 1.2, 1.5] (1 = balanced)",
             inert_models="dense models (num_experts = 0)"),

@@ -637,16 +637,20 @@ def grouped_gemm_time_s(m, n, k, groups, hw):
 
 
 @jit
-def moe_busiest_share(hw):
-    """The busiest expert's routed tokens over the even share, which sets the slowest rank's expert
-    GEMMs, their activations and the tokens it receives: ``moe_load_imbalance`` under dropless
-    routing; with ``moe_expert_capacity_factor`` ``c > 0`` at most ``c`` (Megatron-core drops the
-    tokens beyond each expert's capacity, ``c`` times the even share: ``moe_utils.get_capacity``),
-    and exactly ``c`` with ``moe_pad_expert_input_to_capacity`` (every expert padded to it)."""
+def moe_busiest_share(ep, hw):
+    """The busiest expert-parallel rank's routed tokens (its local experts' together) over the even
+    share, which sets the slowest rank's expert GEMMs, their activations and the tokens it receives:
+    under dropless routing ``moe_load_imbalance``, at most ``ep`` (one rank cannot get more than
+    every token) and 1 at ``ep = 1`` (every rank holds every expert: its rows are all its tokens'
+    ``k`` copies, however they spread); with ``moe_expert_capacity_factor`` ``c > 0`` at most ``c``
+    (Megatron-core drops the tokens beyond each expert's capacity, ``c`` times the even share:
+    ``moe_utils.get_capacity``), and exactly ``c`` with ``moe_pad_expert_input_to_capacity`` (every
+    expert padded to it)."""
+    imbalance = min(hw[H_IMBALANCE], ep) if ep > 1.0 else 1.0
     c = hw[H_CAPACITY]
     if c > 0.0:
-        return c if hw[H_PAD_CAPACITY] != 0.0 else min(hw[H_IMBALANCE], c)
-    return hw[H_IMBALANCE]
+        return c if hw[H_PAD_CAPACITY] != 0.0 else min(imbalance, c)
+    return imbalance
 
 
 @jit
@@ -660,7 +664,7 @@ def moe_rows(b, s, t, hw, arch):
     ep, etp = expert_sizes(t, hw)
     routed = b * s / t
     local = arch.num_experts / ep
-    return routed, routed * arch.moe_router_topk * etp / local * moe_busiest_share(hw), local
+    return routed, routed * arch.moe_router_topk * etp / local * moe_busiest_share(ep, hw), local
 
 
 @jit
@@ -787,7 +791,7 @@ def ep_exchange_s(b, s, h, t, hw, arch):
         bwd = (comm.group_allgather_s(gathered * 4.0 * h, n, 1.0, hw)
                + comm.group_allgather_s(gathered * (2.0 * h + 4.0 * e), n, 1.0, hw))
         return fwd, bwd
-    nbytes = dispatch_bytes(b, s, h, t, arch) * moe_busiest_share(hw)
+    nbytes = dispatch_bytes(b, s, h, t, arch) * moe_busiest_share(ep, hw)
     x = 2.0 * comm.all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1.0:
         x += 2.0 * comm.group_allgather_s(nbytes * etp, etp, 1.0, hw)

@@ -237,7 +237,8 @@ def shape_fields_from_table(where: str, table: dict, sizes: dict) -> dict:
     InputError
         An MoE key without ``num_experts``; ``moe_router_topk`` above ``num_experts``; a
         ``moe_layer_freq`` pattern that is not one entry per layer or has no MoE layer; an MLA
-        key without ``multi_latent_attention``; MLA with ``kv_channels`` or biases.
+        key without ``multi_latent_attention``; MLA with ``kv_channels``, biases or
+        ``num_query_groups`` other than ``num_attention_heads``.
     """
     out = {f.name: shape_field_value(where, f.name, f, table[f.name]) for f in SHAPE_FIELDS if f.name in table}
     experts = out.get("num_experts", 0)
@@ -263,6 +264,11 @@ def shape_fields_from_table(where: str, table: dict, sizes: dict) -> dict:
     if mla and out.get("kv_channels"):
         raise InputError(where, "kv_channels", out["kv_channels"], "absent with multi_latent_attention (its head "
                          "widths are qk_head_dim, qk_pos_emb_head_dim and v_head_dim)", "remove kv_channels")
+    groups, heads = sizes.get("num_query_groups"), sizes.get("num_attention_heads")
+    if mla and groups and groups != heads:
+        raise InputError(where, "num_query_groups", groups, f"num_attention_heads ({heads}) or absent with "
+                         "multi_latent_attention (MLA has no grouped queries: every head its own key and value)",
+                         "remove num_query_groups")
     if mla and table.get("add_bias_linear", ARCH_BY_NAME["add_bias_linear"].default):
         raise InputError(where, "add_bias_linear", table.get("add_bias_linear", True),
                          "false with multi_latent_attention (its linears have no biases, as DeepSeek's)",

@@ -410,7 +410,8 @@ def check_requirements(path, settings: dict) -> None:
                 needs = (f"{other} = {_toml_value((value,))} with it ({st.megatron} cannot be combined with "
                          f"{BY_NAME[other].megatron})" if BY_NAME[other].kind is int else
                          f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
-                         f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise)")
+                         f"{BY_NAME[other].megatron}" + ("" if isinstance(value, bool) else f" {value}")
+                         + "; Megatron-LM refuses it otherwise)")
                 raise InputError(path, f"{st.table}.{st.name}", given, needs,
                                  f"set [{BY_NAME[other].table}] {other} = {_toml_value((value,))} or drop {st.name}")
 
