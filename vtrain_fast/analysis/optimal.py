@@ -476,10 +476,9 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         keep_model, keep_tokens, keep_gpu_s, keep_index = models[best], tokens[best], gpu_s[best], index[best]
     good = keep_tokens >= 1
     if not good.any():
-        raise InputError("command line", "budget", given[0],
-                         "a budget and range in which some searched model trains for at least one step",
-                         f"no plan of the {num_models} shapes from {min_params:.3g} to {max_params:.3g} parameters "
-                         f"is feasible on {gpu}" + (f" with at most {limit_gpus:,} GPUs" if limit_gpus else "")
+        raise InputError("command line", "--min-params/--max-params", f"{min_params:.3g} to {max_params:.3g}",
+                         f"a range of model sizes with a plan that trains at least one step within {given[0]}",
+                         f"no plan of the {num_models} shapes searched is feasible on {gpu}" + (f" with at most {limit_gpus:,} GPUs" if limit_gpus else "")
                          + (" (out of memory or too few GPUs): lower --min-params, raise "
                             + ("--gpus" if kind == "cluster" else "--max-gpus") + " or --max-pp"
                             if not keep_tokens.size else ": raise the budget or lower --min-params"))
