@@ -25,9 +25,10 @@ distributed optimizer and an overlapped gradient reduce, as current Megatron-LM 
 ``settings`` changes or adds any ``[training]`` setting of a sweep spec). dp is what the
 cluster leaves: the cluster sizes searched are the ``tp x pp x dp`` with dp a divisor of the
 global batch, at most the GPUs allowed: with ``gpus`` the two largest such sizes per
-``tp x pp`` up to ``gpus`` (the job may leave GPUs idle when ``gpus`` does not factor; the
-table says how many it uses), with a money or GPU-hour budget every such size up to
-``max_gpus``.
+``tp x pp`` up to ``gpus``, and ``gpus`` itself with the global batches within
+:data:`BATCH_TOLERANCE` of the rule's that ``dp = gpus / (tp x pp)`` divides
+(:func:`whole_cluster_batches`; a job may still leave GPUs idle, and the table says how many it
+uses); with a money or GPU-hour budget every such size up to ``max_gpus``.
 
 Budget arithmetic
 -----------------
@@ -44,7 +45,7 @@ count, so a plan's tokens follow from the budget:
 Tokens ``D = steps x global batch x seq_length`` (whole steps, so never over the budget), days
 ``steps t / 86400``, GPU-hours ``n steps t / 3600``, cost ``GPU-hours x p``, loss ``L(N, D)`` of
 the chosen fit (:data:`~vtrain_fast.model.step.LOSS_FITS`). The best plan of a shape is the one
-that buys the most steps (ties: the fewest GPU-seconds); the optimum is the shape whose best
+that buys the most tokens (ties: the fewest GPU-seconds); the optimum is the shape whose best
 plan has the lowest loss.
 
 The naive answer spends the same budget at 100 % utilisation: FLOPs ``C`` = GPU-seconds x the
