@@ -22,7 +22,8 @@ LAYERS = [
     ("engine.chunks",),                                                           # one chunk into its file
     ("engine.distributed",),                                                      # chunks on a Dask cluster
     ("engine.run",),                                                              # folders, resume, merge
-    ("analysis.query", "analysis.report", "analysis.evaluate", "analysis.nccl", "analysis.export"),  # reading results, single plans
+    ("analysis.query", "analysis.report", "analysis.evaluate", "analysis.nccl", "analysis.export",
+     "analysis.optimal"),                                                         # reading results, single plans, sizing
     ("analysis.validate", "analysis.calibrate", "analysis.published"),            # measurements
     ("analysis.published_moe",),                                                  # MoE measurements (published's machinery)
     ("cli", "bench", "__main__"),                                                 # commands

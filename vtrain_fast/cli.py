@@ -533,6 +533,60 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
               "add your data, tokenizer, optimizer and checkpoint arguments", markup=False, highlight=False)
 
 
+@app.command()
+@_user_errors
+def optimal(budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="budget in US dollars "
+                                                       "(priced at the GPU preset's usd_per_gpu_hour)"),
+            gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="budget in GPU-hours"),
+            gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available (with --days); a plan uses "
+                                                                   "at most this many"),
+            days: Optional[float] = typer.Option(None, "--days", help="days of training on --gpus"),
+            gpu: str = typer.Option("a100-sxm4-80gb", "--gpu", help="GPU preset (vtrain-fast presets)"),
+            fit: str = typer.Option("epoch", "--fit", help="loss fit: epoch (Besiroglu et al. 2024) or "
+                                                          "hoffmann (Hoffmann et al. 2022)"),
+            min_params: float = typer.Option(1e8, "--min-params", help="smallest model searched, parameters"),
+            max_params: float = typer.Option(1e12, "--max-params", help="largest model searched, parameters"),
+            num_sizes: int = typer.Option(40, "--num-sizes", help="model sizes searched (log-spaced)"),
+            seq_length: int = typer.Option(2048, "--seq-length", help="tokens per sequence"),
+            aspect_ratio: float = typer.Option(128.0, "--aspect-ratio", help="target hidden_size / num_layers"),
+            batch_tokens: int = typer.Option(4 * 1024 * 1024, "--batch-tokens", help="tokens per global batch"),
+            max_gpus: int = typer.Option(16384, "--max-gpus", help="largest cluster searched (--budget-usd, "
+                                                                  "--gpu-hours)"),
+            max_days: float = typer.Option(90.0, "--max-days", help="longest run (--budget-usd, --gpu-hours)"),
+            max_pp: int = typer.Option(64, "--max-pp", help="largest pipeline-parallel size searched"),
+            settings: Optional[List[str]] = typer.Option(None, "--set", help="KEY=VALUE: a [training] setting "
+                                                         "of a sweep spec for every plan (repeat), e.g. "
+                                                         "use_flash_attn=false"),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="per-shape curve, .parquet or .csv"),
+            calibration: Optional[Path] = CalibrationOpt,
+            gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
+                                                     "(\\[gpus.<name>] tables, as `--gpus` of sweep)")):
+    """The model size, tokens, plan and cluster of lowest predicted loss within a budget, next to
+    the naive answer at 100 % utilisation (dense GPT shapes; see README, Compute-optimal sizing)."""
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.optimal import optimal as find, parse_setting
+    from .analysis.report import optimal_table
+    if output is not None:
+        check_table_path(output)
+    res = find(budget_usd=budget_usd, gpu_hours=gpu_hours, gpus=gpus, days=days, gpu=gpu, fit=fit,
+               min_params=min_params, max_params=max_params, num_sizes=num_sizes, seq_length=seq_length,
+               aspect_ratio=aspect_ratio, batch_tokens=batch_tokens, max_gpus=max_gpus, max_days=max_days,
+               max_pp=max_pp, settings=dict(parse_setting(t) for t in settings or ()),
+               calibration=_calibration(calibration), gpu_presets=_gpus(gpus_file))
+    console.print(optimal_table(res))
+    console.print(f"searched {res.shapes} shapes ({res.curve['num_parameters'].min():.3g} to "
+                  f"{res.curve['num_parameters'].max():.3g} parameters with a feasible plan), "
+                  f"{res.points:,} plans ({res.feasible:,} feasible) in {res.seconds:.2f} s; "
+                  f"loss fit: {res.fit.source}", markup=False, highlight=False)
+    for w in res.warnings:
+        console.print(f"warning: {w}", style="bold yellow", markup=False)
+    for note in res.notes:
+        console.print(f"note: {note}", style="yellow", markup=False)
+    if output is not None:
+        write_table_atomic(res.curve, output)
+        console.print(f"wrote {_plural(res.curve.height, 'shape')} (best plan each; optimum marked) to {output}")
+
+
 VALIDATION_SETS = ("vtrain", "published", "moe")
 
 

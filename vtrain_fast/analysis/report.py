@@ -210,3 +210,54 @@ def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: 
     ax.set(xscale="log", yscale="log", xlabel=x, ylabel=y, title="Pareto frontier")
     ax.legend(fontsize=7)
     save_figure(fig, path)
+
+
+def optimal_table(res) -> Table:
+    """The realistic optimum of :func:`vtrain_fast.analysis.optimal.optimal` next to the naive
+    answer at 100 % utilisation, the naive size trained with its best plan, and realistic over
+    naive."""
+    b, n, s = res.best, res.naive, res.naive_size
+    kind = res.budget["kind"]
+    budget = (f"{res.budget['gpus']:,} x {res.gpu} for {res.budget['days']:g} days" if kind == "cluster"
+              else f"${res.budget['budget_usd']:,.0f}" if kind == "usd" else f"{res.budget['gpu_hours']:,.0f} GPU-h")
+    table = Table(title=f"compute-optimal model for {budget} ({res.fit.name} fit)", show_lines=False)
+    for head, just in (("", "left"), ("realistic optimum", "right"), ("naive (100 % utilisation)", "right"),
+                       ("naive size, real plan", "right"), ("realistic / naive", "right")):
+        table.add_column(head, justify=just)
+
+    def plan(r):
+        return (f"tp {r['tp']} pp {r['pp']} dp {r['dp']} mbs {r['micro_batch_size']} B {r['global_batch_size']} "
+                f"{r['recompute']}" if r else "")
+
+    def shape(r):
+        return f"{r['num_layers']} L x {r['hidden_size']} h x {r['num_attention_heads']} heads" if r else ""
+
+    def ratio(x, y):
+        return "" if x is None or y is None or not y else f"{x / y:.2f}x"
+
+    g = lambda r, k: None if r is None else r.get(k)  # noqa: E731
+    rows = [
+        ("shape", shape(b), "", shape(s), ""),
+        ("parameters", _fmt(float(b["num_parameters"])), _fmt(n["num_parameters"]), _fmt(None if s is None else float(s["num_parameters"])),
+         ratio(b["num_parameters"], n["num_parameters"])),
+        ("tokens", _fmt(b["num_tokens"]), _fmt(n["num_tokens"]), _fmt(g(s, "num_tokens")),
+         ratio(b["num_tokens"], n["num_tokens"])),
+        ("tokens per parameter", f"{b['tokens_per_parameter']:.1f}", f"{n['tokens_per_parameter']:.1f}",
+         "" if s is None else f"{s['tokens_per_parameter']:.1f}", ratio(b["tokens_per_parameter"],
+                                                                       n["tokens_per_parameter"])),
+        ("6 N D FLOPs", _fmt(b["flops"]), _fmt(n["flops"]), _fmt(g(s, "flops")), ratio(b["flops"], n["flops"])),
+        ("plan", plan(b), "", plan(s), ""),
+        ("GPUs", f"{b['num_gpus']:,}", "" if n["num_gpus"] is None else f"{n['num_gpus']:,}",
+         "" if s is None else f"{s['num_gpus']:,}", ratio(b["num_gpus"], n["num_gpus"])),
+        ("days", f"{b['train_days']:.1f}", "" if n["train_days"] is None else f"{n['train_days']:.1f}",
+         "" if s is None else f"{s['train_days']:.1f}", ratio(b["train_days"], n["train_days"])),
+        ("GPU-hours", _fmt(b["gpu_hours"]), _fmt(n["gpu_hours"]), _fmt(g(s, "gpu_hours")),
+         ratio(b["gpu_hours"], n["gpu_hours"])),
+        ("cost USD", _fmt(b["cost_usd"]), _fmt(n["cost_usd"]), _fmt(g(s, "cost_usd")), ratio(b["cost_usd"], n["cost_usd"])),
+        ("MFU", f"{b['mfu']:.1%}", f"{n['mfu']:.0%}", "" if s is None else f"{s['mfu']:.1%}", ratio(b["mfu"], n["mfu"])),
+        ("loss (nats/token)", f"{b['loss']:.4f}", f"{n['loss']:.4f}", "" if s is None else f"{s['loss']:.4f}",
+         f"{b['loss'] - n['loss']:+.4f}"),
+    ]
+    for r in rows:
+        table.add_row(*r)
+    return table

@@ -18,6 +18,7 @@ on, each stage also adds its new weight gradients into the accumulated ones (PyT
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ._jit import jit, jit_inline
 from . import comm, memory, ops
@@ -69,6 +70,55 @@ SECONDS_PER_DAY = 86400.0
 # (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", Eq. 10, Approach 3).
 CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B = 1.69, 406.4, 410.7
 CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.34, 0.28
+
+
+@dataclass(frozen=True)
+class LossFit:
+    """One fit of the parametric loss ``L(N, D) = E + A / N^alpha + B / D^beta`` (nats per token,
+    ``N`` parameters, ``D`` training tokens).
+
+    Attributes
+    ----------
+    name : str
+        Key in :data:`LOSS_FITS` (``vtrain-fast optimal --fit``).
+    E, A, B, alpha, beta : float
+        The fitted constants.
+    source : str
+        Paper, equation or table.
+    """
+
+    name: str
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+    source: str
+
+    def loss(self, num_parameters, num_tokens):
+        """``E + A / N^alpha + B / D^beta``, nats per token (numbers or numpy arrays)."""
+        return self.E + self.A / num_parameters ** self.alpha + self.B / num_tokens ** self.beta
+
+    def compute_optimal(self, flops):
+        """``(N, D)`` minimising :meth:`loss` at fixed training FLOPs ``C = 6 N D``: ``N = G (C/6)^a``,
+        ``D = (C/6) / N``, ``G = (alpha A / (beta B))^(1/(alpha+beta))``, ``a = beta / (alpha+beta)``
+        (Hoffmann et al. 2022, Eq. 4). ``flops`` in FLOPs (a number or a numpy array)."""
+        g = (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
+        n = g * (flops / 6.0) ** (self.beta / (self.alpha + self.beta))
+        return n, flops / 6.0 / n
+
+
+# The loss fits a caller can choose (the kernels' ``loss`` column is always ``hoffmann``'s, from
+# the constants above; other fits are computed in Python from num_parameters and num_tokens).
+LOSS_FITS = {f.name: f for f in (
+    LossFit("hoffmann", CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B, CHINCHILLA_ALPHA, CHINCHILLA_BETA,
+            "Hoffmann et al. 2022, 'Training Compute-Optimal Large Language Models', Eq. 10 (Approach 3, "
+            "the rounded constants of the paper's body)"),
+    LossFit("epoch", 1.8172, 482.01, 2085.43, 0.3478, 0.3658,
+            "Besiroglu, Erdil, Barnett, You 2024 (Epoch AI), 'Chinchilla Scaling: A replication attempt', "
+            "arXiv:2404.10102, Table 1 (their estimate of Approach 3 on the data reconstructed from "
+            "Hoffmann et al.'s Figure 4)"),
+)}
 
 
 # Gradient accumulation: read the accumulated and the new fp16 gradient, write the sum.
