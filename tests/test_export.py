@@ -12,13 +12,16 @@ import pytest
 from typer.testing import CliRunner
 
 from vtrain_fast.analysis.evaluate import evaluate_frame
-from vtrain_fast.analysis.export import MEGATRON_LM_COMMIT, export, megatron_args, moe_layer_freq
+from vtrain_fast.analysis.export import (MEGATRON_BRIDGE_COMMIT, MEGATRON_LM_COMMIT, bridge_overrides, export,
+                                        megatron_args, moe_layer_freq)
 from vtrain_fast.cli import app
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model.moe import parse_layer_pattern
 
 ARGS_FILE = Path(__file__).parent / "data" / "megatron_lm_args.txt"
 MEGATRON_FLAGS = {ln.strip() for ln in ARGS_FILE.read_text().splitlines() if ln.startswith("--")}
+KEYS_FILE = Path(__file__).parent / "data" / "megatron_bridge_keys.txt"
+BRIDGE_KEYS = {ln.strip() for ln in KEYS_FILE.read_text().splitlines() if ln and not ln.startswith("#")}
 
 BASE = dict(micro_batch_size=1, use_flash_attn="true", distributed_optimizer="true", overlap_grad_reduce="true")
 PLANS = {
@@ -151,6 +154,7 @@ def test_a_table_of_plans_and_the_row_that_picks_one(tmp_path):
         export(path, "megatron", row=2)
     with pytest.raises(InputError, match="--to"):
         export(path, "nemo", row=0)
+    assert export(path, "bridge", row=0).args[0].startswith("model.")
     with pytest.raises(InputError, match="PLAN"):
         export(tmp_path / "plan.txt", "megatron")
 
@@ -174,3 +178,32 @@ def test_cli_writes_a_script_sh_reads(tmp_path):
     assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
     res = runner.invoke(app, ["export", str(tmp_path / "r"), "--where", "tp==3"])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_every_bridge_override_is_a_megatron_bridge_key_and_the_plan_reads_back(name):
+    """Megatron-Bridge / NeMo 2: each override's key is a field of its ConfigContainer section at the
+    pinned commit (tests/data/megatron_bridge_keys.txt), the precision a registered recipe."""
+    assert MEGATRON_BRIDGE_COMMIT in KEYS_FILE.read_text().splitlines()[0]
+    row = _plan(name)
+    e = bridge_overrides(row, 8)
+    pairs = dict(a.split("=", 1) for a in e.args)
+    assert len(pairs) == len(e.args)                                    # no key twice
+    for key, value in pairs.items():
+        assert (key in BRIDGE_KEYS) if key != "mixed_precision" else (f"mixed_precision={value}" in BRIDGE_KEYS), key
+    for key, col in (("model.num_layers", "num_layers"), ("model.tensor_model_parallel_size", "tp"),
+                     ("model.pipeline_model_parallel_size", "pp"), ("model.context_parallel_size", "cp"),
+                     ("train.micro_batch_size", "micro_batch_size"), ("train.global_batch_size", "global_batch_size"),
+                     ("train.train_iters", "num_steps")):
+        assert int(pairs[key]) == int(row[col]), key
+    if row["vpp"] > 1:
+        assert int(pairs["model.virtual_pipeline_model_parallel_size"]) == row["vpp"]
+    assert pairs["mixed_precision"] == ("bf16_mixed" if row["precision"] == "bf16" else
+                                        {"delayed": "bf16_with_fp8_delayed_scaling_mixed",
+                                         "tensorwise": "bf16_with_fp8_current_scaling_mixed"}[row["fp8_recipe"]])
+    if row["num_experts"]:
+        assert int(pairs["model.num_moe_experts"]) == row["num_experts"]
+        if row["moe_first_dense_layers"]:
+            assert pairs["model.moe_layer_freq"].startswith("[0,0,0,1")      # the list the pattern text is
+    if row["gated_mlp"]:
+        assert any("activation_func" in n for n in e.notes)

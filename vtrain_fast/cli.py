@@ -505,7 +505,8 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
 @_user_errors
 def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .parquet table of plans "
                                                   "(evaluate's columns)"),
-           to: str = typer.Option("megatron", "--to", help="megatron: Megatron-LM pretrain_gpt.py flags"),
+           to: str = typer.Option("megatron", "--to", help="megatron: Megatron-LM pretrain_gpt.py flags; bridge: "
+                                                            "Megatron-Bridge / NeMo 2 ConfigContainer overrides"),
            where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat; a results "
                                                                  "folder), e.g. 'num_gpus==1024', 'tp==8'"),
            row: Optional[int] = typer.Option(None, "--row", help="which of several plans, in order of cost_usd "
@@ -515,7 +516,8 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
                                                                                 "model column may name")):
     """Write the launch arguments that run one plan: Megatron-LM's pretrain_gpt.py flags, named as
-    Megatron-LM names them (checked against its parser's flags at the commit the script names)."""
+    Megatron-LM names them (checked against its parser's flags at the commit the script names), or
+    Megatron-Bridge / NeMo 2 ConfigContainer overrides (--to bridge)."""
     from .analysis.export import export as export_plan
     from .io.errors import check_output_file, write_atomically
     from .plan.spec import load_models
@@ -529,8 +531,10 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
         sys.stdout.flush()
         return
     write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "launch script")
-    err.print(f"wrote {output}: {len([a for a in result.args if a.startswith('--')])} Megatron-LM flags; "
-              "add your data, tokenizer, optimizer and checkpoint arguments", markup=False, highlight=False)
+    what = (f"{len([a for a in result.args if a.startswith('--')])} Megatron-LM flags" if to == "megatron"
+            else f"{len(result.args)} Megatron-Bridge overrides")
+    err.print(f"wrote {output}: {what}; add your data, tokenizer, optimizer and checkpoint settings",
+              markup=False, highlight=False)
 
 
 @app.command()

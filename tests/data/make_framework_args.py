@@ -1,5 +1,7 @@
 """Write ``megatron_lm_args.txt``: the command-line flags Megatron-LM's ``pretrain_gpt.py`` accepts,
-read from a Megatron-LM source tree without importing it (no torch needed).
+read from a Megatron-LM source tree without importing it (no torch needed); and
+``megatron_bridge_keys.txt``: the ``ConfigContainer`` override keys of Megatron-Bridge (NeMo 2's
+training library) that ``vtrain-fast export --to bridge`` may write.
 
 Two sources, as ``megatron/training/arguments.py`` builds its parser: the flags it adds itself
 (``add_argument('--flag', ...)``, aliases included), and the flags ``ArgumentGroupFactory``
@@ -10,9 +12,17 @@ Only the dataclasses whose flags ``vtrain-fast export`` writes are read: ``Trans
 (with its base ``ModelParallelConfig``), ``TrainingConfig``, ``TokenizerConfig`` and
 ``DistributedInitConfig``.
 
-Run: ``python tests/data/make_framework_args.py MEGATRON_LM_DIR COMMIT > tests/data/megatron_lm_args.txt``
-(the file in the repository: NVIDIA/Megatron-LM at the commit in its first line). Not run by the tests:
-the tests read the file it wrote.
+Bridge keys: ``section.field`` for the dataclass fields of the sections an export sets: ``model``
+(Megatron-core ``ModelParallelConfig``, ``TransformerConfig``, ``MLATransformerConfig`` and
+Megatron-Bridge's ``GPTModelProvider``), ``train`` (Megatron-LM's and Megatron-Bridge's
+``TrainingConfig``), ``ddp`` (Megatron-core's and Megatron-Bridge's ``DistributedDataParallelConfig``),
+``optimizer`` (both ``OptimizerConfig``), ``comm_overlap`` (``CommOverlapConfig``), and
+``mixed_precision=<name>`` for every recipe ``mixed_precision.py`` registers.
+
+Run: ``python tests/data/make_framework_args.py megatron MEGATRON_LM_DIR COMMIT > tests/data/megatron_lm_args.txt``
+and ``python tests/data/make_framework_args.py bridge MEGATRON_LM_DIR BRIDGE_DIR COMMIT >
+tests/data/megatron_bridge_keys.txt`` (the files in the repository: the commits in their first
+lines). Not run by the tests: the tests read the files it wrote.
 """
 from __future__ import annotations
 
@@ -109,5 +119,37 @@ def main(root: str, commit: str) -> None:
         print(f)
 
 
+def _all_fields(path: Path, cls: str) -> set[str]:
+    return {name for name, _, _ in _dataclass_fields(path, cls) if not name.startswith("_")}
+
+
+def bridge(mroot: str, broot: str, commit: str) -> None:
+    m, b = Path(mroot), Path(broot) / "src/megatron/bridge"
+    sections = {
+        "model": [(m / "megatron/core/model_parallel_config.py", "ModelParallelConfig"),
+                  (m / "megatron/core/transformer/transformer_config.py", "TransformerConfig"),
+                  (m / "megatron/core/transformer/transformer_config.py", "MLATransformerConfig"),
+                  (b / "models/gpt_provider.py", "GPTModelProvider")],
+        "train": [(m / "megatron/training/config/training_config.py", "TrainingConfig"),
+                  (b / "training/config.py", "TrainingConfig")],
+        "ddp": [(m / "megatron/core/distributed/distributed_data_parallel_config.py", "DistributedDataParallelConfig"),
+                (b / "training/config.py", "DistributedDataParallelConfig")],
+        "optimizer": [(m / "megatron/core/optimizer/optimizer_config.py", "OptimizerConfig"),
+                      (b / "training/config.py", "OptimizerConfig")],
+        "comm_overlap": [(b / "training/comm_overlap.py", "CommOverlapConfig")],
+    }
+    keys = {f"{sec}.{name}" for sec, classes in sections.items() for path, cls in classes
+            for name in _all_fields(path, cls)}
+    recipes = re.findall(r"@register\s*\ndef\s+([a-z0-9_]+)\s*\(", (b / "training/mixed_precision.py").read_text())
+    keys |= {f"mixed_precision={r}" for r in recipes}
+    print(f"# NVIDIA-NeMo/Megatron-Bridge {commit} (with Megatron-LM's core): ConfigContainer override keys "
+          "(tests/data/make_framework_args.py)")
+    for k in sorted(keys):
+        print(k)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "bridge":
+        bridge(*sys.argv[2:5])
+    else:
+        main(*sys.argv[2:4])

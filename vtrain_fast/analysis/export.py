@@ -5,8 +5,9 @@ A plan is one row of a results folder or of an evaluate-style table (the columns
 ``pretrain_gpt.py`` command line that runs it (the settings' flags from their registry record,
 :mod:`vtrain_fast.model.settings`). The flags are checked in the tests against the flags
 Megatron-LM's parser accepts at the commit named in ``tests/data/megatron_lm_args.txt``
-(written from its source by ``tests/data/make_framework_args.py``). Megatron-Bridge / NeMo
-overrides and torchtitan configurations are not written yet (issue 14).
+(written from its source by ``tests/data/make_framework_args.py``), and :func:`bridge_overrides`
+the same plan as Megatron-Bridge / NeMo 2 ``ConfigContainer`` overrides, checked against the keys
+in ``tests/data/megatron_bridge_keys.txt``. torchtitan configurations are not written yet (issue 14).
 
 What a plan holds that is not a framework argument (the assumed MoE load imbalance, the GPU
 type, the cluster's price) is written as comments. Nothing here prices anything.
@@ -23,9 +24,36 @@ import polars as pl
 from ..io.errors import InputError
 from ..model.settings import BY_NAME as SETTINGS
 
-# The Megatron-LM commit whose argument names the exports use (tests/data/megatron_lm_args.txt).
+# The Megatron-LM commit whose argument names the exports use (tests/data/megatron_lm_args.txt),
+# and the Megatron-Bridge (NeMo 2's training library) commit of the override keys
+# (tests/data/megatron_bridge_keys.txt).
 MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
-TARGETS = ("megatron",)
+MEGATRON_BRIDGE_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
+TARGETS = ("megatron", "bridge")
+# Megatron-LM flags whose Megatron-Bridge ConfigContainer key is not ``model.<flag's field>``: the
+# key, or None where the override list leaves it out (a tokenizer setting; implied by another key).
+# Bridge's own names: megatron/bridge/training/config.py (train, ddp, optimizer),
+# training/comm_overlap.py (comm_overlap), models/gpt_provider.py (model).
+BRIDGE_KEYS = {
+    "--micro-batch-size": "train.micro_batch_size", "--global-batch-size": "train.global_batch_size",
+    "--train-iters": "train.train_iters",
+    "--overlap-grad-reduce": "ddp.overlap_grad_reduce", "--overlap-param-gather": "ddp.overlap_param_gather",
+    "--use-megatron-fsdp": "ddp.use_megatron_fsdp",
+    "--data-parallel-sharding-strategy": "ddp.data_parallel_sharding_strategy",
+    "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
+    "--tp-comm-overlap": "comm_overlap.tp_comm_overlap",
+    "--overlap-moe-expert-parallel-comm": "comm_overlap.overlap_moe_expert_parallel_comm",
+    "--num-experts": "model.num_moe_experts", "--swiglu": "model.gated_linear_unit",
+    "--decoder-first-pipeline-num-layers": "model.num_layers_in_first_pipeline_stage",
+    "--decoder-last-pipeline-num-layers": "model.num_layers_in_last_pipeline_stage",
+    "--tokenizer-type": None, "--max-position-embeddings": None, "--group-query-attention": None,
+    "--bf16": None, "--fp8-format": None, "--fp8-recipe": None,      # the mixed_precision recipe says them
+}
+# The Megatron-Bridge mixed-precision recipe (training/mixed_precision.py, registered by name) of a
+# plan's precision and FP8 recipe.
+BRIDGE_PRECISION = {("bf16", None): "bf16_mixed", ("fp8", "delayed"): "bf16_with_fp8_delayed_scaling_mixed",
+                    ("fp8", "tensorwise"): "bf16_with_fp8_current_scaling_mixed",
+                    ("fp8", "mxfp8"): "bf16_with_mxfp8_mixed"}
 
 
 @dataclass(frozen=True)
@@ -35,9 +63,10 @@ class Export:
     Attributes
     ----------
     target : str
-        ``megatron`` (Megatron-LM flags).
+        ``megatron`` (Megatron-LM flags) or ``bridge`` (Megatron-Bridge / NeMo 2 overrides).
     args : tuple of str
-        The arguments, in order: flags and their values.
+        The arguments, in order: flags and their values (``megatron``), ``key=value`` overrides
+        (``bridge``).
     notes : tuple of str
         What the plan holds that no argument says (written as comments).
     launcher : str
@@ -50,7 +79,10 @@ class Export:
     launcher: str
 
     def text(self) -> str:
-        """The export as a shell script fragment: the notes as comments, then the launch line."""
+        """The export as a shell script fragment (``megatron``: the notes as comments, then the launch
+        line) or an override list, one ``key=value`` a line after the notes (``bridge``)."""
+        if self.target == "bridge":
+            return "\n".join([f"# {n}" for n in self.notes] + [f"# {self.launcher}"] + list(self.args)) + "\n"
         lines = ["#!/bin/sh"] + [f"# {n}" for n in self.notes]
         pairs, i = [], 0
         while i < len(self.args):
@@ -218,6 +250,68 @@ def megatron_args(row: dict, gpus_per_node: int) -> Export:
     return Export("megatron", tuple(a_), tuple(notes), launcher)
 
 
+def _bridge_value(value: str) -> str:
+    """A Megatron-LM flag value as a Hydra-style override value: Megatron-LM's ``--moe-layer-freq``
+    pattern text as the list it evaluates to (``([0]*3+[1]*58)`` -> ``[0,0,0,1,...]``)."""
+    from ..model.moe import parse_layer_pattern
+    if value.startswith("(") or value.startswith("["):
+        pattern = parse_layer_pattern(value)
+        if pattern is not None:
+            return "[" + ",".join(map(str, pattern)) + "]"
+    return value
+
+
+def bridge_overrides(row: dict, gpus_per_node: int) -> Export:
+    """The plan as Megatron-Bridge (NeMo 2's training library) ``ConfigContainer`` overrides,
+    ``section.field=value`` (Hydra style, as Megatron-Bridge's ``scripts/performance`` and recipes take
+    them): each flag of :func:`megatron_args` under its Bridge key (:data:`BRIDGE_KEYS`, else
+    ``model.<the flag's field>``, Megatron-core's ``TransformerConfig`` name), switches as ``=true``,
+    ``--disable-bias-linear`` as ``model.add_bias_linear=false``, ``--untie-embeddings-and-output-weights``
+    as ``model.share_embeddings_and_output_weights=false``, ``--no-overlap-p2p-communication`` as
+    ``model.overlap_p2p_comm=false``, vpp as ``model.virtual_pipeline_model_parallel_size``, the distributed
+    optimizer in ``ddp`` and ``optimizer``, and the precision as a ``mixed_precision`` recipe
+    (:data:`BRIDGE_PRECISION`). Keys are Megatron-Bridge's at :data:`MEGATRON_BRIDGE_COMMIT`.
+
+    Returns
+    -------
+    Export
+        ``key=value`` strings; the notes say what an override cannot (the activation function of a
+        SwiGLU model: start from a SwiGLU recipe; the tokenizer).
+    """
+    m = megatron_args(row, gpus_per_node)
+    flags, i = [], 0
+    while i < len(m.args):
+        value = m.args[i + 1] if i + 1 < len(m.args) and not m.args[i + 1].startswith("--") else None
+        flags.append((m.args[i], value))
+        i += 2 if value is not None else 1
+    out = []
+    for flag, value in flags:
+        if flag == "--disable-bias-linear":
+            out.append("model.add_bias_linear=false")
+        elif flag == "--untie-embeddings-and-output-weights":
+            out.append("model.share_embeddings_and_output_weights=false")
+        elif flag == "--no-overlap-p2p-communication":
+            out.append("model.overlap_p2p_comm=false")
+        elif flag == "--num-layers-per-virtual-pipeline-stage":
+            out.append(f"model.virtual_pipeline_model_parallel_size={int(_get(row, 'vpp'))}")
+        elif flag == "--use-distributed-optimizer":
+            out += ["ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true"]
+        else:
+            key = BRIDGE_KEYS.get(flag, "model." + flag[2:].replace("-", "_"))
+            if key is not None:
+                out.append(f"{key}={'true' if value is None else _bridge_value(value)}")
+    fp8 = _get(row, "precision") == "fp8"
+    out.append("mixed_precision=" + BRIDGE_PRECISION[("fp8", str(_get(row, "fp8_recipe"))) if fp8 else ("bf16", None)])
+    notes = [f"vtrain-fast export: the plan as Megatron-Bridge / NeMo 2 ConfigContainer overrides (NVIDIA-NeMo/"
+             f"Megatron-Bridge {MEGATRON_BRIDGE_COMMIT[:8]}); start from your model's recipe and add these"]
+    notes += [n for n in m.notes if not n.startswith("vtrain-fast export")]
+    if ("--swiglu", None) in flags:
+        notes.append("SwiGLU: model.gated_linear_unit=true needs model.activation_func = silu, which an override "
+                     "cannot set: start from a SwiGLU recipe (Llama, Qwen, Mixtral, DeepSeek)")
+    notes.append("tokenizer: the plan is priced with vocab_size above; set your tokenizer in the recipe")
+    return Export("bridge", tuple(out), tuple(notes), m.launcher)
+
+
 def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None) -> tuple[dict, int]:
     """One plan from ``source``: a results folder (its feasible rows, :func:`~vtrain_fast.analysis.query.feasible_plans`,
     with ``where`` conditions), or a ``.csv`` / ``.parquet`` table of plans (evaluated first, so that
@@ -282,7 +376,7 @@ def export(source: str | Path, to: str, where=(), row: int | None = None, models
     """
     if to not in TARGETS:
         raise InputError("command line", "--to", to, " or ".join(TARGETS),
-                         "megatron: Megatron-LM pretrain_gpt.py flags (Megatron-Bridge / NeMo and torchtitan: "
-                         "not written yet)")
+                         "megatron: Megatron-LM pretrain_gpt.py flags; bridge: Megatron-Bridge / NeMo 2 "
+                         "ConfigContainer overrides (torchtitan: not written yet)")
     plan, gpn = read_plan(source, where, row, models)
-    return megatron_args(plan, gpn)
+    return megatron_args(plan, gpn) if to == "megatron" else bridge_overrides(plan, gpn)
