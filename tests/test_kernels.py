@@ -377,6 +377,24 @@ def run_rows(configs):
     return status, out
 
 
+def twin_check(rng, n, change, invalid_fraction=0.1, min_feasible=30):
+    """``n`` random configurations (:func:`random_config`), each changed in place by ``change(c, rng)``
+    (a list, the config's fields), priced by the kernel and its twin and compared
+    (:func:`compare_with_twin`); at least ``min_feasible`` of them ok or out of memory, with finite
+    iteration times. Returns ``(status, out)``."""
+    configs = []
+    for _ in range(n):
+        c = list(random_config(rng, invalid_fraction=invalid_fraction))
+        change(c, rng)
+        configs.append(tuple(c))
+    status, out = run_rows(configs)
+    compare_with_twin(configs, status, out)
+    feasible = np.isin(status, [ref.OK, ref.OUT_OF_MEMORY])
+    assert feasible.sum() > min_feasible
+    assert np.isfinite(out[step.O_ITER, feasible]).all()
+    return status, out
+
+
 def compare_with_twin(configs, status, out):
     for j, c in enumerate(configs):
         r_status, r_out = ref.step(*c)
