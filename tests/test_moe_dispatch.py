@@ -11,7 +11,7 @@ from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import comm, ops, step
 from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.model.settings import BY_NAME
-from vtrain_fast.plan.spec import check_requirements, machine_variants  # noqa: F401
+from vtrain_fast.plan.spec import check_requirements
 
 ALLGATHER = BY_NAME["moe_token_dispatcher_type"].encode("allgather")
 
