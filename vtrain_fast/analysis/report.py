@@ -39,7 +39,8 @@ def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None, keep:
     rows = df.rows() if max_rows is None else df.head(max_rows).rows()
     for k, c in enumerate(df.columns):
         whole = max([len(SHORT_NAMES.get(c, c))] + [len(_fmt(r[k])) for r in rows]) if c in keep else None
-        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric() else "left",
+        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric()
+                         or c == "memory_per_gpu_GiB" else "left",
                          min_width=whole)
     for r in rows:
         table.add_row(*(_fmt(v) for v in r))
@@ -47,7 +48,7 @@ def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None, keep:
 
 
 # Dropped first when a table is wider than the terminal.
-DROP_ORDER = ("num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s", "num_nodes", "dp",
+DROP_ORDER = ("memory_headroom_GiB", "num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s", "num_nodes", "dp",
               "micro_batch_size", "global_batch_size", "model")
 
 
@@ -87,15 +88,41 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = (),
     return df, notes
 
 
+TIGHT_MARK = "tight"
+
+
+def mark_tight(df: pl.DataFrame, margin: float | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """``df`` with its ``memory_tight`` flag (:data:`~vtrain_fast.io.schema.DERIVED_COLUMNS`) shown
+    in the memory column: ``memory_per_gpu_GiB`` as text, ``"73.8 tight"`` where the flag is set;
+    the flag column dropped. Returns the frame and a note for the title (empty when no row is
+    tight; ``margin``: the fraction the flag was computed with, for the note)."""
+    if "memory_tight" not in df.columns:
+        return df, []
+    tight = df["memory_tight"].fill_null(False)
+    df = df.drop("memory_tight")
+    if not tight.any() or "memory_per_gpu_GiB" not in df.columns:
+        return df, []
+    mem = [_fmt(v) + (f" {TIGHT_MARK}" if t else "") for v, t in zip(df["memory_per_gpu_GiB"].to_list(), tight.to_list())]
+    df = df.with_columns(pl.Series("memory_per_gpu_GiB", mem, dtype=pl.String))
+    within = f"within {margin:.0%} of" if margin else "near"
+    return df, [f"{TIGHT_MARK}: memory {within} the GPU's HBM capacity (--memory-margin leaves such plans out)"]
+
+
 def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, console: Console | None = None,
                 keep: tuple = (), whole: pl.DataFrame | None = None,
-                more_hint: str = "use --top or -o FILE.parquet"):
+                more_hint: str = "use --top or -o FILE.parquet", margin: float | None = None):
     """Print ``df`` (its first ``max_rows`` rows) as a rich table that fits the console (see
     :func:`fit_columns`; ``whole``: the rows ``df`` was taken from, for the notes of values every
-    row shares; default ``df``). ``more_hint`` follows the count of rows not shown."""
+    row shares; default ``df``). ``more_hint`` follows the count of rows not shown. Rows whose
+    ``memory_tight`` flag is set are marked ``tight`` in the memory column (:func:`mark_tight`;
+    ``margin``: the memory margin of the flag, for the title's note)."""
     console = console or Console()
     shown = df if max_rows is None else df.head(max_rows)
+    shown, tight_notes = mark_tight(shown, margin)
+    if tight_notes:
+        keep = tuple(keep) + ("memory_per_gpu_GiB",)
     shown, notes = fit_columns(shown, console.width, keep, df if whole is None else whole)
+    notes = tight_notes + notes
     if notes:
         title += "\n" + ", ".join(notes)
     console.print(frame_table(shown, title, keep=keep), soft_wrap=False)   # a table fits the width
