@@ -444,7 +444,9 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         from .analysis.query import feasible_sample
         from .analysis.report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])
-        plot_frontier(front, feasible_sample(folder, [x, y], where=list(where)), x, y, tuple(by), plot)
+        colour = list(by) or ["gpu"]
+        plot_frontier(front, feasible_sample(folder, list(dict.fromkeys([x, y] + colour)), where=list(where)), x, y,
+                      tuple(by), plot, title_of=str(folder))
         console.print(f"plot: {plot}")
 
 
