@@ -193,8 +193,7 @@ def _family_try(fam: pl.DataFrame, order, deadline_days, max_gpus, memory_margin
     fit = fam.filter(pl.col("_fits") & pl.col("_within")).sort(["train_days", "cost_usd", "_row"])
     if fit.height:
         r = fit.row(0, named=True)
-        return r, 1, (f"slower than the deadline: {r['train_days']:.1f} days > {deadline_days:g} at best"
-                      + (f" within {max_gpus:,} GPUs" if max_gpus is not None else ""))
+        return r, 1, f"slower than the deadline: {r['train_days']:.1f} days at best > {deadline_days:g}"
     ok = pl.col("status").cast(pl.String) == "ok"
     inside = fam.filter(pl.col("_within") & ok).sort(["memory_per_gpu_GiB", "cost_usd", "_row"])
     if inside.height:        # fits in memory, but within the margin at every size
