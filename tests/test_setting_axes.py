@@ -189,7 +189,9 @@ def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, c
     # the file holds whole plans (every column) and evaluates to the same rows
     front = pl.read_csv(tmp_path / "front.csv")
     from vtrain_fast.analysis.evaluate import CLUSTER_COLUMNS
-    assert front.columns == pl.read_parquet(str(full / "part-*.parquet")).columns + list(CLUSTER_COLUMNS)
+    from vtrain_fast.io.schema import DERIVED_NAMES     # memory headroom: written, passed through by evaluate
+    assert front.columns == (pl.read_parquet(str(full / "part-*.parquet")).columns + list(DERIVED_NAMES)
+                             + list(CLUSTER_COLUMNS))
     res = cli("evaluate", tmp_path / "front.csv", "-o", tmp_path / "again.parquet")
     assert res.exit_code == 0 and "recomputed" in res.output, res.output
     again = pl.read_parquet(tmp_path / "again.parquet")

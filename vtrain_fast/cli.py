@@ -65,6 +65,11 @@ CalibrationOpt = typer.Option(None, "--calibration", help="calibration TOML writ
 GpusOpt = typer.Option(None, "--gpus", help="TOML of your own GPUs (\\[gpus.<name>] tables, as in a spec)")
 
 
+MemoryMarginOpt = typer.Option(None, "--memory-margin", help="leave out plans whose memory headroom is below this "
+                               "fraction of the GPU's HBM capacity, e.g. 0.05 (tables mark plans within 5 % "
+                               "'tight' when not given)")
+
+
 def _gpus(path: Optional[Path]):
     from .plan.spec import load_gpus
     return load_gpus(path) if path else None
@@ -203,7 +208,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         if not keep.startswith("frontier"):
             from .analysis.query import varying_job_columns
             by = varying_job_columns(folder)   # one frontier per training job (model, tokens)
-        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [], False)
+        pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [], False, None)
 
 
 # Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
@@ -369,7 +374,8 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                                                 "'memory_per_gpu_GiB<=72', 'train_days<=90', 'gpu==h100-sxm-80gb'"),
            breakdown: bool = typer.Option(False, "--breakdown",
                                           help="also show where each plan's iteration time goes (compute, TP, "
-                                               "pipeline, data-parallel communication, bubble, optimizer)")):
+                                               "pipeline, data-parallel communication, bubble, optimizer)"),
+           memory_margin: Optional[float] = MemoryMarginOpt):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.query import frontier_columns, pareto as pareto_frontier, resolve_groups, where_filter
@@ -378,6 +384,8 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     minimize = resolve_objectives("command line", minimize)
     by = resolve_groups("command line", by)
     where_filter("command line", where)     # malformed conditions fail before any work
+    from .analysis.query import DEFAULT_MEMORY_MARGIN, check_memory_margin
+    check_memory_margin("command line", memory_margin)
     if not 1 <= top <= 10**9:
         raise InputError("command line", "--top", top, "a whole number from 1 to 1,000,000,000",
                          "rows to print (per group with --by), e.g. --top 20; write every row with -o FILE.parquet")
@@ -389,17 +397,19 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
                              "the plot puts the first on x and the second on y")
         check_plot_path(plot)
     front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where),
-                            breakdown=breakdown)
+                            breakdown=breakdown, memory_margin=memory_margin)
     if output and front.height:
         write_table_atomic(front, output)
         front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize], list(where),
                                               breakdown))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
-             + (f"; per {', '.join(by)}" if by else "") + (f"; where {' and '.join(where)}" if where else "") + ")")
+             + (f"; per {', '.join(by)}" if by else "") + (f"; where {' and '.join(where)}" if where else "")
+             + (f"; memory headroom >= {memory_margin:.0%} of the GPU's" if memory_margin else "") + ")")
     if front.height == 0:
         console.print(f"{folder}: no feasible plan (status ok{', meeting --where' if where else ''}) to rank; see "
                       "the status counts in its manifest.json: try larger tp/pp, recompute = full or more GPUs"
-                      + (", or loosen --where" if where else "") + (f"; {output} not written" if output else ""))
+                      + (", or loosen --where" if where else "") + (", or a smaller --memory-margin" if memory_margin else "")
+                      + (f"; {output} not written" if output else ""))
         return
     from .io.writer import read_manifest
     if not read_manifest(folder).get("keep", "all").startswith("frontier"):
@@ -418,7 +428,8 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         top = shown.height
     from .analysis.query import BREAKDOWN_COLUMNS
     print_frame(shown, title, top, console, whole=front, keep=tuple(by) + tuple(m.lstrip("-") for m in minimize)
-                + (BREAKDOWN_COLUMNS if breakdown else ()))
+                + (BREAKDOWN_COLUMNS if breakdown else ()),
+                margin=DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin)
     if shown.height < front.height:
         console.print(f"({front.height - shown.height:,} more frontier rows not shown; raise --top or "
                       "write them all with -o FILE.parquet)")
@@ -433,8 +444,61 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
         from .analysis.query import feasible_sample
         from .analysis.report import plot_frontier
         x, y = (m.lstrip("-") for m in minimize[:2])
-        plot_frontier(front, feasible_sample(folder, [x, y], where=list(where)), x, y, tuple(by), plot)
+        colour = list(by) or ["gpu"]
+        plot_frontier(front, feasible_sample(folder, list(dict.fromkeys([x, y] + colour)), where=list(where)), x, y,
+                      tuple(by), plot, title_of=str(folder))
         console.print(f"plot: {plot}")
+
+
+@app.command()
+@_user_errors
+def plan(folder: Path = typer.Argument(..., help="results folder (every row or every feasible row kept)"),
+         deadline_days: float = typer.Option(..., "--deadline-days", help="longest training time, days"),
+         max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="most GPUs a plan may use [any searched]"),
+         memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose memory "
+                                                       "headroom is below this fraction of the GPU's HBM, e.g. 0.05"),
+         runners_up: int = typer.Option(6, "--runners-up", min=0, help="other plan families listed per job"),
+         output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the chosen plans and runners-up, "
+                                               "every column, to .parquet or .csv")):
+    """The cheapest plan of each training job (model, token budget) that trains within the deadline,
+    and why the best plans of other families (GPU, tp, pp) lose. Exits 2 when no plan meets it."""
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.plan import REASON_COLUMNS, plan_text, plan_to_deadline
+    from .analysis.query import CONFIG_COLUMNS, DEFAULT_MEMORY_MARGIN, varying_setting_columns
+    from .analysis.report import print_frame
+    if output:
+        check_table_path(output)
+    res = plan_to_deadline(folder, deadline_days, max_gpus, memory_margin, runners_up)
+    if res.table.height:
+        if output:
+            write_table_atomic(res.table, output)
+        jobs = [c for c in ("model", "num_tokens") if c in res.table.columns]
+        cols = list(dict.fromkeys(["choice", "reason"] + [c for c in CONFIG_COLUMNS if c not in jobs]
+                                  + varying_setting_columns(folder)
+                                  + ["train_days", "cost_usd", "mfu", "memory_per_gpu_GiB",
+                                     "memory_headroom_GiB", "memory_tight"]))
+        limits = (f"<= {deadline_days:g} days" + (f", <= {max_gpus:,} GPUs" if max_gpus is not None else "")
+                  + (f", >= {memory_margin:.0%} of HBM free" if memory_margin else ""))
+        for _, rows in res.table.group_by(jobs, maintain_order=True):
+            best = rows.row(0, named=True)
+            job = ", ".join(f"{c} {best[c]:.3g}" if isinstance(best[c], float) else f"{c} {best[c]}" for c in jobs)
+            console.print(f"[bold]{escape(job)}[/]: {escape(plan_text(best))}: {best['train_days']:.1f} days, "
+                          f"${best['cost_usd']:,.0f}, MFU {best['mfu']:.1%}", highlight=False)
+            print_frame(rows.select([c for c in cols if c in rows.columns]),
+                        f"{folder}: cheapest plan ({limits}) and the runners-up", None, console,
+                        keep=("cost_usd", "train_days"),
+                        margin=DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin)
+        if output:
+            console.print(f"wrote {output} ({_plural(res.table.height, 'plan')}, every column and "
+                          f"{', '.join(REASON_COLUMNS)})")
+    elif output:
+        console.print(f"{output} not written (no plan meets the constraints)")
+    if res.unmet:
+        raise InputError(str(folder), "--deadline-days", deadline_days,
+                         "a deadline that a plan of every job meets"
+                         + (f" within --max-gpus {max_gpus}" if max_gpus is not None else "")
+                         + (f" and --memory-margin {memory_margin:g}" if memory_margin else ""),
+                         " | ".join(u["message"] for u in res.unmet))
 
 
 def _own_gpus(folder: Path) -> list[str]:

@@ -16,7 +16,7 @@ from ..io.errors import InputError
 from ..model.sweep import pareto_positions
 from ..io.errors import did_you_mean
 from ..model.settings import BY_NAME, SETTINGS, Setting
-from ..io.schema import (CLUSTER_COLUMNS, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUMNS, resolve_column,
+from ..io.schema import (CLUSTER_COLUMNS, DERIVED_NAMES, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUMNS, resolve_column,
                      resolve_objectives)
 from ..io.writer import read_manifest, result_paths
 
@@ -232,7 +232,8 @@ def _with_requirements(names: list[str]) -> list[str]:
 
 
 def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
-           all_columns: bool = False, where: list[str] | None = None, breakdown: bool = False) -> pl.DataFrame:
+           all_columns: bool = False, where: list[str] | None = None, breakdown: bool = False,
+           memory_margin: float | None = None) -> pl.DataFrame:
     """The Pareto frontier of the feasible rows (``status == "ok"``) of a results folder.
 
     Parameters
@@ -251,11 +252,17 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
         Conditions the plans must meet (:func:`where_filter`), applied before the frontier.
     breakdown : bool
         Add the time components (:data:`BREAKDOWN_COLUMNS`) to the columns returned.
+    memory_margin : float, optional
+        Fraction of the GPU's HBM capacity (e.g. 0.05): plans with less memory headroom than
+        that (``memory_tight``, :func:`with_memory_headroom`) are left out before the frontier
+        is taken. Without it nothing is left out and ``memory_tight`` marks the plans within
+        :data:`DEFAULT_MEMORY_MARGIN`.
 
     Returns
     -------
     polars.DataFrame
-        Frontier rows, sorted by the groups and then the first objective.
+        Frontier rows, sorted by the groups and then the first objective; with the columns
+        ``memory_headroom_GiB`` and ``memory_tight`` (:data:`~vtrain_fast.io.schema.DERIVED_COLUMNS`).
 
     Raises
     ------
@@ -289,7 +296,11 @@ def pareto(folder: str | Path, minimize: list[str], by: list[str] | None = None,
                          "the objectives this folder was reduced with: " + " ".join(manifest.get("objectives") or []),
                          "it kept only that frontier; rerun the sweep with --keep all, --keep feasible or "
                          "--keep frontier with these objectives")
+    check_memory_margin(str(folder), memory_margin)
     lf = feasible_plans(folder, where, by, [n for n, _ in objectives])
+    lf = with_memory_headroom(lf, manifest, DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin)
+    if memory_margin:
+        lf = lf.filter(~pl.col("memory_tight"))
     names = [n for n, _ in objectives]
     cols = ([c for c in lf.collect_schema().names()] if all_columns
             else frontier_columns(folder, by, names, where, breakdown))
@@ -328,6 +339,78 @@ def with_cluster_columns(rows: pl.DataFrame, manifest: dict) -> pl.DataFrame:
 
 
 JOB_COLUMNS = ("model", "num_tokens")
+
+# The memory margin the printed tables mark plans within ('tight') when none is given: 5 % of the
+# GPU's HBM capacity (a plan predicted that close to the limit may not fit in practice: allocator
+# fragmentation, NCCL buffers beyond reserved_GiB).
+DEFAULT_MEMORY_MARGIN = 0.05
+
+
+def check_memory_margin(where: str, margin: float | None, option: str = "--memory-margin") -> None:
+    """Refuse a memory margin that is not a fraction in ``[0, 1)`` (``None``: none given).
+
+    Raises
+    ------
+    InputError
+        Naming the option, the value and what is allowed.
+    """
+    if margin is None:
+        return
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and 0.0 <= margin < 1.0):
+        raise InputError(where, option, margin, "a fraction of the GPU's memory from 0 to below 1",
+                         "e.g. --memory-margin 0.05 (leave out plans within 5 % of the GPU's HBM capacity)")
+
+
+def memory_capacity_GiB(manifest: dict) -> dict[str, float]:
+    """Each GPU's HBM capacity in a sweep, GiB, from its results manifest.
+
+    Parameters
+    ----------
+    manifest : dict
+        A results folder's manifest (:func:`vtrain_fast.io.writer.read_manifest`).
+
+    Returns
+    -------
+    dict
+        GPU name -> capacity, GiB: the ``hbm_bytes`` field of the GPU's machine vectors as the
+        sweep priced it (``machine_vectors``, laid out as
+        :data:`vtrain_fast.model.params.HW_FIELDS`; the preset's ``hbm_GiB`` with the spec's
+        ``[gpus]`` tables applied), else the shipped preset's ``hbm_GiB``
+        (:data:`vtrain_fast.hardware.gpus.PRESETS`) for GPUs the manifest has no vector of.
+        The kernels call a plan out of memory where ``memory_per_gpu_GiB`` exceeds it.
+    """
+    from ..hardware.gpus import PRESETS
+    from ..model.params import HW_FIELDS
+    k = HW_FIELDS.index("hbm_bytes")
+    out: dict[str, float] = {}
+    for label, vec in (manifest.get("machine_vectors") or {}).items():
+        out.setdefault(label.split(" ")[0], float(vec[k]) / 1024.0 ** 3)
+    for name in manifest.get("gpus") or {}:
+        if name not in out and name in PRESETS:
+            out[name] = PRESETS[name].hbm_GiB
+    return out
+
+
+def with_memory_headroom(lf: pl.LazyFrame, manifest: dict, margin: float) -> pl.LazyFrame:
+    """``lf`` with the columns ``memory_headroom_GiB`` (the GPU's capacity,
+    :func:`memory_capacity_GiB`, minus ``memory_per_gpu_GiB``) and ``memory_tight`` (headroom
+    below ``margin`` x capacity; a plan out of memory is tight at any margin), as
+    :data:`~vtrain_fast.io.schema.DERIVED_COLUMNS` defines them.
+
+    Parameters
+    ----------
+    lf : polars.LazyFrame
+        Rows with ``gpu`` and ``memory_per_gpu_GiB``.
+    manifest : dict
+        The folder's manifest (the GPUs' capacities).
+    margin : float
+        Fraction of the capacity, ``[0, 1)``.
+    """
+    cap = memory_capacity_GiB(manifest)
+    capacity = pl.col("gpu").cast(pl.String).replace_strict(cap, default=None, return_dtype=pl.Float64)
+    headroom = capacity - pl.col("memory_per_gpu_GiB")
+    return lf.with_columns(headroom.alias("memory_headroom_GiB"),
+                           ((headroom < margin * capacity) | (headroom < 0.0)).alias("memory_tight"))
 
 
 def scan_results(folder: str | Path) -> pl.LazyFrame:
@@ -401,7 +484,7 @@ def frontier_columns(folder: str | Path, by: list[str], objectives: list[str], w
     iteration time goes (:data:`BREAKDOWN_COLUMNS`)."""
     named = list(where_filter(str(folder), where)[1])
     return list(dict.fromkeys(list(by) + list(CONFIG_COLUMNS) + list(objectives) + list(HEADLINE_COLUMNS)
-                              + (list(BREAKDOWN_COLUMNS) if breakdown else [])
+                              + list(DERIVED_NAMES) + (list(BREAKDOWN_COLUMNS) if breakdown else [])
                               + varying_setting_columns(folder) + named))
 
 

@@ -39,7 +39,8 @@ def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None, keep:
     rows = df.rows() if max_rows is None else df.head(max_rows).rows()
     for k, c in enumerate(df.columns):
         whole = max([len(SHORT_NAMES.get(c, c))] + [len(_fmt(r[k])) for r in rows]) if c in keep else None
-        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric() else "left",
+        table.add_column(SHORT_NAMES.get(c, c), justify="right" if df[c].dtype.is_numeric()
+                         or c == "memory_per_gpu_GiB" else "left",
                          min_width=whole)
     for r in rows:
         table.add_row(*(_fmt(v) for v in r))
@@ -47,7 +48,7 @@ def frame_table(df: pl.DataFrame, title: str, max_rows: int | None = None, keep:
 
 
 # Dropped first when a table is wider than the terminal.
-DROP_ORDER = ("num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s", "num_nodes", "dp",
+DROP_ORDER = ("memory_headroom_GiB", "num_tokens", "recompute", "memory_per_gpu_GiB", "iteration_time_s", "num_nodes", "dp",
               "micro_batch_size", "global_batch_size", "model")
 
 
@@ -87,15 +88,41 @@ def fit_columns(df: pl.DataFrame, width: int, keep: tuple = (),
     return df, notes
 
 
+TIGHT_MARK = "tight"
+
+
+def mark_tight(df: pl.DataFrame, margin: float | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """``df`` with its ``memory_tight`` flag (:data:`~vtrain_fast.io.schema.DERIVED_COLUMNS`) shown
+    in the memory column: ``memory_per_gpu_GiB`` as text, ``"73.8 tight"`` where the flag is set;
+    the flag column dropped. Returns the frame and a note for the title (empty when no row is
+    tight; ``margin``: the fraction the flag was computed with, for the note)."""
+    if "memory_tight" not in df.columns:
+        return df, []
+    tight = df["memory_tight"].fill_null(False)
+    df = df.drop("memory_tight")
+    if not tight.any() or "memory_per_gpu_GiB" not in df.columns:
+        return df, []
+    mem = [_fmt(v) + (f" {TIGHT_MARK}" if t else "") for v, t in zip(df["memory_per_gpu_GiB"].to_list(), tight.to_list())]
+    df = df.with_columns(pl.Series("memory_per_gpu_GiB", mem, dtype=pl.String))
+    within = f"within {margin:.0%} of" if margin else "near"
+    return df, [f"{TIGHT_MARK}: memory {within} the GPU's HBM capacity (--memory-margin leaves such plans out)"]
+
+
 def print_frame(df: pl.DataFrame, title: str, max_rows: int | None = None, console: Console | None = None,
                 keep: tuple = (), whole: pl.DataFrame | None = None,
-                more_hint: str = "use --top or -o FILE.parquet"):
+                more_hint: str = "use --top or -o FILE.parquet", margin: float | None = None):
     """Print ``df`` (its first ``max_rows`` rows) as a rich table that fits the console (see
     :func:`fit_columns`; ``whole``: the rows ``df`` was taken from, for the notes of values every
-    row shares; default ``df``). ``more_hint`` follows the count of rows not shown."""
+    row shares; default ``df``). ``more_hint`` follows the count of rows not shown. Rows whose
+    ``memory_tight`` flag is set are marked ``tight`` in the memory column (:func:`mark_tight`;
+    ``margin``: the memory margin of the flag, for the title's note)."""
     console = console or Console()
     shown = df if max_rows is None else df.head(max_rows)
+    shown, tight_notes = mark_tight(shown, margin)
+    if tight_notes:
+        keep = tuple(keep) + ("memory_per_gpu_GiB",)
     shown, notes = fit_columns(shown, console.width, keep, df if whole is None else whole)
+    notes = tight_notes + notes
     if notes:
         title += "\n" + ", ".join(notes)
     console.print(frame_table(shown, title, keep=keep), soft_wrap=False)   # a table fits the width
@@ -180,36 +207,161 @@ def plot_predicted_vs_measured(groups, path, title: str, xlabel: str, ylabel: st
     save_figure(fig, path)
 
 
-def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, path) -> None:
-    """Scatter the feasible plans (``cloud``, grey) and the Pareto frontier (``front``, one
-    colour and line per group of ``by``) of objectives ``x`` and ``y`` on log axes; PNG.
+def _number(v) -> str:
+    """A number for a label: ``3e11``, ``1,024``, ``0.05`` (no ``300000000000.0``)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e6:
+        v = int(v)
+    if isinstance(v, float):
+        if abs(v) >= 1e6:               # .3g writes an exponent from 1e3 up: 3e+11 -> 3e11
+            m, e = f"{v:.3g}".split("e")
+            return f"{m}e{int(e)}"
+        return f"{v:.3g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+# How a group column reads in a legend: a word before (tokens 3e11) or after (1,024 GPUs) the value.
+_LABEL_WORDS = {"num_tokens": ("tokens ", ""), "num_gpus": ("", " GPUs"), "num_nodes": ("", " nodes"),
+                "seq_length": ("seq ", ""), "micro_batch_size": ("mbs ", ""), "global_batch_size": ("gbs ", "")}
+
+
+def group_label(columns, values) -> str:
+    """A legend label of one group: ``gpt3-175b, tokens 3e11`` (model and GPU names bare, other
+    columns named, numbers as :func:`_number` writes them)."""
+    out = []
+    for c, v in zip(columns, values):
+        if c in ("model", "gpu"):
+            out.append(str(v))
+        elif c in _LABEL_WORDS:
+            before, after = _LABEL_WORDS[c]
+            out.append(f"{before}{_number(v)}{after}")
+        else:
+            out.append(f"{SHORT_NAMES.get(c, c)} {_number(v)}")
+    return ", ".join(out)
+
+
+def _short_gpu(name: str) -> str:
+    """``h100-sxm-80gb`` -> ``h100-80gb``: the first and last parts of a GPU name."""
+    parts = str(name).split("-")
+    return f"{parts[0]}-{parts[-1]}" if len(parts) > 2 else str(name)
+
+
+def _plan_label(r: dict) -> str:
+    """A frontier plan in a few characters: ``tp2 pp32 dp8 b2 h100-80gb``."""
+    return (f"tp{r.get('tp')} pp{r.get('pp')} dp{r.get('dp')} b{r.get('micro_batch_size')} "
+            f"{_short_gpu(r.get('gpu', ''))}")
+
+
+def _scale(ax, axis: str, values) -> None:
+    """Log scale with a few labelled decades where ``values`` span more than 20x, linear otherwise
+    (a loss spans a few percent: log ticks there overlap)."""
+    import matplotlib.ticker as mt
+    v = [x for x in values if x is not None and x > 0 and math.isfinite(x)]
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    if v and max(v) / min(v) > 20:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        target.set_major_locator(mt.LogLocator(base=10, numticks=6))
+        target.set_major_formatter(mt.LogFormatterSciNotation())
+        target.set_minor_formatter(mt.NullFormatter())
+    else:
+        target.set_major_locator(mt.MaxNLocator(6))
+        target.set_major_formatter(mt.FuncFormatter(lambda x, _: _number(float(x))))
+
+
+def frontier_figure(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, title_of: str = "",
+                    max_labels: int = 6):
+    """The figure of :func:`plot_frontier` (returned open, for a caller or a test to inspect).
+
+    Feasible plans are coloured by their ``by`` group (by ``gpu`` when not grouped and the
+    cloud has it); each group's frontier is a line of the same colour (black when not grouped),
+    and ``max_labels`` frontier plans in all (two per group at least: its ends), spread along
+    each frontier, carry a short plan text
+    (:func:`_plan_label`). An axis spanning more than 20x is logarithmic with few labels.
 
     Parameters
     ----------
     front, cloud : polars.DataFrame
-        Frontier rows and a sample of feasible rows; both hold columns ``x`` and ``y`` (and
-        ``by``).
+        Frontier rows (with ``x``, ``y``, ``by`` and the plan columns tp, pp, dp,
+        micro_batch_size, gpu) and a sample of feasible rows (``x``, ``y`` and ``by`` or ``gpu``).
     x, y : str
         Column names (objectives without a leading ``-``).
     by : tuple of str
         Group columns of the frontier (empty: one frontier).
-    path : str or Path
-        Output file.
+    title_of : str
+        What was plotted (a results folder), named in the title with the model(s) and objectives.
+    max_labels : int
+        Frontier plans labelled in all (at least the two ends of each group's frontier).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
     """
     import matplotlib
     matplotlib.use("Agg")
+    from pathlib import Path
+
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    colour_by = list(by) if by else (["gpu"] if "gpu" in cloud.columns else [])
+    palette = plt.get_cmap("tab10").colors
+    keys = []
+    for frame in (front, cloud):
+        if colour_by and all(c in frame.columns for c in colour_by):
+            keys += [k for k in frame.select(colour_by).unique(maintain_order=True).rows() if k not in keys]
+    colour = {k: palette[i % len(palette)] for i, k in enumerate(keys)}
     if cloud.height:
-        ax.scatter(cloud[x], cloud[y], s=3, c="0.8", alpha=0.5, label=f"feasible plans ({cloud.height:,} shown)")
+        if colour_by and all(c in cloud.columns for c in colour_by):
+            for key, g in cloud.group_by(colour_by, maintain_order=True):
+                ax.scatter(g[x], g[y], s=4, color=colour[tuple(key)], alpha=0.25, linewidths=0,
+                           label=(f"{group_label(colour_by, key)} ({g.height:,} plans)" if not by else None))
+        else:
+            ax.scatter(cloud[x], cloud[y], s=4, c="0.75", alpha=0.4, linewidths=0,
+                       label=f"feasible plans ({cloud.height:,} shown)")
     groups = front.partition_by(list(by), maintain_order=True) if by else [front]
+    per_group = max(2, max_labels // max(len(groups), 1))     # the two ends of each frontier at least
     for g in groups:
         g = g.sort(x)
-        label = ", ".join(f"{c}={g[c][0]}" for c in by) if by else "Pareto frontier"
-        ax.plot(g[x], g[y], "o-", ms=4, lw=1, label=label)
-    ax.set(xscale="log", yscale="log", xlabel=x, ylabel=y, title="Pareto frontier")
-    ax.legend(fontsize=7)
-    save_figure(fig, path)
+        if not g.height:
+            continue
+        key = tuple(g[c][0] for c in by)
+        c = colour.get(key, "k") if by else "k"
+        label = group_label(by, key) + f" ({g.height} on the frontier)" if by else "Pareto frontier"
+        ax.plot(g[x], g[y], "o-", ms=4, lw=1.2, color=c, label=label, zorder=3)
+        rows = g.rows(named=True)
+        k = min(per_group, len(rows))
+        picks = sorted({round(i * (len(rows) - 1) / max(k - 1, 1)) for i in range(k)})
+        for i in picks:
+            r = rows[i]
+            ax.annotate(_plan_label(r), (r[x], r[y]), xytext=(7, -2), textcoords="offset points", fontsize=7,
+                        color=c, zorder=4, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                                 "alpha": 0.7})
+    _scale(ax, "x", cloud[x].to_list() + front[x].to_list() if cloud.height else front[x].to_list())
+    _scale(ax, "y", cloud[y].to_list() + front[y].to_list() if cloud.height else front[y].to_list())
+    models = front["model"].cast(pl.String).unique(maintain_order=True).to_list() if "model" in front.columns else []
+    what = Path(title_of).name if title_of else "results"
+    model = f" ({', '.join(models)})" if 0 < len(models) <= 3 else ""
+    ax.set(xlabel=x, ylabel=y, title=f"{what}{model}: Pareto frontier, minimise {x} and {y}"
+                                     + (f", per {', '.join(SHORT_NAMES.get(b, b) for b in by)}" if by else ""))
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, markerscale=2)
+    return fig
+
+
+def plot_frontier(front: pl.DataFrame, cloud: pl.DataFrame, x: str, y: str, by: tuple, path,
+                  title_of: str = "") -> None:
+    """Scatter the feasible plans (``cloud``, coloured by group) and the Pareto frontier
+    (``front``, one colour and line per group of ``by``, a few plans labelled) of objectives
+    ``x`` and ``y``, and write the image (:func:`frontier_figure`, :func:`save_figure`).
+
+    Parameters
+    ----------
+    front, cloud, x, y, by, title_of
+        As :func:`frontier_figure`.
+    path : str or Path
+        Output file (PNG, SVG or PDF by its suffix).
+    """
+    save_figure(frontier_figure(front, cloud, x, y, by, title_of), path)
 
 
 def optimal_table(res) -> Table:

@@ -153,6 +153,18 @@ SCHEMA = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
 OUTPUT_NAMES = tuple(c.name for c in OUTPUT_COLUMNS)
 
 
+# Columns the queries derive from a folder's rows and its GPU records (not stored in the part
+# files; pareto -o and plan -o write them): vtrain_fast.analysis.query.with_memory_headroom.
+DERIVED_COLUMNS = (
+    Column("memory_headroom_GiB", pa.float64(), "GiB",
+           "HBM capacity of the plan's GPU (the sweep's GPU record) minus memory_per_gpu_GiB; negative: out of memory"),
+    Column("memory_tight", pa.bool_(), "",
+           "memory_headroom_GiB below the memory margin (a fraction of the GPU's capacity, --memory-margin; "
+           "default 0.05 for the tables' 'tight' mark)"),
+)
+DERIVED_NAMES = tuple(c.name for c in DERIVED_COLUMNS)
+
+
 # Short headers of the printed tables (the Parquet files keep the full names); accepted wherever
 # a column is named on the command line (resolve_column).
 SHORT_NAMES = {
@@ -160,6 +172,7 @@ SHORT_NAMES = {
     "memory_per_gpu_GiB": "mem_GiB", "iteration_time_s": "iter_s", "num_gpus": "gpus",
     "recompute": "recomp", "num_layers": "layers", "hidden_size": "hidden",
     "model_tflops_per_gpu": "TFLOPs/gpu", "measured_iteration_time_s": "measured_s",
+    "memory_headroom_GiB": "free_GiB",
 }
 _FULL_NAMES = {short: full for full, short in SHORT_NAMES.items()}
 
