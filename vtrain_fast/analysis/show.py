@@ -413,8 +413,7 @@ def plot_timeline(detail: PlanDetail, path) -> None:
         for stage, start, end, mbatch, chunk in sub.select("stage", "start_s", "end_s", "micro_batch",
                                                            "chunk").iter_rows():
             ax.broken_barh([(start, end - start)], (p - 1 - stage - 0.4, 0.8), facecolors=COLOURS[kind],
-                           edgecolor="white" if kind in ("forward", "backward", "recompute") else "none",
-                           linewidth=0.3)
+                           edgecolor="white" if (end - start) > span / 300 else "none", linewidth=0.4)
             if mbatch >= 0 and kind in ("forward", "backward") and (end - start) > span / 120:
                 ax.text((start + end) / 2, p - 1 - stage, str(mbatch), ha="center", va="center", fontsize=6,
                         color="white")
@@ -424,12 +423,11 @@ def plot_timeline(detail: PlanDetail, path) -> None:
     ax.set_ylim(-0.6, p - 0.4)
     ax.set_xlabel("time in the iteration (s)")
     kinds = [kd for kd in EVENT_KINDS if (ev["kind"] == kd).any()]
-    ax.legend(handles=[Patch(color=COLOURS[kd], label=kd.replace("_", " ")) for kd in kinds]
-              + [Patch(facecolor="white", edgecolor="grey", label="idle (bubble)")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.45 if p < 4 else -0.12 - 0.6 / p), ncol=len(kinds) + 1,
-              fontsize=8, frameon=False)
+    fig.legend(handles=[Patch(color=COLOURS[kd], label=kd.replace("_", " ")) for kd in kinds]
+               + [Patch(facecolor="white", edgecolor="grey", label="idle (bubble)")],
+               loc="lower center", ncol=len(kinds) + 1, fontsize=8, frameon=False)
     ax.set_title(f"{detail.title()}\niteration {detail.time_s['iteration_time_s']:.3f} s (model), "
                  f"{detail.makespan_s:.3f} s (simulated timeline)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.tight_layout(rect=(0, 0.08 if p > 2 else 0.15, 1, 1))
+    fig.savefig(path, dpi=130, format="png")
     plt.close(fig)
