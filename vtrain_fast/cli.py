@@ -603,6 +603,87 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
 
 @app.command()
 @_user_errors
+def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .parquet table of plans "
+                                                "(evaluate's columns)"),
+         where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat; a results "
+                                                               "folder), e.g. 'num_gpus==1024', 'tp==8'"),
+         row: Optional[int] = typer.Option(None, "--row", help="which of several plans, in order of cost_usd "
+                                                               "(0: the cheapest)"),
+         models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
+                                                                              "model column may name"),
+         timeline: Optional[Path] = typer.Option(None, "--timeline", help="write the timeline of one iteration "
+                                                                          "per pipeline stage here (.png)"),
+         output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the memory table (stages x "
+                                                                             "parts, GiB) here, .parquet or .csv"),
+         events: Optional[Path] = typer.Option(None, "--events", help="write the timeline's events here, "
+                                                                       ".parquet or .csv")):
+    """One plan part by part: the iteration time broken down, each pipeline stage's seconds per
+    micro-batch, memory per stage broken down, and (--timeline) one iteration's schedule per stage."""
+    from rich.table import Table
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.export import read_plan
+    from .analysis.show import MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
+    from .io.errors import InputError, check_output_file, write_atomically
+    from .plan.spec import load_models
+    for path in (output, events):
+        if path is not None:
+            check_table_path(path)
+    if timeline is not None:
+        if timeline.suffix.lower() != ".png":
+            raise InputError(str(timeline), "--timeline", timeline.name, "a .png file name",
+                             "name the timeline file with .png")
+        check_output_file(timeline)
+    own_models = load_models(models) if models else None
+    chosen, _ = read_plan(plan, where, row, own_models)
+    detail = show_plan(chosen)
+    console.print(f"[bold]{escape(detail.title())}[/]")
+    tt = Table(title="iteration time (s)")
+    tt.add_column("part")
+    tt.add_column("seconds", justify="right")
+    tt.add_column("share", justify="right")
+    it = detail.time_s["iteration_time_s"]
+    for name in TIME_PARTS:
+        if detail.time_s[name] != 0.0:
+            tt.add_row(name, f"{detail.time_s[name]:.4f}", f"{detail.time_s[name] / it:.1%}")
+    tt.add_row("[bold]iteration_time_s[/]", f"[bold]{it:.4f}[/]", "100%")
+    console.print(tt)
+    st = Table(title="per micro-batch and stage (s; forward, recompute, backward split in one layer's proportion)")
+    for c in ("stage", "layers", "micro_batch_s", "forward_s", "recompute_s", "backward_s", "send_s", "in_flight"):
+        st.add_column(c, justify="right")
+    for r in detail.stages.iter_rows(named=True):
+        st.add_row(str(r["stage"]), str(r["layers"]), *(f"{r[c]:.4f}" for c in ("micro_batch_s", "forward_s",
+                   "recompute_s", "backward_s", "send_s")), f"{r['in_flight']:g}")
+    console.print(st)
+    mt = Table(title="memory per GPU by pipeline stage (GiB)")
+    mt.add_column("stage", justify="right")
+    shown = [c for c in MEMORY_PARTS if detail.memory[c].abs().max() > 0.0]
+    for c in shown + ["total_GiB"]:
+        mt.add_column(c.removesuffix("_GiB"), justify="right")
+    fullest = int(detail.memory["total_GiB"].arg_max())
+    for r in detail.memory.iter_rows(named=True):
+        cells = [f"{r[c]:.2f}" for c in shown + ["total_GiB"]]
+        if r["stage"] == fullest:
+            cells[-1] = f"[bold]{cells[-1]}[/]"
+        mt.add_row(str(r["stage"]), *cells)
+    console.print(mt)
+    console.print(f"pipeline: {detail.pipeline_s:.4f} s in the model ((m - 1) x slowest + sum of stages, fill "
+                  f"and drain / vpp), {detail.simulated_pipeline_s:.4f} s in the event timeline; memory_per_gpu_GiB "
+                  f"{detail.kernel['memory_per_gpu_GiB']:.2f} (stage {fullest})", highlight=False)
+    if output is not None:
+        write_table_atomic(detail.memory, output)
+        err.print(f"wrote {output}: the memory table, {detail.memory.height} stages x {len(MEMORY_PARTS)} parts (GiB)",
+                  markup=False, highlight=False)
+    if events is not None:
+        write_table_atomic(detail.events, events)
+        err.print(f"wrote {events}: {detail.events.height:,} timeline events", markup=False,
+                  highlight=False)
+    if timeline is not None:
+        write_atomically(timeline, lambda tmp: plot_timeline(detail, tmp), "timeline")
+        err.print(f"wrote {timeline}: the timeline of one iteration", markup=False, highlight=False)
+
+
+@app.command()
+@_user_errors
 def optimal(budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="budget in US dollars "
                                                        "(priced at the GPU preset's usd_per_gpu_hour)"),
             gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="budget in GPU-hours"),

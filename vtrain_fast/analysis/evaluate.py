@@ -264,7 +264,7 @@ def check_column_names(columns, where: str) -> None:
 
 
 def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict | None = None,
-                   gpus: dict | None = None, models: dict | None = None) -> pl.DataFrame:
+                   gpus: dict | None = None, models: dict | None = None, kernel_inputs: bool = False):
     """Evaluate every row of ``df`` (columns as in the ``evaluate`` command).
 
     Parameters
@@ -282,6 +282,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     models : dict, optional
         Model name -> ModelShape the ``model`` column may name (default: the presets;
         ``--models``: :func:`vtrain_fast.plan.spec.load_models`).
+    kernel_inputs : bool
+        Return the checked kernel inputs instead of evaluating them: ``(cols, tokens, hw_rows)``,
+        as :func:`~vtrain_fast.model.sweep.evaluate_rows` takes them (:mod:`vtrain_fast.analysis.show`
+        prices one plan part by part from them).
 
     Returns
     -------
@@ -414,6 +418,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                recompute=np.array([RECOMPUTE_VALUES.index(r) for r in recompute], dtype=np.int64))
     cols = np.stack([row[k] for k in ROW_FIELDS])
     cols = np.ascontiguousarray(cols, dtype=np.int64)
+    if kernel_inputs:
+        return cols, np.ascontiguousarray(tokens), hw_rows
     out = np.empty((NUM_OUTPUTS, n), dtype=np.float64)
     status = np.empty(n, dtype=np.int8)
     evaluate_rows(cols, np.ascontiguousarray(tokens), hw_rows, out, status)

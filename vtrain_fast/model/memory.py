@@ -66,9 +66,18 @@ def model_state_bytes(params, d, stage):
     from stage 1 on). Rajbhandari et al. 2020, "ZeRO", Figure 1 and Sec. 5: ``(2 + 2 + K)``,
     ``2 + 2 + K/N_d``, ``2 + (2 + K)/N_d`` and ``(2 + 2 + K)/N_d`` bytes per parameter with
     ``K = 12`` (7.5B parameters over 64 ranks: 120, 31.4, 16.6 and 1.88 GB)."""
+    w, g, o = state_bytes_per_param(d, stage)
+    return params * (w + g + o)
+
+
+@jit
+def state_bytes_per_param(d, stage):
+    """:func:`model_state_bytes` per parameter by part: ``(weight, gradient, optimizer)`` bytes one
+    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (fp16 weight, fp16 gradient, fp32
+    master weight with Adam's two moments)."""
     w = WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
     g = GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
-    return params * (w + g + OPTIMIZER_BYTES_PER_PARAM / optimizer_shards(d, stage))
+    return w, g, OPTIMIZER_BYTES_PER_PARAM / optimizer_shards(d, stage)
 
 
 @jit

@@ -164,6 +164,18 @@ NUM_SPLIT = len(SPLIT_NAMES)
  S_REPLICA, S_BF16_FIRST, S_BF16_SECOND, S_BF16_LAST, S_BF16_MID_SUM, S_BF16_MID_MAX,
  S_BF16_MID_MIN, S_E_FIRST, S_E_MID, S_E_LAST, S_EDZ, S_MOE_FIRST, S_MOE_SECOND, S_MOE_LAST, S_MOE_MID_SUM,
  S_MOE_MID_MAX) = range(NUM_SPLIT)
+# Per-stage per-micro-batch costs (:func:`stage_costs`), fixed by the configuration: indices into the tuple.
+STAGE_COST_NAMES = ("first_compute_s", "middle_compute_s", "last_compute_s", "embedding_compute_s", "head_compute_s",
+                    "first_tp_s", "middle_tp_s", "last_tp_s", "embedding_tp_s", "head_tp_s",
+                    "first_dp_s", "middle_dp_s", "last_dp_s", "embedding_dp_s", "head_dp_s",
+                    "first_cp_s", "middle_cp_s", "last_cp_s", "first_ep_s", "last_ep_s",
+                    "bf16_layer_compute_s", "bf16_layer_tp_s", "moe_layer_compute_s", "moe_layer_ep_s",
+                    "moe_layer_tp_s", "pp_s", "dp_window_s")
+NUM_STAGE_COSTS = len(STAGE_COST_NAMES)
+(C_FIRST_COMPUTE, C_MID_COMPUTE, C_LAST_COMPUTE, C_EMB_COMPUTE, C_HEAD_COMPUTE, C_FIRST_TP, C_MID_TP, C_LAST_TP,
+ C_EMB_TP, C_HEAD_TP, C_FIRST_DP, C_MID_DP, C_LAST_DP, C_EMB_DP, C_HEAD_DP, C_FIRST_CP, C_MID_CP, C_LAST_CP,
+ C_FIRST_EP, C_LAST_EP, C_BF16_COMPUTE, C_BF16_TP, C_MOE_COMPUTE, C_MOE_EP, C_MOE_TP, C_PP,
+ C_DP_WINDOW) = range(NUM_STAGE_COSTS)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -271,39 +283,50 @@ def bf16_layers_of(lo, hi, L, hw):
 
 
 @jit
-def device_layer_counts(L, p, hw, moe, step_, first_dense):
-    """Layers of a kind per pipeline device: kept in bf16 under FP8 (:func:`bf16_layers_of`), or
-    with ``moe`` true MoE layers (:func:`moe_layers_of` with ``step_``, ``first_dense``):
-    ``(first, second, last, middle_sum, middle_max, middle_min)``, the middle ones over devices ``1 .. p - 2``
-    (all 0.0 in bf16 or with both counts 0). Device ``i`` holds, in interleaved 1F1B, chunk ``c``
-    of every row of ``p`` chunks (virtual stage ``c p + i``; Megatron-core), each ``1 / vpp`` of
-    its stage's layers (:func:`stage_layers`; with the embedding / loss counted as layers one fewer
-    in the first / last chunk, :func:`chunks_split`), so the global layers of each device follow
-    from walking the virtual stages in order."""
+def device_layer_count(i, L, p, hw, moe, step_, first_dense):
+    """Layers of a kind on pipeline device ``i`` (0 .. ``p - 1``): kept in bf16 under FP8
+    (:func:`bf16_layers_of`), or with ``moe`` true MoE layers (:func:`moe_layers_of` with ``step_``,
+    ``first_dense``). Device ``i`` holds, in interleaved 1F1B, chunk ``c`` of every row of ``p``
+    chunks (virtual stage ``c p + i``; Megatron-core), each ``1 / vpp`` of its stage's layers
+    (:func:`stage_layers`; with the embedding / loss counted as layers one fewer in the first / last
+    chunk, :func:`chunks_split`), so the global layers of each device follow from walking the virtual
+    stages in order."""
     if p <= 1.0:
-        whole = layers_of(0.0, L, L, hw, moe, step_, first_dense)
-        return whole, 0.0, whole, 0.0, 0.0, 0.0
+        return layers_of(0.0, L, L, hw, moe, step_, first_dense)
     l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
     vs = virtual_stages(p, hw)
     e = 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
     lo = 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    n_dev = int(p)
+    n = l_first + e if i == 0 else (l_last + lo if i == n_dev - 1 else l_mid)
+    count = 0.0
+    for c in range(int(vs)):
+        size = n / vs
+        if i == 0 and c == 0:
+            size -= e
+        if i == n_dev - 1 and c == int(vs) - 1:
+            size -= lo
+        # layers before chunk c of device i: c full rows of (L + e + lo) / vs layer slots, then
+        # the earlier devices' chunks of this row (less the embedding slot of the first chunk)
+        row = c * (L + e + lo) / vs - (e if c > 0 else 0.0)
+        before = row + (0.0 if i == 0 else (l_first + e) / vs - (e if c == 0 else 0.0) + (i - 1) * l_mid / vs)
+        count += layers_of(before, before + size, L, hw, moe, step_, first_dense)
+    return count
+
+
+@jit
+def device_layer_counts(L, p, hw, moe, step_, first_dense):
+    """Layers of a kind per pipeline device (:func:`device_layer_count`): ``(first, second, last,
+    middle_sum, middle_max, middle_min)``, the middle ones over devices ``1 .. p - 2`` (all 0.0 in
+    bf16 or with both counts 0)."""
+    if p <= 1.0:
+        whole = layers_of(0.0, L, L, hw, moe, step_, first_dense)
+        return whole, 0.0, whole, 0.0, 0.0, 0.0
     first = second = last = mid_sum = mid_max = 0.0
     mid_min = L
     n_dev = int(p)
     for i in range(n_dev):
-        n = l_first + e if i == 0 else (l_last + lo if i == n_dev - 1 else l_mid)
-        count = 0.0
-        for c in range(int(vs)):
-            size = n / vs
-            if i == 0 and c == 0:
-                size -= e
-            if i == n_dev - 1 and c == int(vs) - 1:
-                size -= lo
-            # layers before chunk c of device i: c full rows of (L + e + lo) / vs layer slots, then
-            # the earlier devices' chunks of this row (less the embedding slot of the first chunk)
-            row = c * (L + e + lo) / vs - (e if c > 0 else 0.0)
-            before = row + (0.0 if i == 0 else (l_first + e) / vs - (e if c == 0 else 0.0) + (i - 1) * l_mid / vs)
-            count += layers_of(before, before + size, L, hw, moe, step_, first_dense)
+        count = device_layer_count(i, L, p, hw, moe, step_, first_dense)
         if i == 0:
             first = count
         elif i == n_dev - 1:
@@ -1142,41 +1165,39 @@ def moe_mlp_extra_flops_per_token(h, f, arch):
 
 
 @jit
-def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals, out, i):
-    """Compose the 1F1B schedule, memory and totals of one shape-valid configuration from its
-    per-micro-batch, per-split and per-model parts, write its outputs into column ``i`` of
-    ``out`` and return ``OK`` or ``OUT_OF_MEMORY`` (``REFUSED``, outputs NaN: an MoE model with
-    ``overlap_moe_expert_parallel_comm`` and full recomputation).
+def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
+    """Per-micro-batch seconds of each kind of pipeline stage (first, middle, last) by part, the parts
+    :func:`schedule` composes into its 1F1B schedule (and :mod:`vtrain_fast.analysis.show` into its
+    event timeline).
 
     Parameters
     ----------
-    L, h, s, v, B, b : float
-        num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size.
+    L, s, B, b : float
+        num_layers, seq_length, global_batch_size, micro_batch_size.
     lay : Layout
-        Parallel layout (:mod:`vtrain_fast.model.layout`).
+        Parallel layout.
     recompute : int
-        ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1, every layer's forward again before its
-        backward, only layer inputs kept) or ``RECOMPUTE_SELECTIVE`` (2, only the attention core
-        again, its softmax and dropout tensors not kept; Korthikanti et al. 2022, Sec. 5).
-    num_tokens : float
-        Tokens to train on.
+        As :func:`schedule`.
     hw : numpy.ndarray
         Machine vector.
-    mb, split, totals : tuple of float
-        :func:`micro_batch_costs`, :func:`split_costs` and :func:`model_totals` of this
-        configuration.
-    out : numpy.ndarray
-        ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`OUTPUT_NAMES`).
-    i : int
-        Column to write.
+    mb, split : tuple of float
+        :func:`micro_batch_costs` and :func:`split_costs` of this configuration.
+
+    Returns
+    -------
+    tuple of float
+        ``NUM_STAGE_COSTS`` values laid out as :data:`STAGE_COST_NAMES`, seconds per micro-batch:
+        the compute (forward, recomputed forward, backward, gradient accumulation, FP8 casts) of the
+        first / middle / last stage's layers and of the embedding and head, their exposed TP, sharded
+        DP (ZeRO-2/3), CP and EP exchanges, what one bf16 layer (under FP8) and one MoE layer add to a
+        middle stage, the pipeline sends and receives of one micro-batch (all chunks), and the backward
+        window of the shortest stage that the data-parallel reduction hides under.
     """
-    status = OK
-    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
+    p, d = float(lay.pp), float(lay.dp)
     dz = float(dp_cp_size(lay))        # data-parallel x context-parallel ranks
     zero = memory.sharding_stage(hw)
     # the ranks a ZeRO shard spans: all of dz, or dp_shard with hybrid sharding
     dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
-    sl = s / float(lay.cp)             # tokens of a sequence on one rank (context parallelism)
     m = B / (d * b)
     # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
     l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
@@ -1184,11 +1205,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
     rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
     sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
-    if rc != 0.0 and ep_overlap_on(hw) and split[S_MOE_FIRST] + split[S_MOE_LAST] + split[S_MOE_MID_SUM] > 0.0:
-        fill_nan(out, i)                # Megatron-core: "disable full recomputation when enabling
-        return REFUSED                  # overlap_moe_expert_parallel_comm"
     core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
-    num_gpus = float(world_size(lay))
     fwd = mb[M_FWD]
     ar_act = mb[M_AR_ACT]
 
@@ -1307,6 +1324,89 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         mid_dp = first_dp
         last_dp = first_dp
 
+    return (first_compute, mid_compute, last_compute, emb_compute, head_compute,
+            first_tp, mid_tp, last_tp, emb_tp, head_tp,
+            first_dp, mid_dp, last_dp, emb_dp, head_dp,
+            first_cp, mid_cp, last_cp, first_ep, last_ep,
+            x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window)
+
+
+@jit
+def stage_micro_batch_s(sc, kind, n16, nm):
+    """Seconds one pipeline stage spends on one micro-batch (all its chunks, forward, recomputation
+    and backward, with their exposed TP, CP, EP, pipeline and sharded-DP exchanges), from
+    :func:`stage_costs` ``sc``: ``kind`` 0 the first stage (with the embedding), 2 the last (with the
+    head, final norm and loss), 1 a middle one, which adds ``n16`` layers kept in bf16 under FP8 and
+    ``nm`` MoE layers to a stage of dense FP8 (or bf16) layers (the first and the last carry theirs
+    already). The ``T_i`` of :func:`schedule`'s ``(m - 1) max_i T_i + sum_i T_i``."""
+    if kind == 0:
+        return (sc[C_FIRST_COMPUTE] + sc[C_EMB_COMPUTE] + sc[C_FIRST_TP] + sc[C_EMB_TP] + sc[C_PP] + sc[C_FIRST_DP]
+                + sc[C_EMB_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP])
+    if kind == 2:
+        return (sc[C_LAST_COMPUTE] + sc[C_HEAD_COMPUTE] + sc[C_LAST_TP] + sc[C_HEAD_TP] + sc[C_PP] + sc[C_LAST_DP]
+                + sc[C_HEAD_DP] + sc[C_LAST_CP] + sc[C_LAST_EP])
+    return (sc[C_MID_COMPUTE] + sc[C_MID_TP] + sc[C_PP] + sc[C_MID_DP] + sc[C_MID_CP]
+            + n16 * (sc[C_BF16_COMPUTE] + sc[C_BF16_TP]) + nm * (sc[C_MOE_COMPUTE] + sc[C_MOE_EP] + sc[C_MOE_TP]))
+
+
+@jit
+def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals, out, i):
+    """Compose the 1F1B schedule, memory and totals of one shape-valid configuration from its
+    per-micro-batch, per-split and per-model parts, write its outputs into column ``i`` of
+    ``out`` and return ``OK`` or ``OUT_OF_MEMORY`` (``REFUSED``, outputs NaN: an MoE model with
+    ``overlap_moe_expert_parallel_comm`` and full recomputation).
+
+    Parameters
+    ----------
+    L, h, s, v, B, b : float
+        num_layers, hidden_size, seq_length, vocab_size, global_batch_size, micro_batch_size.
+    lay : Layout
+        Parallel layout (:mod:`vtrain_fast.model.layout`).
+    recompute : int
+        ``RECOMPUTE_NONE`` (0), ``RECOMPUTE_FULL`` (1, every layer's forward again before its
+        backward, only layer inputs kept) or ``RECOMPUTE_SELECTIVE`` (2, only the attention core
+        again, its softmax and dropout tensors not kept; Korthikanti et al. 2022, Sec. 5).
+    num_tokens : float
+        Tokens to train on.
+    hw : numpy.ndarray
+        Machine vector.
+    mb, split, totals : tuple of float
+        :func:`micro_batch_costs`, :func:`split_costs` and :func:`model_totals` of this
+        configuration.
+    out : numpy.ndarray
+        ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`OUTPUT_NAMES`).
+    i : int
+        Column to write.
+    """
+    status = OK
+    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
+    dz = float(dp_cp_size(lay))        # data-parallel x context-parallel ranks
+    zero = memory.sharding_stage(hw)
+    # the ranks a ZeRO shard spans: all of dz, or dp_shard with hybrid sharding
+    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
+    sl = s / float(lay.cp)             # tokens of a sequence on one rank (context parallelism)
+    m = B / (d * b)
+    # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
+    l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
+    l_min = min(l_first, l_mid, l_last)
+    vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
+    rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
+    sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
+    if rc != 0.0 and ep_overlap_on(hw) and split[S_MOE_FIRST] + split[S_MOE_LAST] + split[S_MOE_MID_SUM] > 0.0:
+        fill_nan(out, i)                # Megatron-core: "disable full recomputation when enabling
+        return REFUSED                  # overlap_moe_expert_parallel_comm"
+    num_gpus = float(world_size(lay))
+    fwd = mb[M_FWD]
+    sc = stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
+    (first_compute, mid_compute, last_compute, emb_compute, head_compute,
+     first_tp, mid_tp, last_tp, emb_tp, head_tp,
+     first_dp, mid_dp, last_dp, emb_dp, head_dp,
+     first_cp, mid_cp, last_cp, first_ep, last_ep,
+     x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window) = sc
+    regather = zero >= 3.0 and dz > 1.0
+    n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
+    nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
+
     # ---- schedule
     if p == 1.0:
         c_slow = first_compute + emb_compute + head_compute
@@ -1317,9 +1417,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         pp_slow = 0.0
         bubble = 0.0
     else:
-        t_first = first_compute + emb_compute + first_tp + emb_tp + pp_mb + first_dp + emb_dp + first_cp + first_ep
-        t_last = last_compute + head_compute + last_tp + head_tp + pp_mb + last_dp + head_dp + last_cp + last_ep
-        t_mid = mid_compute + mid_tp + pp_mb + mid_dp + mid_cp
+        t_first = stage_micro_batch_s(sc, 0, 0.0, 0.0)
+        t_last = stage_micro_batch_s(sc, 2, 0.0, 0.0)
+        t_mid = stage_micro_batch_s(sc, 1, 0.0, 0.0)
         x16 = x16_compute + x16_tp
         xm = xm_compute + xm_ep + xm_tp
         total = t_first + t_last + (p - 2.0) * t_mid + split[S_BF16_MID_SUM] * x16 + split[S_MOE_MID_SUM] * xm

@@ -1,0 +1,433 @@
+"""One plan part by part: ``vtrain-fast show`` (issue 14).
+
+For one plan (a row of a results folder or an evaluate-style table, :func:`~vtrain_fast.analysis.export.read_plan`)
+:func:`show_plan` returns
+
+* the iteration time broken down (the kernel's output columns, :data:`TIME_PARTS`, which sum to
+  ``iteration_time_s``) and each pipeline stage's seconds per micro-batch
+  (:func:`vtrain_fast.model.step.stage_costs`, :func:`~vtrain_fast.model.step.stage_micro_batch_s`);
+* memory per pipeline stage, every stage ``0 .. pp - 1`` from its own layer counts (dense, bf16 under
+  FP8, MoE: :func:`~vtrain_fast.model.step.device_layer_count`) and its own micro-batches in flight,
+  by part (:data:`MEMORY_PARTS`), with the kernel's formulas
+  (:mod:`vtrain_fast.model.memory`); the fullest stage's sum is the kernel's ``memory_per_gpu_GiB``
+  (the kernel evaluates the first, the second and the last stage; tests/test_show.py checks they agree);
+* a timeline of one iteration (:func:`simulate_pipeline`): per stage, the events of Megatron-core's
+  1F1B (``vpp`` 1) or interleaved 1F1B schedule (``get_pp_rank_microbatches``: warm-up
+  ``p - rank - 1`` forwards, or ``(p - rank - 1) 2 + (vpp - 1) p`` chunk forwards interleaved; then one
+  forward one backward; then the cool-down's backwards), each forward chunk and backward chunk followed
+  by its pipeline send, then after the flush the exposed data-parallel gradient reduction, the
+  optimizer step and the per-iteration host overhead, as vTrain draws its simulated timeline
+  (Bang et al. 2024, "vTrain", Fig. 7).
+
+What is exact and what approximate. The stage seconds per micro-batch are the kernel's. The kernel
+prices the pipeline as ``m max_i T_i + (sum_i T_i - max_i T_i) / vpp`` (Narayanan et al. 2021,
+Sec. 2.2); the event simulation reproduces it exactly for equal stages (``(m + p - 1) T``, and
+``(m vpp + p - 1) T / vpp`` interleaved) and differs where stages differ (the first carries the
+embedding, the last the LM head and loss, uneven splits): there the forward and backward waves wait
+on different stages than the formula's slowest one; tests/test_show.py bounds the difference. A
+stage's seconds are split into forward, recomputation and backward in the proportion of one layer's
+forward, recomputed forward (full: the forward; selective: the attention core) and backward; its TP,
+CP, EP, sharded-DP exchanges, gradient accumulation and FP8 casts are spread in the same proportion
+(the kernel adds them per micro-batch, not per direction). Every chunk's forward and backward is
+followed by one pipeline exchange of ``pp_s / (2 vpp)`` that blocks the stage (the kernel charges
+every stage one exchange per chunk and direction, ``overlap_p2p_comm`` already netted out), and the
+next stage's chunk waits for its end. The exposed data-parallel reduction (less what ZeRO-2/3 already
+put into the micro-batches) starts when the last stage finishes, on every stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from ..io.errors import InputError
+from ..model import memory, ops
+from ..model import step as k
+from ..model.arch import Arch
+from ..model.layout import Layout, dp_cp_size
+from ..model.params import (H_RESERVED_BYTES, NUM_OUTPUTS, OUTPUT_NAMES, R_ARCH, R_CP, R_DP, R_FFN, R_GBS,
+                            R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS, R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
+
+GiB = 1024.0 ** 3
+# The output columns that sum to iteration_time_s (model.step.schedule).
+TIME_PARTS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s", "ep_comm_s", "bubble_s",
+              "optimizer_s", "overhead_s")
+# Memory per stage, bytes reported in GiB: fp16 weights, fp16 gradients, fp32 optimizer states (master
+# weight, Adam moments; over the shard ranks from ZeRO-1 on), TE's FP8 weight copies, the parameters
+# ZeRO-3 holds gathered, the layers' stored activations (micro-batches in flight x layers x bytes), the
+# extras (the embedding output on the first stage, the last stage's logits and loss inputs, the layer a
+# selective recomputation rebuilds, bf16 / MoE layers beyond a dense FP8 one), the reserved memory.
+MEMORY_PARTS = ("weights_GiB", "gradients_GiB", "optimizer_GiB", "fp8_weights_GiB", "gathered_GiB",
+                "activations_GiB", "activation_extras_GiB", "reserved_GiB")
+EVENT_KINDS = ("forward", "recompute", "backward", "send", "dp_reduce", "optimizer", "overhead")
+
+
+@dataclass
+class PlanDetail:
+    """One plan part by part (:func:`show_plan`).
+
+    Attributes
+    ----------
+    plan : dict
+        The plan's columns.
+    time_s : dict
+        :data:`TIME_PARTS` -> seconds per iteration, and ``iteration_time_s`` (the kernel's).
+    stages : polars.DataFrame
+        One row per pipeline stage: ``stage``, ``layers``, ``bf16_layers``, ``moe_layers``,
+        ``micro_batch_s`` (the kernel's ``T_i``), ``forward_s``, ``recompute_s``, ``backward_s``,
+        ``send_s`` (per micro-batch, all chunks), ``in_flight`` (micro-batches, or chunks / vpp, whose
+        activations it holds).
+    memory : polars.DataFrame
+        One row per pipeline stage: ``stage``, :data:`MEMORY_PARTS`, ``total_GiB``.
+    events : polars.DataFrame
+        ``stage``, ``start_s``, ``end_s``, ``kind`` (:data:`EVENT_KINDS`), ``micro_batch``, ``chunk``
+        (-1 where none) of one iteration.
+    pipeline_s : float
+        The kernel's pipeline part, ``m max T_i + (sum T_i - max T_i) / vpp`` (seconds).
+    simulated_pipeline_s : float
+        The event simulation's flush time (seconds).
+    kernel : dict
+        Every output column as the kernel computes it from the plan's inputs.
+    """
+
+    plan: dict
+    time_s: dict
+    stages: pl.DataFrame
+    memory: pl.DataFrame
+    events: pl.DataFrame
+    pipeline_s: float
+    simulated_pipeline_s: float
+    kernel: dict = field(default_factory=dict)
+
+    @property
+    def makespan_s(self) -> float:
+        """End of the simulated iteration (seconds)."""
+        return float(self.events["end_s"].max())
+
+    def title(self) -> str:
+        """The plan in one line: model, GPU, tp/pp/dp/vpp, micro-batch size, recomputation."""
+        p = self.plan
+        parts = [str(p.get("model") or f"{p.get('num_layers')}L h{p.get('hidden_size')}"), str(p.get("gpu", ""))]
+        sizes = [f"tp {p.get('tp')}", f"pp {p.get('pp')}", f"dp {p.get('dp')}"]
+        for name in ("cp", "ep", "vpp"):
+            if (p.get(name) or 1) > 1:
+                sizes.append(f"{name} {p.get(name)}")
+        parts.append(" ".join(sizes))
+        parts.append(f"mbs {p.get('micro_batch_size')} gbs {p.get('global_batch_size')}")
+        parts.append(f"recompute {p.get('recompute', 'none')}")
+        return ", ".join(parts)
+
+
+def kernel_inputs(plan: dict, gpus: dict | None = None):
+    """The kernel inputs of one plan (its input columns, checked as ``evaluate`` checks them):
+    ``(sizes, lay, recompute, tokens, hw, arch)`` with ``sizes`` the floats ``L, h, a, g, f, v, s, B, b``."""
+    from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS
+    from .evaluate import evaluate_frame
+    names = [c.name for c in INPUT_COLUMNS if c.name != "model"] + list(CLUSTER_COLUMNS)
+    row = {n: plan[n] for n in names if n in plan and plan[n] is not None}
+    cols, tokens, hw_rows = evaluate_frame(pl.DataFrame([row]), "plan", gpus=gpus, kernel_inputs=True)
+    c = cols[:, 0]
+    sizes = tuple(float(c[r]) for r in (R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GBS, R_MBS))
+    lay = Layout(int(c[R_TP]), int(c[R_CP]), int(c[R_DP]), int(c[R_PP]))
+    n_arch = R_GBS - R_ARCH            # the model columns after the sizes: the Arch record's
+    arch = Arch(*(float(c[R_ARCH + j]) for j in range(n_arch)))
+    return sizes, lay, int(c[R_RECOMPUTE]), float(tokens[0]), hw_rows[0].copy(), arch
+
+
+def simulate_pipeline(forward_s, backward_s, send_s, m: int, vpp: int = 1, recompute_s=None):
+    """Event simulation of one flush of Megatron-core's 1F1B (``vpp`` 1) or interleaved 1F1B schedule.
+
+    Parameters
+    ----------
+    forward_s, backward_s : sequence of float
+        Seconds of one micro-batch's forward and backward on each of the ``p`` stages (all its chunks).
+    send_s : sequence of float
+        Seconds of one pipeline exchange (one chunk, one direction) on each stage; it follows the
+        chunk's compute on that stage and blocks it.
+    m : int
+        Micro-batches (divisible by ``p`` when ``vpp > 1``, as Megatron-core requires).
+    vpp : int
+        Model chunks per stage.
+    recompute_s : sequence of float, optional
+        Seconds of one micro-batch's recomputed forward on each stage, run before its backward.
+
+    Returns
+    -------
+    list of tuple
+        ``(stage, start_s, end_s, kind, micro_batch, chunk)``, in order of start per stage.
+
+    Notes
+    -----
+    Rank ``r`` runs its operations in Megatron-core's order (``schedules.py``,
+    ``forward_backward_pipelining_without_interleaving`` / ``..._with_interleaving``): ``w`` warm-up
+    forwards (``p - r - 1``; interleaved ``(p - r - 1) 2 + (vpp - 1) p``, at most ``m vpp``), then a
+    forward and a backward in turn, then the remaining backwards. Interleaved, forward ``k`` of a rank is
+    chunk ``(k // p) % vpp`` of micro-batch ``(k // (p vpp)) p + k % p``, backward ``k`` the same with the
+    chunks in reverse order. An operation starts when its rank is free and its input is there: the
+    forward of virtual stage ``c p + r`` after the forward (and send) of virtual stage ``c p + r - 1``, a
+    backward after the backward (and send) of the next virtual stage, the last virtual stage's after its
+    own forward.
+    """
+    p = len(forward_s)
+    vs = int(vpp)
+    rec = recompute_s if recompute_s is not None else [0.0] * p
+    total = m * vs
+
+    def fwd_id(kk):
+        if vs == 1:
+            return kk, 0
+        return (kk // (p * vs)) * p + kk % p, (kk // p) % vs
+
+    def bwd_id(kk):
+        if vs == 1:
+            return kk, 0
+        return (kk // (p * vs)) * p + kk % p, vs - 1 - (kk // p) % vs
+
+    orders = []
+    for r in range(p):
+        w = min(p - r - 1 if vs == 1 else (p - r - 1) * 2 + (vs - 1) * p, total)
+        ops_r = [("F", *fwd_id(kk)) for kk in range(w)]
+        for kk in range(total - w):
+            ops_r.append(("F", *fwd_id(w + kk)))
+            ops_r.append(("B", *bwd_id(kk)))
+        ops_r += [("B", *bwd_id(kk)) for kk in range(total - w, total)]
+        orders.append(ops_r)
+    done: dict = {}                      # (direction, virtual stage, micro-batch) -> end (after its send)
+    free = [0.0] * p
+    ptr = [0] * p
+    events = []
+    last_v = p * vs - 1
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            while ptr[r] < len(orders[r]):
+                kind, j, c = orders[r][ptr[r]]
+                v = c * p + r
+                if kind == "F":
+                    dep = ("F", v - 1, j) if v > 0 else None
+                else:
+                    dep = ("B", v + 1, j) if v < last_v else ("F", v, j)
+                if dep is not None and dep not in done:
+                    break
+                t0 = max(free[r], done[dep] if dep is not None else 0.0)
+                if kind == "F":
+                    t1 = t0 + forward_s[r] / vs
+                    events.append((r, t0, t1, "forward", j, c))
+                else:
+                    t1 = t0
+                    if rec[r] > 0.0:
+                        t1 = t0 + rec[r] / vs
+                        events.append((r, t0, t1, "recompute", j, c))
+                    t0, t1 = t1, t1 + backward_s[r] / vs
+                    events.append((r, t0, t1, "backward", j, c))
+                if send_s[r] > 0.0:
+                    events.append((r, t1, t1 + send_s[r], "send", j, c))
+                    t1 += send_s[r]
+                done[(kind, v, j)] = t1
+                free[r] = t1
+                ptr[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked")   # not reached for Megatron's orders
+    events.sort(key=lambda e: (e[0], e[1]))
+    return events
+
+
+def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
+    """One plan part by part: time breakdown, memory per stage, timeline (see the module docstring).
+
+    Parameters
+    ----------
+    plan : dict
+        The plan's columns (a row of :func:`~vtrain_fast.analysis.export.read_plan`, or of
+        :func:`~vtrain_fast.analysis.evaluate.evaluate_frame`'s output).
+    gpus : dict, optional
+        GPU name -> GPUPreset (default: the presets).
+
+    Returns
+    -------
+    PlanDetail
+
+    Raises
+    ------
+    InputError
+        A plan the kernel does not price (a shape error, a refused setting).
+    """
+    (L, h, a, g, f, v, s, B, b), lay, recompute, tokens, hw, arch = kernel_inputs(plan, gpus)
+    out = np.full((NUM_OUTPUTS, 1), np.nan)
+    status = k.step(int(L), int(h), int(a), int(g), int(f), int(v), int(s), int(B), int(b), lay, recompute,
+                    tokens, hw, out, 0, arch)
+    if status not in (k.OK, k.OUT_OF_MEMORY):
+        raise InputError("plan", "status", int(status), "a plan the model prices (status ok or out_of_memory)",
+                         "see `vtrain-fast evaluate` for the plan's status and fix it")
+    kernel = {name: float(out[j, 0]) for j, name in enumerate(OUTPUT_NAMES)}
+    t = float(lay.tp)
+    mb = k.micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch, float(lay.cp))
+    split = k.split_costs(L, h, a, g, f, v, s, lay, hw, arch)
+    sc = k.stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
+    p = int(lay.pp)
+    vs = int(k.virtual_stages(float(p), hw))
+    m = int(round(B / (lay.dp * b)))
+    moe = arch.num_experts >= 1.0
+    fp8_split = ops.fp8_on(hw)
+    n16 = [k.device_layer_count(i, L, float(p), hw, False, 1.0, 0.0) if fp8_split else 0.0 for i in range(p)]
+    nm = [k.device_layer_count(i, L, float(p), hw, True, arch.moe_layer_step, arch.moe_first_dense_layers)
+          if moe else 0.0 for i in range(p)]
+    l_first, l_mid, l_last = split[k.S_L_FIRST], split[k.S_L_MID], split[k.S_L_LAST]
+    layers = [l_first if i == 0 else (l_last if i == p - 1 else l_mid) for i in range(p)]
+    if p == 1:
+        layers = [L]
+    # per-stage seconds per micro-batch (the kernel's T_i)
+    if p == 1:
+        micro = [float(sc[k.C_FIRST_COMPUTE] + sc[k.C_EMB_COMPUTE] + sc[k.C_HEAD_COMPUTE] + sc[k.C_FIRST_TP]
+                       + sc[k.C_EMB_TP] + sc[k.C_HEAD_TP] + sc[k.C_FIRST_DP] + sc[k.C_EMB_DP] + sc[k.C_HEAD_DP]
+                       + sc[k.C_FIRST_CP] + sc[k.C_FIRST_EP])]
+    else:
+        micro = [float(k.stage_micro_batch_s(sc, 0 if i == 0 else (2 if i == p - 1 else 1), n16[i], nm[i]))
+                 for i in range(p)]
+    pp_s = float(sc[k.C_PP])
+    t_max = max(micro)
+    pipeline_s = m * t_max + (sum(micro) - t_max) / vs
+    rc = 1.0 if recompute == k.RECOMPUTE_FULL else 0.0
+    sel = 1.0 if recompute == k.RECOMPUTE_SELECTIVE else 0.0
+    fwd, rec, bwd = mb[k.M_FWD], rc * mb[k.M_FWD] + sel * mb[k.M_CORE_FWD], mb[k.M_BWD]
+    share = np.array([fwd, rec, bwd]) / (fwd + rec + bwd)
+    work = [x - pp_s for x in micro]
+    stage_fwd = [w * share[0] for w in work]
+    stage_rec = [w * share[1] for w in work]
+    stage_bwd = [w * share[2] for w in work]
+    send = pp_s / (2.0 * vs) if p > 1 else 0.0
+    events = simulate_pipeline(stage_fwd, stage_bwd, [send] * p, m, vs, stage_rec)
+    flush = max(e[2] for e in events)
+    # after the flush: the exposed DP reduction outside the micro-batches, the optimizer, the host overhead
+    tail_dp = max(0.0, kernel["iteration_time_s"] - pipeline_s - kernel["optimizer_s"] - kernel["overhead_s"])
+    for r in range(p):
+        t0 = flush
+        for kind, dur in (("dp_reduce", tail_dp), ("optimizer", kernel["optimizer_s"]),
+                          ("overhead", kernel["overhead_s"])):
+            if dur > 0.0:
+                events.append((r, t0, t0 + dur, kind, -1, -1))
+                t0 += dur
+    ev = pl.DataFrame(events, schema={"stage": pl.Int64, "start_s": pl.Float64, "end_s": pl.Float64,
+                                      "kind": pl.String, "micro_batch": pl.Int64, "chunk": pl.Int64}, orient="row")
+    mem, in_flight = stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, layers, n16, nm, vs)
+    stages = pl.DataFrame({"stage": list(range(p)), "layers": [int(x) for x in layers],
+                           "bf16_layers": [int(x) for x in n16], "moe_layers": [int(x) for x in nm],
+                           "micro_batch_s": micro, "forward_s": stage_fwd, "recompute_s": stage_rec,
+                           "backward_s": stage_bwd, "send_s": [2.0 * vs * send] * p, "in_flight": in_flight})
+    time_s = {name: kernel[name] for name in TIME_PARTS}
+    time_s["iteration_time_s"] = kernel["iteration_time_s"]
+    return PlanDetail(dict(plan), time_s, stages, mem, ev, pipeline_s, flush, kernel)
+
+
+def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, layers, n16, nm, vs):
+    """Memory of every pipeline stage by part (:data:`MEMORY_PARTS`) and its micro-batches in flight.
+
+    The kernel's (:func:`vtrain_fast.model.step.schedule`) memory, stage ``i`` of ``p`` from its own
+    counts: ``min(p - i, m)`` micro-batches in flight in 1F1B, ``min(m vpp, 2 (p - 1 - i) + (vpp - 1) p + 1)``
+    chunks of ``1 / vpp`` of its layers interleaved; the first stage also keeps the embedding's output per
+    micro-batch, the last two hidden-state copies and the logits (``6 s b v / t`` bytes); parameters from
+    :func:`~vtrain_fast.model.step.split_costs` (the first with the embedding, the last with the head), a
+    middle stage's from its own MoE layers (:func:`~vtrain_fast.model.memory.moe_layer_params_per_rank`).
+
+    Returns
+    -------
+    (polars.DataFrame, list of float)
+    """
+    p = int(lay.pp)
+    t = float(lay.tp)
+    zero = memory.sharding_stage(hw)
+    dz = float(dp_cp_size(lay))
+    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
+    regather = zero >= 3.0 and dz > 1.0
+    rc = 1.0 if recompute == k.RECOMPUTE_FULL else 0.0
+    sel = 1.0 if recompute == k.RECOMPUTE_SELECTIVE else 0.0
+    sl = s / float(lay.cp)
+    hs = h / ops.sequence_split(t, hw)
+    rebuilt = sel * mb[k.M_CORE_ACT]
+    full = mb[k.M_ACT_LAYER] - rebuilt
+    edz = split[k.S_EDZ]
+    w_d, g_d, o_d = memory.state_bytes_per_param(dz, zero)
+    w_e, g_e, o_e = memory.state_bytes_per_param(edz, zero)
+    p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
+    p_moe = p_exp = 0.0
+    if arch.num_experts >= 1.0:
+        ep, etp = k.expert_sizes(t, hw)
+        p_moe, p_exp = memory.moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch)
+    rows, in_flight = [], []
+    for i in range(p):
+        if p == 1:
+            n_in, chunks = 1.0, 1.0
+        elif vs <= 1:
+            n_in = chunks = min(float(p - i), float(m))
+        else:
+            chunks = min(float(m * vs), 2.0 * (p - 1.0 - i) + (vs - 1.0) * p + 1.0)
+            n_in = chunks / vs
+        layer_act = memory.stage_activation_bytes_from_layer(layers[i] / (vs if p > 1 else 1), chunks, b, sl, hs,
+                                                            full, rc)
+        extras = rebuilt + memory.bf16_layers_extra_bytes(n16[i], n_in, mb[k.M_BF16_ACT], rc) \
+            + memory.bf16_layers_extra_bytes(nm[i], n_in, mb[k.M_MOE_ACT], rc)
+        if p == 1:
+            extras += sl * b * hs * 3.0 + mb[k.M_LOGITS]
+        elif i == 0:
+            extras += n_in * sl * b * hs
+        elif i == p - 1:
+            extras += 2.0 * sl * b * hs + mb[k.M_LOGITS]
+        if i == 0:
+            params, experts = split[k.S_P_FIRST], split[k.S_E_FIRST]
+        elif i == p - 1:
+            params, experts = split[k.S_P_LAST], split[k.S_E_LAST]
+        else:
+            params, experts = layers[i] * p_layer + nm[i] * (p_moe - p_layer), nm[i] * p_exp
+        fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers[i] - n16[i]) * mb[k.M_FP8_WEIGHTS]
+        parts = (params * w_d + experts * w_e, params * g_d + experts * g_e, params * o_d + experts * o_e,
+                 fp8, split[k.S_GATHERED], layer_act, extras, hw[H_RESERVED_BYTES])
+        rows.append([i] + [x / GiB for x in parts] + [sum(parts) / GiB])
+        in_flight.append(n_in)
+    df = pl.DataFrame(rows, schema=["stage", *MEMORY_PARTS, "total_GiB"], orient="row")
+    return df.with_columns(pl.col("stage").cast(pl.Int64)), in_flight
+
+
+COLOURS = {"forward": "#4C72B0", "recompute": "#8172B3", "backward": "#55A868", "send": "#DD8452",
+           "dp_reduce": "#C44E52", "optimizer": "#937860", "overhead": "#8C8C8C"}
+
+
+def plot_timeline(detail: PlanDetail, path) -> None:
+    """Write the timeline of one iteration as a PNG: one row per pipeline stage (stage 0 on top),
+    coloured boxes by kind, micro-batch numbers where they fit, idle time white."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    ev = detail.events
+    p = int(ev["stage"].max()) + 1
+    span = detail.makespan_s
+    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * p))
+    for kind in EVENT_KINDS:
+        sub = ev.filter(pl.col("kind") == kind)
+        if sub.height == 0:
+            continue
+        for stage, start, end, mbatch, chunk in sub.select("stage", "start_s", "end_s", "micro_batch",
+                                                           "chunk").iter_rows():
+            ax.broken_barh([(start, end - start)], (p - 1 - stage - 0.4, 0.8), facecolors=COLOURS[kind],
+                           edgecolor="white" if (end - start) > span / 300 else "none", linewidth=0.4)
+            if mbatch >= 0 and kind in ("forward", "backward") and (end - start) > span / 120:
+                ax.text((start + end) / 2, p - 1 - stage, str(mbatch), ha="center", va="center", fontsize=6,
+                        color="white")
+    ax.set_yticks(range(p))
+    ax.set_yticklabels([f"stage {p - 1 - i}" for i in range(p)])
+    ax.set_xlim(0, span * 1.01)
+    ax.set_ylim(-0.6, p - 0.4)
+    ax.set_xlabel("time in the iteration (s)")
+    kinds = [kd for kd in EVENT_KINDS if (ev["kind"] == kd).any()]
+    fig.legend(handles=[Patch(color=COLOURS[kd], label=kd.replace("_", " ")) for kd in kinds]
+               + [Patch(facecolor="white", edgecolor="grey", label="idle (bubble)")],
+               loc="lower center", ncol=len(kinds) + 1, fontsize=8, frameon=False)
+    ax.set_title(f"{detail.title()}\niteration {detail.time_s['iteration_time_s']:.3f} s (model), "
+                 f"{detail.makespan_s:.3f} s (simulated timeline)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.08 if p > 2 else 0.15, 1, 1))
+    fig.savefig(path, dpi=130, format="png")
+    plt.close(fig)
