@@ -207,3 +207,33 @@ def test_every_bridge_override_is_a_megatron_bridge_key_and_the_plan_reads_back(
             assert pairs["model.moe_layer_freq"].startswith("[0,0,0,1")      # the list the pattern text is
     if row["gated_mlp"]:
         assert any("activation_func" in n for n in e.notes)
+
+
+def test_export_reads_the_tables_the_tool_writes_and_keeps_existing_files(tmp_path):
+    """A `pareto -o` / `evaluate -o` table (every output column) is priced again from its inputs; an
+    existing -o file is kept without --overwrite; a table without an ok plan says its statuses."""
+    runner = CliRunner()
+    plans = tmp_path / "plans.csv"
+    pl.DataFrame([{**BASE, **PLANS["mixtral"]}]).write_csv(plans)
+    priced = tmp_path / "priced.csv"
+    assert runner.invoke(app, ["evaluate", str(plans), "-o", str(priced)]).exit_code == 0
+    assert "status" in pl.read_csv(priced).columns
+    script = tmp_path / "run.sh"
+    res = runner.invoke(app, ["export", str(priced), "-o", str(script)])
+    assert res.exit_code == 0, res.output
+    assert "--expert-model-parallel-size 8" in script.read_text()
+    res = runner.invoke(app, ["export", str(priced), "-o", str(script)])
+    assert res.exit_code == 2 and "--overwrite" in res.output and "Traceback" not in res.output
+    assert runner.invoke(app, ["export", str(priced), "-o", str(script), "--overwrite"]).exit_code == 0
+    oom = tmp_path / "oom.csv"
+    pl.DataFrame([{**BASE, **PLANS["mixtral"], "seq_length": 32768}]).write_csv(oom)
+    res = runner.invoke(app, ["export", str(oom)])
+    assert res.exit_code == 2 and "out_of_memory 1" in " ".join(res.output.split())
+
+
+def test_a_plan_picked_among_several_jobs_says_so(tmp_path):
+    rows = [{**BASE, **PLANS["mixtral"], "num_tokens": n} for n in (1e11, 2e11)]
+    path = tmp_path / "two-jobs.csv"
+    pl.DataFrame(rows).write_csv(path)
+    e = export(path, "megatron", row=0)
+    assert any("2 num_tokens values" in n for n in e.notes)

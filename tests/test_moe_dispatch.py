@@ -211,3 +211,20 @@ def test_imbalance_needs_expert_parallelism_and_stops_at_every_token():
     assert step.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0, moe_expert_capacity_factor=0.5)) == 0.5
     one = [_moe_run(_hw(ep=1, use_flash_attn=1, moe_load_imbalance=x))[1] for x in (1.0, 3.0)]
     assert one[0] == one[1]
+
+
+def test_evaluate_refuses_true_false_in_a_number_column():
+    import polars as pl
+    from vtrain_fast.analysis.evaluate import evaluate_frame
+    row = dict(model="mixtral-8x7b", seq_length=4096, gpu="h100-sxm-80gb", tp=1, pp=1, dp=8, micro_batch_size=1,
+               global_batch_size=64, ep=8)
+    with pytest.raises(InputError, match="moe_expert_capacity_factor") as e:
+        evaluate_frame(pl.DataFrame([{**row, "moe_expert_capacity_factor": True}]), "rows.csv")
+    assert e.value.fix
+
+
+def test_a_dense_sweep_over_the_moe_settings_is_not_told_they_are_unvalidated():
+    from test_setting_axes import ONE_POINT_SPEC
+    from vtrain_fast.plan.spec import parse_spec, unvalidated_settings
+    dense = parse_spec(ONE_POINT_SPEC.format(training="moe_load_imbalance = [1.0, 1.5]"), "s.toml")
+    assert not any("MoE" in u for u in unvalidated_settings(dense))

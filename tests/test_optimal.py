@@ -215,3 +215,15 @@ def test_python_errors_are_input_errors():
         optimal(gpus=64, days=0.0)
     with pytest.raises(InputError):
         optimal(budget_usd=1e5, num_sizes=0)
+
+
+def test_fp8_keeps_the_naive_answer_at_the_bf16_peak_and_the_caveats_are_said():
+    """The naive answer is 100 % MFU, and MFU is against the bf16 peak (PaLM's convention) under
+    FP8 too: the same budget gives the same naive size; the search says what it has not validated."""
+    h100 = "h100-sxm-80gb"
+    bf16 = optimal(budget_usd=2e5, gpu=h100, **SMALL)
+    fp8 = optimal(budget_usd=2e5, gpu=h100, settings={"precision": "fp8"}, **SMALL)
+    assert fp8.naive["num_parameters"] == bf16.naive["num_parameters"]
+    assert any("bf16 peak" in n for n in fp8.notes) and not any("bf16 peak" in n for n in bf16.notes)
+    assert any("not validated against measurements" in n for n in bf16.notes)
+    assert any(f"{h100} has no calibration fitted" in n for n in bf16.notes)

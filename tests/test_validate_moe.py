@@ -153,3 +153,8 @@ def test_deepseek_v3_megatron_bridge_rows_take_the_recipes_pipeline_layout(runs,
     # the interleaved ones keep their per-chunk layout, which the kernels cannot state
     inter = rows.filter(pl.col("id") == "mbridge_2608_deepseekv3_gb200_256gpu_mxfp8")
     assert inter["status"][0] == "bad_layers"
+
+
+def test_plot_is_refused_for_the_moe_set(tmp_path):
+    res = CliRunner().invoke(app, ["validate", "--set", "moe", "--plot", str(tmp_path / "p.png")])
+    assert res.exit_code == 2 and "--plot" in res.output and not (tmp_path / "p.png").exists()

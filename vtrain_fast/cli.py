@@ -134,22 +134,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                       "set of rows across them, so one job's plans can crowd out the others'; for each job's plans use "
                       "--keep feasible (or all) and `vtrain-fast pareto --by " + " --by ".join(jobs) + "`, or "
                       "one spec per job", style="yellow", markup=False)
-    for g in {g.name: g for g in s.gpus}.values():
-        if not g.calibrated:
-            from .hardware.gpus import PRESETS
-            shipped = g.name in PRESETS and g.calibration == PRESETS[g.name].calibration
-            console.print(f"note: {g.name} has no calibration fitted to its own measurements ("
-                          + ("published GEMM efficiency, " if shipped else "efficiencies from its [gpus] table or "
-                             "its base preset, ")
-                          + "A100 software-stack timings such as 60 us host time per kernel): small "
-                          "micro-batches and large tp may come out host-bound and slow, large GEMM-bound plans "
-                          "optimistic; see README 'What the model does not cover'", style="yellow", markup=False)
-    unvalidated = unvalidated_settings(s)
-    if unvalidated:
-        console.print("note: not validated against measurements: " + ", ".join(unvalidated) + "; vTrain's A100 "
-                      "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
-                      "expect more optimism here; see README 'What the model does not cover'",
-                      style="yellow", markup=False)
+    from .plan.spec import spec_caveats
+    for note in spec_caveats(s):
+        console.print(f"note: {note}", style="yellow", markup=False)
     if kept.mode == "all" and (dry_run or not folder.exists()):
         # a new sweep is refused before any work (a shard writes its slice of the rows); a resumed or
         # overwritten one is checked by the run for the chunks still to do, once old files are gone
@@ -211,24 +198,6 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         pareto(folder, list(minimize or ["cost_usd", "train_days"]), by, 20, None, None, [], False, None)
 
 
-# Readable names of the training switches (spec.TRAINING_FLAGS) for notes; a switch without one
-# is named by its key.
-def unvalidated_settings(spec) -> list[str]:
-    """The settings of ``spec`` that vTrain's measurements (the validation set) do not cover:
-    every training switch that is on (none is used by those runs), interleaving, selective
-    recomputation and sequences longer than 2,048."""
-    from .model.settings import SETTINGS
-    out = [st.label for st in SETTINGS
-           if not st.validated and any(getattr(g, st.name) != st.default for g in spec.gpus)]
-    if "selective" in spec.recompute:
-        out.append("selective recomputation")
-    if any(cp > 1 for cp in spec.cp):
-        out.append("context parallelism (cp > 1)")
-    if any(m.seq_length > 2048 for m in spec.models):
-        out.append("seq_length > 2048")
-    return out
-
-
 # Output columns where a planner usually wants the largest values (``--keep top:K:-COL``).
 HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_gpu")
 
@@ -286,8 +255,8 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                                 params_billion=round(counts[m.name].total / 1e9, 2))
                            for m in MODEL_PRESETS.values()])
     print_frame(models, "Model presets (spec: \\[model] presets = ...; sources in vtrain_fast/data/models.toml; "
-                "experts: the MoE layout, priced except multi-head latent attention (MLA) and capacity "
-                "factors, issue 13; active_billion: parameters per token, the word embedding included)", console=console, keep=("model",))
+                "experts: the MoE layout (priced, multi-head latent attention included: README, Mixture of "
+                "experts); active_billion: parameters per token, the word embedding included)", console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
                               hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
                               intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
@@ -529,20 +498,16 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                                                          help="model file (repeat): \\[models.<name>] tables the "
                                                               "model column may name, e.g. written by import-hf")):
     """Evaluate explicit configurations from a CSV or Parquet file."""
-    from .analysis.evaluate import check_table_path, evaluate_frame, read_csv, write_table_atomic
+    from .analysis.evaluate import (check_table_path, evaluate_frame, read_csv, without_earlier_results,
+                                    write_table_atomic)
     from .analysis.report import print_frame
-    from .model.params import LATE_OUTPUTS
     from .model.step import OUTPUT_NAMES
     from .plan.spec import load_models
     check_table_path(output)
     own_models = load_models(models) if models else None      # a bad model file fails before the CSV is read
-    plans = read_csv(csv)
-    # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are
-    # recomputed; a few output names among the inputs stay an error (evaluate_frame)
-    old_outputs = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
-    # (the late outputs came with context and expert parallelism: older files lack only those)
-    if (set(OUTPUT_NAMES) - set(LATE_OUTPUTS)) | {"status"} <= set(plans.columns):
-        plans = plans.drop(old_outputs)
+    # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are recomputed
+    plans, old_outputs = without_earlier_results(read_csv(csv))
+    if old_outputs:
         console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'output column')}); they are "
                       "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
                       "calibration given here (--calibration: a sweep's calibration file is not in the file)",
@@ -578,15 +543,18 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
            output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the launch script here "
                                                                                "(default: print it)"),
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
-                                                                                "model column may name")):
+                                                                                "model column may name"),
+           overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write the launch arguments that run one plan: Megatron-LM's pretrain_gpt.py flags, named as
     Megatron-LM names them (checked against its parser's flags at the commit the script names), or
     Megatron-Bridge / NeMo 2 ConfigContainer overrides (--to bridge)."""
     from .analysis.export import export as export_plan
-    from .io.errors import check_output_file, write_atomically
+    from .io.errors import check_output_file, file_exists_error, write_atomically
     from .plan.spec import load_models
-    if output is not None:
+    if output is not None:            # before any work, as every command with -o
         check_output_file(output)
+        if not overwrite and os.path.lexists(output):
+            raise file_exists_error(output)
     own_models = load_models(models) if models else None
     result = export_plan(plan, to, where, row, own_models)
     text = result.text()
@@ -594,7 +562,8 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "launch script")
+    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "launch script",
+                     replace=overwrite)
     what = (f"{len([a for a in result.args if a.startswith('--')])} Megatron-LM flags" if to == "megatron"
             else f"{len(result.args)} Megatron-Bridge overrides")
     err.print(f"wrote {output}: {what}; add your data, tokenizer, optimizer and checkpoint settings",
@@ -762,6 +731,9 @@ def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
         raise InputError("command line", "--set", which, "one of " + ", ".join(VALIDATION_SETS))
     if plot:
         check_plot_path(plot)
+    if which == "moe" and plot:
+        raise InputError("command line", "--plot", str(plot), "--plot with --set vtrain or --set published",
+                         "leave --plot out: --set moe writes its per-row results (-o) but draws no plot yet")
     if which == "moe":
         _validate_moe(output or Path("results/validation_moe.parquet"), calibration)
         return

@@ -311,8 +311,9 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         for name, i in {n: i for i, n in reversed(list(enumerate(names)))}.items():   # each model's first row
             if name in models:
                 check_priced(where, f"column model, row {i + 2}", models[name],
-                             "leave its rows out; vtrain-fast presets lists its total and active parameters, and "
-                             "issue 13 prices mixture-of-experts models with standard attention, dropless")
+                             "leave its rows out; vtrain-fast presets lists its total and active parameters (the "
+                             "kernels take every k-th layer or dense first layers as MoE layers; a capacity factor "
+                             "is the column moe_expert_capacity_factor)")
     df = with_model_shapes(df, models)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
@@ -508,6 +509,19 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
             fill = preset.cast(kind) if kind.is_numeric() or kind in (pl.String, pl.Boolean) else preset
             df = df.with_columns(pl.when(pl.col(col).is_null()).then(fill).otherwise(pl.col(col)).alias(col))
     return df
+
+
+def without_earlier_results(plans: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """``plans`` without the output columns of earlier results, when it holds every one of them (a
+    file written by ``pareto -o``, ``evaluate -o`` or ``plan -o``: they are recomputed, not read),
+    and the columns dropped; else ``plans`` as it is (a few output names among the inputs stay an
+    error in :func:`evaluate_frame`). The outputs added last (``params.LATE_OUTPUTS``: context and
+    expert parallelism) may be missing from an older file."""
+    from ..model.params import LATE_OUTPUTS
+    if not (set(OUTPUT_NAMES) - set(LATE_OUTPUTS)) | {"status"} <= set(plans.columns):
+        return plans, []
+    old = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
+    return plans.drop(old), old
 
 
 def read_csv(path: str | Path) -> pl.DataFrame:

@@ -149,6 +149,8 @@ def megatron_args(row: dict, gpus_per_node: int) -> Export:
     notes = [f"vtrain-fast export: the plan as Megatron-LM (NVIDIA/Megatron-LM {MEGATRON_LM_COMMIT[:8]}) runs it; "
              "add your data, tokenizer, optimizer and checkpoint arguments",
              f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted"]
+    if row.get("_note"):
+        notes.append(row["_note"])
     mla = bool(g("multi_latent_attention"))
     if qg != a and not mla:
         a_ += ["--group-query-attention", "--num-query-groups", str(qg)]
@@ -242,9 +244,10 @@ def megatron_args(row: dict, gpus_per_node: int) -> Export:
     shard = int(g("dp_shard"))
     if shard and zero >= 1:
         a_ += [SETTINGS["dp_shard"].megatron, str(int(row["dp"]) * cp // shard)]
-    if bool(g("async_tensor_model_parallel_allreduce")):
-        notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core (its TP linears overlap the "
-                     "backward all-reduce always)")
+    if tp > 1 and not bool(g("sequence_parallel")):
+        notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core, whose TP linears always overlap "
+                     "the backward all-reduce; " + ("priced so" if bool(g("async_tensor_model_parallel_allreduce")) else
+                                                    "priced without it (exposed), so this run may be faster than priced"))
     nodes = int(row.get("num_nodes") or math.ceil(int(row["num_gpus"]) / gpus_per_node))
     launcher = f"torchrun --nnodes {nodes} --nproc-per-node {min(gpus_per_node, int(row['num_gpus']))}"
     return Export("megatron", tuple(a_), tuple(notes), launcher)
@@ -331,7 +334,7 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     """
     from ..hardware.gpus import PRESETS
     from ..io.writer import read_manifest
-    from .evaluate import evaluate_frame, read_csv
+    from .evaluate import evaluate_frame, read_csv, without_earlier_results
     from .query import feasible_plans, where_filter, with_cluster_columns
     path = Path(source)
     if path.is_dir():
@@ -339,8 +342,17 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
         df = feasible_plans(path, where=list(where)).collect()
         df = with_cluster_columns(df, read_manifest(path))
     elif path.suffix.lower() in (".csv", ".parquet", ".pq"):
-        df = evaluate_frame(read_csv(path), str(path), models=models)
-        df = df.filter(pl.col("status").is_in(["ok"]))
+        # a table of earlier results (pareto -o, evaluate -o, plan -o) is priced again from its inputs
+        plans, _ = without_earlier_results(read_csv(path))
+        plans = plans.drop([c for c in ("memory_headroom_GiB", "memory_tight", "choice", "reason", "extra_cost_usd",
+                                        "extra_cost_pct") if c in plans.columns])
+        priced = evaluate_frame(plans, str(path), models=models)
+        df = priced.filter(pl.col("status") == "ok")
+        if df.height == 0:
+            counts = ", ".join(f"{k} {v}" for k, v in priced["status"].value_counts().sort("status").rows())
+            raise InputError(str(path), "plans", priced.height, "at least one plan of status ok",
+                             f"its plans are {counts} (`vtrain-fast evaluate` shows why): change the plan "
+                             "(more GPUs, recomputation, ...)")
         if where:
             raise InputError(str(path), "--where", list(where), "--where with a results folder only",
                              "pick the row with --row K (0 = the cheapest ok row)")
@@ -349,7 +361,7 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
                          "run `vtrain-fast sweep` first, or write the plan's columns as for `vtrain-fast evaluate`")
     if df.height == 0:
         raise InputError(str(path), "plans", 0, "at least one feasible plan (status ok)",
-                         "relax --where, or fix the plan (see `vtrain-fast evaluate` for its status)")
+                         "relax --where" if where else "the folder has no feasible plan: sweep other plans")
     if "cost_usd" in df.columns:
         df = df.sort("cost_usd")
     if row is None and df.height > 1:
@@ -360,6 +372,10 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     if not 0 <= k < df.height:
         raise InputError(str(path), "--row", k, f"0 to {df.height - 1}", "pick a row that exists")
     plan = df.row(k, named=True)
+    jobs = [c for c in ("model", "num_tokens") if c in df.columns and df[c].n_unique() > 1]
+    if jobs:
+        plan["_note"] = (f"picked among plans of {' and '.join(f'{df[c].n_unique()} {c} values' for c in jobs)} "
+                         f"(cheapest first); narrow with --where, e.g. '{jobs[0]}=={plan[jobs[0]]}'")
     gpu = plan.get("gpu")
     gpn = int(plan.get("gpus_per_node") or (PRESETS[gpu].gpus_per_node if gpu in PRESETS else 8))
     return plan, gpn

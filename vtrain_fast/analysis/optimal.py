@@ -507,9 +507,9 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     curve = curve.select([c for c in CURVE_COLUMNS if c in curve.columns] + extra)
     best = curve.row(opt, named=True)
 
-    # naive: the same budget at 100 % of the peak, C = 6 N D at the fit's compute-optimal N, D
-    peak = (preset.peak_fp8_tflops if merged.get("precision") == "fp8" and preset.peak_fp8_tflops
-            else preset.peak_tflops) * 1e12
+    # naive: the same budget at 100 % of the peak, C = 6 N D at the fit's compute-optimal N, D; the
+    # bf16 peak, the one MFU is measured against (PaLM's convention), under FP8 too
+    peak = preset.peak_tflops * 1e12
     naive_gpu_s = gpus * days * SECONDS_PER_DAY if kind == "cluster" else float(budget_gpu_s[0])
     flops = naive_gpu_s * peak
     n_opt, d_opt = lf.compute_optimal(flops)
@@ -522,7 +522,11 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     if params_col.min() <= n_opt <= params_col.max():
         naive_size = curve.row(int(np.argmin(np.abs(np.log(params_col / n_opt)))), named=True)
 
-    warnings, notes = [], []
+    from ..plan.spec import spec_caveats
+    warnings, notes = [], list(spec.notes) + spec_caveats(spec)   # the sweep's caveats (calibration, not validated)
+    if merged.get("precision") == "fp8":
+        notes.append("precision fp8: MFU and the naive answer use the bf16 peak (MFU's convention); FP8 GEMMs "
+                     "run at up to twice that, so MFU above 50 % is possible")
     family = [estimated_params(m.num_layers, m.hidden_size, m.seq_length, m.vocab_size) for m in shapes]
     names = [m.name for m in shapes]
     k = names.index(best["model"])
@@ -550,8 +554,9 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         notes.append(f"the optimum's plan uses {best['num_gpus']:,} of the {gpus:,} GPUs (tp x pp x dp, dp "
                      f"dividing the global batch of {batch:,} sequences; the rest idle)")
     if family and not warnings:
-        notes.append(f"the optimum lies inside the searched range ({family[0]:.3g} to {family[-1]:.3g} "
-                     "parameters)")
+        sizes_priced = curve["num_parameters"]
+        notes.append(f"the optimum lies inside the searched range of sizes with a feasible plan "
+                     f"({sizes_priced.min():.3g} to {sizes_priced.max():.3g} parameters)")
     return OptimalResult(fit=lf, gpu=gpu, budget=dict(kind=kind, budget_usd=budget_usd, gpu_hours=(
         None if kind == "cluster" else float(budget_gpu_s[0]) / 3600.0), gpus=gpus, days=days,
         max_gpus=None if kind == "cluster" else limit_gpus, max_days=None if kind == "cluster" else max_days,

@@ -371,7 +371,8 @@ def optimal_table(res) -> Table:
     b, n, s = res.best, res.naive, res.naive_size
     kind = res.budget["kind"]
     budget = (f"{res.budget['gpus']:,} x {res.gpu} for {res.budget['days']:g} days" if kind == "cluster"
-              else f"${res.budget['budget_usd']:,.0f}" if kind == "usd" else f"{res.budget['gpu_hours']:,.0f} GPU-h")
+              else f"${res.budget['budget_usd']:,.0f} on {res.gpu}" if kind == "usd"
+              else f"{res.budget['gpu_hours']:,.0f} GPU-h on {res.gpu}")
     table = Table(title=f"compute-optimal model for {budget} ({res.fit.name} fit)", show_lines=False)
     for head, just in (("", "left"), ("realistic optimum", "right"), ("naive (100 % utilisation)", "right"),
                        ("naive size, real plan", "right"), ("realistic / naive", "right")):

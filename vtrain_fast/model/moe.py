@@ -1,8 +1,8 @@
 """Mixture-of-experts and attention-shape fields of a model, and the parameter counts of such a
 model (total and active per token). Pure Python, no Numba: the kernels read the integer columns of
-:data:`KERNEL_COLUMNS` (issue 13's first kernel slice); a model that needs what they do not price
-(multi-head latent attention, other layer patterns, a capacity factor) is
-refused (:func:`unpriced_reason`, raised by :func:`vtrain_fast.plan.models.check_priced`), never
+:data:`KERNEL_COLUMNS` (the MoE layout, ``kv_channels`` and multi-head latent attention); a model
+that needs what they do not price (another layer pattern; a capacity factor given as a model key, which is
+a training setting) is refused (:func:`unpriced_reason`, raised by :func:`vtrain_fast.plan.models.check_priced`), never
 priced as another model.
 
 The fields are one registry, :data:`SHAPE_FIELDS`, as :mod:`vtrain_fast.model.arch` is for the
@@ -350,7 +350,7 @@ def param_counts(shape) -> ParamCounts:
 def unpriced_reason(shape) -> str | None:
     """Why the kernels cannot price ``shape`` yet, or None: an MoE layer placement that is neither
     every k-th layer nor dense first layers then MoE ones (:func:`layer_placement`), or a capacity
-    factor (the kernels price dropless routing). Routed experts themselves are priced (issue 13,
+    factor given in the model (the training setting ``moe_expert_capacity_factor`` prices it). Routed experts themselves are priced (issue 13,
     docs/moe.md), and so are heads of ``kv_channels`` other than ``hidden_size /
     num_attention_heads`` (the kernels' ``kv_channels`` column) and multi-head latent attention (the
     MLA columns). The kernels read the sizes, flags and MoE columns of ``params.MODEL_FIELDS``

@@ -8,8 +8,8 @@ with ``model_files = ["FILE.toml"]`` (:func:`vtrain_fast.plan.spec.spec_models`)
 
 Mixture-of-experts families (:data:`MOE_TYPES`: Mixtral, Qwen3-MoE, DeepSeek-V3 with its
 multi-head latent attention, gpt-oss) are imported with their experts in Megatron-LM's names
-(:mod:`vtrain_fast.model.moe`; ``head_dim`` as ``kv_channels``); the kernels price them with
-standard attention (issue 13), and refuse a sweep naming one with multi-head latent attention.
+(:mod:`vtrain_fast.model.moe`; ``head_dim`` as ``kv_channels``); the kernels price them, DeepSeek's
+multi-head latent attention included.
 A dense family's ``head_dim`` (Gemma, Qwen3) other than ``hidden_size / num_attention_heads`` is
 written as ``kv_channels`` too.
 
@@ -258,7 +258,7 @@ def _experts(v) -> bool:
 
 _MOE = ("a dense model of this model_type (its family has no experts)",
         "a mixture-of-experts config names its own model_type: mixtral, qwen3_moe, deepseek_v3 or gpt_oss are "
-        "imported with their experts (priced once issue 13 is done)")
+        "imported with their experts")
 MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
 # Hugging Face keys the cost model cannot express: key -> (is it in use?, what is allowed, fix). Keys
 # starting with "moe_" are refused too (MOE_PREFIX) when set.

@@ -634,8 +634,8 @@ def _models(where, t: dict, known: dict | None = None) -> tuple:
         for name in _strings(where, "model.presets", t["presets"], tuple(known)):
             check_priced(where, "model.presets", known[name],
                          "leave it out of model.presets; vtrain-fast presets lists its total and active "
-                         "parameters (issue 13 prices mixture-of-experts models with standard attention, "
-                         "every k-th layer or dense first layers as MoE, dropless)")
+                         "parameters (the kernels take every k-th layer or dense first layers as MoE layers; "
+                         "a capacity factor is the training setting moe_expert_capacity_factor)")
             models.append(known[name])
     shape_keys = [k for k in t if k != "presets"]
     if shape_keys:
@@ -985,4 +985,46 @@ def load_calibration(path: str | Path) -> dict:
                 raise InputError(str(p), f"{gpu}.{k}", v, f"a number from {lo:g} to {hi:g}")
             kw[k] = float(v)
         out[gpu] = Calibration(**kw)
+    return out
+
+
+def unvalidated_settings(spec) -> list[str]:
+    """The settings of ``spec`` that vTrain's measurements (the validation set) do not cover:
+    every training setting that is not at its default on some machine (none is used by those runs;
+    one without effect on dense models only where the spec has an MoE model), interleaving, selective
+    recomputation, context parallelism and sequences longer than 2,048."""
+    from ..model.moe import is_moe
+    moe = any(is_moe(m) for m in spec.models)
+    out = [st.label for st in SETTINGS
+           if not st.validated and (moe or not st.inert_models)
+           and any(getattr(g, st.name) != st.default for g in spec.gpus)]
+    if "selective" in spec.recompute:
+        out.append("selective recomputation")
+    if any(cp > 1 for cp in spec.cp):
+        out.append("context parallelism (cp > 1)")
+    if any(m.seq_length > 2048 for m in spec.models):
+        out.append("seq_length > 2048")
+    return out
+
+
+def spec_caveats(spec) -> list[str]:
+    """What a result of ``spec`` should be read with (printed as notes by ``sweep`` and ``optimal``):
+    each GPU without a calibration fitted to its own measurements, and the settings the validation
+    set does not cover (:func:`unvalidated_settings`)."""
+    from ..hardware.gpus import PRESETS
+    out = []
+    for g in {g.name: g for g in spec.gpus}.values():
+        if not g.calibrated:
+            shipped = g.name in PRESETS and g.calibration == PRESETS[g.name].calibration
+            out.append(f"{g.name} has no calibration fitted to its own measurements ("
+                       + ("published GEMM efficiency, " if shipped else "efficiencies from its [gpus] table or "
+                          "its base preset, ")
+                       + "A100 software-stack timings such as 60 us host time per kernel): small "
+                       "micro-batches and large tp may come out host-bound and slow, large GEMM-bound plans "
+                       "optimistic; see README 'What the model does not cover'")
+    unvalidated = unvalidated_settings(spec)
+    if unvalidated:
+        out.append("not validated against measurements: " + ", ".join(unvalidated) + "; vTrain's A100 "
+                   "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
+                   "expect more optimism here; see README 'What the model does not cover'")
     return out
