@@ -1164,7 +1164,7 @@ def moe_mlp_extra_flops_per_token(h, f, arch):
             - per_width * f)
 
 
-@jit
+@jit_inline
 def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     """Per-micro-batch seconds of each kind of pipeline stage (first, middle, last) by part, the parts
     :func:`schedule` composes into its 1F1B schedule (and :mod:`vtrain_fast.analysis.show` into its
