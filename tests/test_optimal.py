@@ -227,3 +227,32 @@ def test_fp8_keeps_the_naive_answer_at_the_bf16_peak_and_the_caveats_are_said():
     assert any("bf16 peak" in n for n in fp8.notes) and not any("bf16 peak" in n for n in bf16.notes)
     assert any("not validated against measurements" in n for n in bf16.notes)
     assert any(f"{h100} has no calibration fitted" in n for n in bf16.notes)
+
+
+def test_a_study_file_gives_the_options_and_the_command_line_overrides_it(tmp_path, monkeypatch):
+    """`optimal --config FILE`: the [optimal] table's keys are optimal()'s arguments; options typed on
+    the command line win (a typed budget replaces the file's whole budget); unknown keys are refused."""
+    seen = []
+    monkeypatch.setattr(opt_mod, "optimal", lambda **kw: seen.append(kw) or (_ for _ in ()).throw(SystemExit(0)))
+    study = tmp_path / "study.toml"
+    study.write_text('[optimal]\ngpus = 96\ndays = 2\nfit = "hoffmann"\nmax_params = 3e9\n'
+                     '[optimal.settings]\nuse_flash_attn = false\n')
+    runner.invoke(app, ["optimal", "--config", str(study)])
+    runner.invoke(app, ["optimal", "--config", str(study), "--fit", "epoch", "--set", "sequence_parallel=false"])
+    runner.invoke(app, ["optimal", "--config", str(study), "--budget-usd", "1e5"])
+    (a, b, c) = seen
+    assert (a["gpus"], a["days"], a["fit"], a["max_params"], a["settings"]) == (96, 2, "hoffmann", 3e9,
+                                                                               {"use_flash_attn": False})
+    assert b["fit"] == "epoch" and b["settings"] == {"use_flash_attn": False, "sequence_parallel": False}
+    assert (c["budget_usd"], c["gpus"], c["days"], c["fit"]) == (1e5, None, None, "hoffmann")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optimal]\ngpus = 8\ndayz = 3\n")
+    res = runner.invoke(app, ["optimal", "--config", str(bad)])
+    assert res.exit_code == 2 and "optimal.dayz" in res.output and "days" in res.output
+
+
+def test_the_shipped_case_study_file_reads():
+    from pathlib import Path
+    from vtrain_fast.analysis.optimal import read_config
+    cfg = read_config(Path(__file__).resolve().parents[1] / "sweeps" / "case-compute-optimal-3360xa100-30d.toml")
+    assert (cfg["gpus"], cfg["days"], cfg["gpu"]) == (3360, 30, "a100-sxm4-80gb")

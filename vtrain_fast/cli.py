@@ -653,7 +653,8 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
 
 @app.command()
 @_user_errors
-def optimal(budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="budget in US dollars "
+def optimal(ctx: typer.Context,
+            budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="budget in US dollars "
                                                        "(priced at the GPU preset's usd_per_gpu_hour)"),
             gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="budget in GPU-hours"),
             gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs available (with --days); a plan uses "
@@ -678,19 +679,33 @@ def optimal(budget_usd: Optional[float] = typer.Option(None, "--budget-usd", hel
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="per-shape curve, .parquet or .csv"),
             calibration: Optional[Path] = CalibrationOpt,
             gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
-                                                     "(\\[gpus.<name>] tables, as `--gpus` of sweep)")):
+                                                     "(\\[gpus.<name>] tables, as `--gpus` of sweep)"),
+            config: Optional[Path] = typer.Option(None, "--config", help="a study file: its \\[optimal] table "
+                                                  "gives these options by name (budget_usd, gpus, days, gpu, "
+                                                  "fit, ..., settings); options given here override it")):
     """The model size, tokens, plan and cluster of lowest predicted loss within a budget, next to
     the naive answer at 100 % utilisation (dense GPT shapes; see README, Compute-optimal sizing)."""
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.optimal import optimal as find, parse_setting
+    from .analysis.optimal import optimal as find, parse_setting, read_config
     from .analysis.report import optimal_table
     if output is not None:
         check_table_path(output)
-    res = find(budget_usd=budget_usd, gpu_hours=gpu_hours, gpus=gpus, days=days, gpu=gpu, fit=fit,
-               min_params=min_params, max_params=max_params, num_sizes=num_sizes, seq_length=seq_length,
-               aspect_ratio=aspect_ratio, batch_tokens=batch_tokens, max_gpus=max_gpus, max_days=max_days,
-               max_pp=max_pp, settings=dict(parse_setting(t) for t in settings or ()),
-               calibration=_calibration(calibration), gpu_presets=_gpus(gpus_file))
+    given = dict(budget_usd=budget_usd, gpu_hours=gpu_hours, gpus=gpus, days=days, gpu=gpu, fit=fit,
+                 min_params=min_params, max_params=max_params, num_sizes=num_sizes, seq_length=seq_length,
+                 aspect_ratio=aspect_ratio, batch_tokens=batch_tokens, max_gpus=max_gpus, max_days=max_days,
+                 max_pp=max_pp)
+    args = dict(given, settings=dict(parse_setting(t) for t in settings or ()))
+    if config is not None:       # the file's values, less those the command line gives
+        def typed(k):            # (typer's own click: compare the source by name)
+            src = ctx.get_parameter_source(k)
+            return src is not None and src.name == "COMMANDLINE"
+        study = read_config(config)
+        budget_keys = ("budget_usd", "gpu_hours", "gpus", "days")
+        budget_typed = any(typed(k) for k in budget_keys)        # a budget typed replaces the file's
+        args.update({k: v for k, v in study.items() if k != "settings" and not typed(k)
+                     and not (budget_typed and k in budget_keys)})
+        args["settings"] = {**study.get("settings", {}), **args["settings"]}
+    res = find(**args, calibration=_calibration(calibration), gpu_presets=_gpus(gpus_file))
     console.print(optimal_table(res))
     console.print(f"searched {res.shapes} shapes ({res.curve['num_parameters'].min():.3g} to "
                   f"{res.curve['num_parameters'].max():.3g} parameters with a feasible plan), "

@@ -259,6 +259,41 @@ def _toml_value(where: str, key: str, value) -> str:
     raise InputError(where, key, str(value), "true, false, a number, a string or a list of them")
 
 
+# The keys an ``optimal --config`` file's ``[optimal]`` table takes: :func:`optimal`'s keyword
+# arguments (a study's budget, GPU, fit and search ranges; ``settings`` a table of [training] settings).
+CONFIG_KEYS = ("budget_usd", "gpu_hours", "gpus", "days", "gpu", "fit", "min_params", "max_params", "num_sizes",
+               "seq_length", "aspect_ratio", "batch_tokens", "max_gpus", "max_days", "max_pp", "settings")
+
+
+def read_config(path) -> dict:
+    """The ``[optimal]`` table of a study file (``optimal --config``): :func:`optimal`'s keyword
+    arguments by name (:data:`CONFIG_KEYS`), e.g. ``sweeps/case-compute-optimal-3360xa100-30d.toml``.
+    The values are checked by :func:`optimal` as the command line's are.
+
+    Raises
+    ------
+    InputError
+        Not a TOML file, no ``[optimal]`` table, an unknown key, or ``settings`` not a table.
+    """
+    from ..io.inputs import read_toml
+    from ..io.errors import did_you_mean
+    doc = read_toml(path, "optimal study file")
+    extra = [k for k in doc if k not in ("optimal", "name", "description")]
+    if "optimal" not in doc or not isinstance(doc["optimal"], dict) or extra:
+        raise InputError(str(path), extra[0] if extra else "[optimal]", doc.get(extra[0]) if extra else None,
+                         "an [optimal] table (and name / description)",
+                         "write the budget and search under [optimal], e.g. gpus = 3360 and days = 30")
+    table = doc["optimal"]
+    for k in table:
+        if k not in CONFIG_KEYS:
+            raise InputError(str(path), f"optimal.{k}", table[k], "one of " + ", ".join(CONFIG_KEYS),
+                             did_you_mean(k, CONFIG_KEYS, "see `vtrain-fast optimal --help` (the same names with _)"))
+    if "settings" in table and not isinstance(table["settings"], dict):
+        raise InputError(str(path), "optimal.settings", table["settings"], "a table of [training] settings",
+                         "e.g. [optimal.settings] then use_flash_attn = false")
+    return dict(table)
+
+
 def parse_setting(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` (``--set``) as ``(key, value)``, the value read as TOML (``true``,
     ``2``, ``"fp8"``; a bare word is a string).
