@@ -181,7 +181,8 @@ def test_cli_table_and_curve(tmp_path):
     r = runner.invoke(app, ["optimal", "--gpus", "64", "--days", "1", "--min-params", "1e8", "--max-params", "3e9",
                             "--num-sizes", "5", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert "realistic optimum" in r.output and "naive (100 % utilisation)" in r.output
+    # (the header cells wrap in an 80-column terminal: the words, not the phrase)
+    assert all(w in r.output for w in ("realistic", "optimum", "naive", "utilisation"))
     df = pl.read_csv(out)
     assert df["optimum"].sum() == 1 and {"num_parameters", "num_tokens", "loss", "tp", "pp", "dp"} <= set(df.columns)
 
