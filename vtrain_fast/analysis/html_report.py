@@ -37,8 +37,9 @@ body { font-family: sans-serif; margin: 24px auto; max-width: 1100px; color: #22
 h1 { border-bottom: 3px solid #1f77b4; padding-bottom: 6px; }
 h2 { margin-top: 36px; border-bottom: 1px solid #ccc; padding-bottom: 4px; }
 img { max-width: 100%; border: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+div.wide { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 12px; margin: 8px 0; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; white-space: nowrap; }
 th { background: #eef3f8; }
 td.text { text-align: left; }
 tr.tight td { background: #fff4e0; }
@@ -71,7 +72,7 @@ def html_table(df: pl.DataFrame, percent: tuple = ("mfu",), row_class=None) -> s
             cells.append(f"<td{cls}>{_esc(text)}</td>")
         cls = f' class="{_esc(row_class[i])}"' if row_class and row_class[i] else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
 
 def mfu_grid(plans: pl.DataFrame) -> tuple[int, list[int], list[int], np.ndarray]:
@@ -107,8 +108,7 @@ def mfu_figure(mbs: int, tps, pps, grid: np.ndarray, title_of: str):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(1.2 * len(tps) + 3.0, 0.7 * len(pps) + 2.2))
     masked = np.ma.masked_invalid(grid * 100.0)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#eeeeee")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#eeeeee")
     im = ax.imshow(masked, cmap=cmap, aspect="auto", origin="lower")
     ax.set_xticks(range(len(tps)), [str(t) for t in tps])
     ax.set_yticks(range(len(pps)), [str(p) for p in pps])
@@ -240,11 +240,14 @@ def _build(folder: Path, out: Path, study) -> None:
         keys = [("parameters", "num_parameters"), ("tokens", "num_tokens"), ("tokens per parameter", "tokens_per_parameter"),
                 ("6 N D FLOPs", "flops"), ("GPUs", "num_gpus"), ("days", "train_days"), ("cost USD", "cost_usd"),
                 ("MFU", "mfu"), ("loss (nats/token)", "loss")]
+        def value(r, c, mfu_digits):
+            v = r.get(c)
+            return ("" if v is None else f"{float(v):.{mfu_digits}%}" if c == "mfu" else f"{int(v):,}" if c == "num_gpus"
+                    else f"{float(v):.1f}" if c in ("train_days", "tokens_per_parameter") else f"{float(v):.4f}"
+                    if c == "loss" else _fmt(float(v)))
         tab = pl.DataFrame({"": [k for k, _ in keys],
-                            "realistic optimum": [_fmt(None if b.get(c) is None else float(b[c])) if c != "mfu"
-                                                  else f"{b[c]:.1%}" for _, c in keys],
-                            "naive (100 % utilisation)": [_fmt(None if n.get(c) is None else float(n[c])) if c != "mfu"
-                                                          else f"{n[c]:.0%}" for _, c in keys]})
+                            "realistic optimum": [value(b, c, 1) for _, c in keys],
+                            "naive (100 % utilisation)": [value(n, c, 0) for _, c in keys]})
         body = (f'<p class="note">Study {_esc(Path(study).name)}: {res.shapes} shapes searched, {res.points:,} plans '
                 f"({res.feasible:,} feasible); best plan tp {b['tp']} pp {b['pp']} dp {b['dp']} mbs "
                 f"{b['micro_batch_size']} {_esc(b['recompute'])}.</p>" + _png_tag(out / "optimal.png", "compute-optimal curve")
@@ -253,11 +256,16 @@ def _build(folder: Path, out: Path, study) -> None:
     # (e) tables
     shown = [c for c in front.columns if c not in BREAKDOWN_COLUMNS and c != "memory_tight"]
     tight = front["memory_tight"].fill_null(False).to_list() if "memory_tight" in front.columns else [False] * front.height
-    ft = front.select(shown).with_columns(pl.Series("memory_tight", ["tight" if t else "" for t in tight]))
+    ft = front.select(shown)
+    keep = set(by) | {"tp", "pp", "dp", "micro_batch_size", "cost_usd", "train_days", "mfu", "memory_per_gpu_GiB"}
+    same = [c for c in ft.columns if c not in keep and ft.height > 1 and ft[c].n_unique() == 1]
+    shared = ", ".join(f"{c} = {_fmt(ft[c][0])}" for c in same)
+    ft = ft.drop(same).with_columns(pl.Series("memory_tight", ["tight" if t else "" for t in tight]))
     parts.append(_section("tables", "Key tables",
                           "<h3>Frontier plans</h3>"
                           f'<p class="note">Sorted by {_esc(", ".join(by))}, then cost. memory_tight: within '
-                          f"{DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM capacity (rows shaded).</p>"
+                          f"{DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM capacity (rows shaded)."
+                          + (f" Every frontier plan has {_esc(shared)}." if shared else "") + "</p>"
                           + html_table(ft, row_class=["tight" if t else "" for t in tight])
                           + "<h3>Results folder</h3>" + html_table(_manifest_rows(folder, manifest))))
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
