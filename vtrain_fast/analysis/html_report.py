@@ -193,8 +193,8 @@ def _build(folder: Path, out: Path, study) -> None:
     """Write the PNGs and ``index.html`` of :func:`write_report` into the folder ``out``."""
     from ..io.writer import read_manifest
     manifest = read_manifest(folder)
-    jobs = varying_job_columns(folder) if not manifest.get("keep", "all").startswith("frontier") else []
-    by = jobs + ["gpu"]
+    # one frontier per training job and GPU; a folder reduced to one frontier has only that one
+    by = [] if manifest.get("keep", "all").startswith("frontier") else varying_job_columns(folder) + ["gpu"]
     front = pareto(folder, list(OBJECTIVES), by, breakdown=True)
     if front.height == 0:
         raise InputError(str(folder), "status", "ok", "a results folder with at least one feasible plan",
@@ -206,8 +206,8 @@ def _build(folder: Path, out: Path, study) -> None:
     save_figure(frontier_figure(front, cloud, "cost_usd", "train_days", tuple(by), title_of=str(folder)),
                 out / "frontier.png")
     parts.append(_section("frontier", "Pareto frontier: cost against days",
-                          f'<p class="note">Every feasible plan (dots, coloured by {_esc(", ".join(by))}) and the '
-                          f"frontier of each group (lines: no plan is both cheaper and faster); a few frontier plans "
+                          f'<p class="note">Every feasible plan (dots, coloured by {_esc(", ".join(by) or "gpu")}) and the '
+                          f"frontier of each group (lines; black: the folder's one frontier; no plan is both cheaper and faster); a few frontier plans "
                           f"are labelled tp / pp / dp / micro-batch / GPU. {front.height:,} frontier plans.</p>"
                           + _png_tag(out / "frontier.png", "Pareto frontier")))
     # (b) MFU heatmap
@@ -263,7 +263,7 @@ def _build(folder: Path, out: Path, study) -> None:
     ft = ft.drop(same).with_columns(pl.Series("memory_tight", ["tight" if t else "" for t in tight]))
     parts.append(_section("tables", "Key tables",
                           "<h3>Frontier plans</h3>"
-                          f'<p class="note">Sorted by {_esc(", ".join(by))}, then cost. memory_tight: within '
+                          f'<p class="note">Sorted by {_esc(", ".join(by + ["cost_usd"]))}. memory_tight: within '
                           f"{DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM capacity (rows shaded)."
                           + (f" Every frontier plan has {_esc(shared)}." if shared else "") + "</p>"
                           + html_table(ft, row_class=["tight" if t else "" for t in tight])
