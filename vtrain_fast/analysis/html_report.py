@@ -207,7 +207,8 @@ def _build(folder: Path, out: Path, study) -> None:
                 out / "frontier.png")
     parts.append(_section("frontier", "Pareto frontier: cost against days",
                           f'<p class="note">Every feasible plan (dots, coloured by {_esc(", ".join(by) or "gpu")}) and the '
-                          f"frontier of each group (lines; black: the folder's one frontier; no plan is both cheaper and faster); a few frontier plans "
+                          f"frontier {'of each group' if by else '(black: the folder was kept as one frontier)'} (lines: no plan "
+                          f"on it is both cheaper and faster than another); a few frontier plans "
                           f"are labelled tp / pp / dp / micro-batch / GPU. {front.height:,} frontier plans.</p>"
                           + _png_tag(out / "frontier.png", "Pareto frontier")))
     # (b) MFU heatmap
