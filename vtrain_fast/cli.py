@@ -421,6 +421,21 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
 
 @app.command()
 @_user_errors
+def report(folder: Path = typer.Argument(..., help="results folder"),
+           output: Path = typer.Option(..., "-o", "--output-dir", help="folder of the report (index.html and its PNGs)"),
+           optimal_study: Optional[Path] = typer.Option(None, "--optimal", help="study file with an \\[optimal] table "
+                                                        "(as `optimal --config`): adds the compute-optimal curve"),
+           overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty output folder")):
+    """Write one self-contained HTML page of a results folder: the Pareto frontier, an MFU heatmap
+    over tp x pp, the time breakdown of the top frontier plans, the compute-optimal curve
+    (--optimal) and the key tables (see README, Reports)."""
+    from .analysis.html_report import write_report
+    page = write_report(folder, output, optimal_study, overwrite=overwrite)
+    console.print(f"wrote {page} (images inline; the PNGs next to it)", markup=False, highlight=False)
+
+
+@app.command()
+@_user_errors
 def plan(folder: Path = typer.Argument(..., help="results folder (every row or every feasible row kept)"),
          deadline_days: float = typer.Option(..., "--deadline-days", help="longest training time, days"),
          max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="most GPUs a plan may use [any searched]"),
