@@ -269,6 +269,18 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                 console=console, keep=("gpu",))
 
 
+def _emit_text(text: str, output: Optional[Path], what: str, overwrite: bool) -> bool:
+    """Print ``text`` (no ``output``: False) or write it to ``output`` atomically, replacing an
+    existing file only with ``overwrite`` (True)."""
+    from .io.errors import write_atomically
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return False
+    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), what, replace=overwrite)
+    return True
+
+
 @app.command("import-hf")
 @_user_errors
 def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"),
@@ -284,7 +296,7 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
     (with its multi-head latent attention). What the cost model cannot express is refused; what it prices
     differently is noted (stderr, and comments in the file). A spec reads the file with
     model_files = ["FILE.toml"]."""
-    from .io.errors import check_output_file, file_exists_error, write_atomically
+    from .io.errors import check_output_file, file_exists_error
     from .plan.hf import check_seq_length, model_file_text, model_name, read_config, shape_from_config
     from .plan.models import models_from_tables
     check_seq_length(seq_length)
@@ -306,12 +318,8 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
               + ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in table.items()
                           if k != "source") + ")",
               markup=False, highlight=False)
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    if not _emit_text(text, output, "model file", overwrite):
         return
-    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "model file",
-                     replace=overwrite)
     err.print(f"wrote {output}: use it in a spec with model_files = [\"{output}\"] (relative to the spec) and "
               f"model.presets = [\"{name}\"]", markup=False, highlight=False)
 
@@ -564,7 +572,7 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     Megatron-LM names them (checked against its parser's flags at the commit the script names), or
     Megatron-Bridge / NeMo 2 ConfigContainer overrides (--to bridge)."""
     from .analysis.export import export as export_plan
-    from .io.errors import check_output_file, file_exists_error, write_atomically
+    from .io.errors import check_output_file, file_exists_error
     from .plan.spec import load_models
     if output is not None:            # before any work, as every command with -o
         check_output_file(output)
@@ -573,12 +581,8 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     own_models = load_models(models) if models else None
     result = export_plan(plan, to, where, row, own_models)
     text = result.text()
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    if not _emit_text(text, output, "launch script", overwrite):
         return
-    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "launch script",
-                     replace=overwrite)
     what = (f"{len([a for a in result.args if a.startswith('--')])} Megatron-LM flags" if to == "megatron"
             else f"{len(result.args)} Megatron-Bridge overrides")
     err.print(f"wrote {output}: {what}; add your data, tokenizer, optimizer and checkpoint settings",
