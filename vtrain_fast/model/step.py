@@ -1165,6 +1165,29 @@ def moe_mlp_extra_flops_per_token(h, f, arch):
 
 
 @jit_inline
+def schedule_sizes(B, b, lay, recompute, hw, split):
+    """The sizes :func:`stage_costs` and :func:`schedule` both read: ``(p, d, dz, zero, m, l_first,
+    l_mid, l_last, l_min, vs, rc, sel)``: pipeline and data-parallel sizes, the ranks a ZeRO shard
+    spans (dp x cp, or ``dp_shard`` with hybrid sharding), the ZeRO stage, the micro-batches per
+    pipeline ``B / (dp b)``, the layers of the first, a middle and the last stage and the fewest
+    (``split_costs``), the model chunks per device, and 1.0 / 0.0 for full and selective
+    recomputation."""
+    p, d = float(lay.pp), float(lay.dp)
+    dz = float(dp_cp_size(lay))        # data-parallel x context-parallel ranks
+    zero = memory.sharding_stage(hw)
+    # the ranks a ZeRO shard spans: all of dz, or dp_shard with hybrid sharding
+    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
+    m = B / (d * b)
+    # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
+    l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
+    l_min = min(l_first, l_mid, l_last)
+    vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
+    rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
+    sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
+    return p, d, dz, zero, m, l_first, l_mid, l_last, l_min, vs, rc, sel
+
+
+@jit_inline
 def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     """Per-micro-batch seconds of each kind of pipeline stage (first, middle, last) by part, the parts
     :func:`schedule` composes into its 1F1B schedule (and :mod:`vtrain_fast.analysis.show` into its
@@ -1193,18 +1216,7 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         middle stage, the pipeline sends and receives of one micro-batch (all chunks), and the backward
         window of the shortest stage that the data-parallel reduction hides under.
     """
-    p, d = float(lay.pp), float(lay.dp)
-    dz = float(dp_cp_size(lay))        # data-parallel x context-parallel ranks
-    zero = memory.sharding_stage(hw)
-    # the ranks a ZeRO shard spans: all of dz, or dp_shard with hybrid sharding
-    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
-    m = B / (d * b)
-    # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
-    l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
-    l_min = min(l_first, l_mid, l_last)
-    vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
-    rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
-    sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
+    p, d, dz, zero, m, l_first, l_mid, l_last, l_min, vs, rc, sel = schedule_sizes(B, b, lay, recompute, hw, split)
     core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
     fwd = mb[M_FWD]
     ar_act = mb[M_AR_ACT]
@@ -1379,19 +1391,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         Column to write.
     """
     status = OK
-    t, p, d = float(lay.tp), float(lay.pp), float(lay.dp)
-    dz = float(dp_cp_size(lay))        # data-parallel x context-parallel ranks
-    zero = memory.sharding_stage(hw)
-    # the ranks a ZeRO shard spans: all of dz, or dp_shard with hybrid sharding
-    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
+    t = float(lay.tp)
+    p, d, dz, zero, m, l_first, l_mid, l_last, l_min, vs, rc, sel = schedule_sizes(B, b, lay, recompute, hw, split)
     sl = s / float(lay.cp)             # tokens of a sequence on one rank (context parallelism)
-    m = B / (d * b)
-    # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
-    l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
-    l_min = min(l_first, l_mid, l_last)
-    vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
-    rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
-    sel = 1.0 if recompute == RECOMPUTE_SELECTIVE else 0.0
     if rc != 0.0 and ep_overlap_on(hw) and split[S_MOE_FIRST] + split[S_MOE_LAST] + split[S_MOE_MID_SUM] > 0.0:
         fill_nan(out, i)                # Megatron-core: "disable full recomputation when enabling
         return REFUSED                  # overlap_moe_expert_parallel_comm"
