@@ -45,7 +45,7 @@ from ..io.errors import InputError
 from ..model import memory, ops
 from ..model import step as k
 from ..model.arch import Arch
-from ..model.layout import Layout, dp_cp_size
+from ..model.layout import Layout
 from ..model.params import (H_RESERVED_BYTES, NUM_OUTPUTS, OUTPUT_NAMES, R_ARCH, R_CP, R_DP, R_FFN, R_GBS,
                             R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS, R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 
@@ -268,15 +268,14 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
     mb = k.micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch, float(lay.cp))
     split = k.split_costs(L, h, a, g, f, v, s, lay, hw, arch)
     sc = k.stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
-    p = int(lay.pp)
-    vs = int(k.virtual_stages(float(p), hw))
-    m = int(round(B / (lay.dp * b)))
+    sizes = k.schedule_sizes(B, b, lay, recompute, hw, split)
+    p, vs, m = int(lay.pp), int(sizes[9]), int(round(sizes[4]))
+    l_first, l_mid, l_last, rc, sel = sizes[5], sizes[6], sizes[7], sizes[10], sizes[11]
     moe = arch.num_experts >= 1.0
     fp8_split = ops.fp8_on(hw)
     n16 = [k.device_layer_count(i, L, float(p), hw, False, 1.0, 0.0) if fp8_split else 0.0 for i in range(p)]
     nm = [k.device_layer_count(i, L, float(p), hw, True, arch.moe_layer_step, arch.moe_first_dense_layers)
           if moe else 0.0 for i in range(p)]
-    l_first, l_mid, l_last = split[k.S_L_FIRST], split[k.S_L_MID], split[k.S_L_LAST]
     layers = [l_first if i == 0 else (l_last if i == p - 1 else l_mid) for i in range(p)]
     if p == 1:
         layers = [L]
@@ -291,8 +290,6 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
     pp_s = float(sc[k.C_PP])
     t_max = max(micro)
     pipeline_s = m * t_max + (sum(micro) - t_max) / vs
-    rc = 1.0 if recompute == k.RECOMPUTE_FULL else 0.0
-    sel = 1.0 if recompute == k.RECOMPUTE_SELECTIVE else 0.0
     fwd, rec, bwd = mb[k.M_FWD], rc * mb[k.M_FWD] + sel * mb[k.M_CORE_FWD], mb[k.M_BWD]
     share = np.array([fwd, rec, bwd]) / (fwd + rec + bwd)
     work = [x - pp_s for x in micro]
@@ -339,12 +336,8 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
     """
     p = int(lay.pp)
     t = float(lay.tp)
-    zero = memory.sharding_stage(hw)
-    dz = float(dp_cp_size(lay))
-    dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
+    _, _, dz, zero, _, _, _, _, _, _, rc, sel = k.schedule_sizes(float(m * lay.dp * b), b, lay, recompute, hw, split)
     regather = zero >= 3.0 and dz > 1.0
-    rc = 1.0 if recompute == k.RECOMPUTE_FULL else 0.0
-    sel = 1.0 if recompute == k.RECOMPUTE_SELECTIVE else 0.0
     sl = s / float(lay.cp)
     hs = h / ops.sequence_split(t, hw)
     rebuilt = sel * mb[k.M_CORE_ACT]
