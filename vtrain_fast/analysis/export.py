@@ -344,8 +344,6 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     elif path.suffix.lower() in (".csv", ".parquet", ".pq"):
         # a table of earlier results (pareto -o, evaluate -o, plan -o) is priced again from its inputs
         plans, _ = without_earlier_results(read_csv(path))
-        plans = plans.drop([c for c in ("memory_headroom_GiB", "memory_tight", "choice", "reason", "extra_cost_usd",
-                                        "extra_cost_pct") if c in plans.columns])
         priced = evaluate_frame(plans, str(path), models=models)
         df = priced.filter(pl.col("status") == "ok")
         if df.height == 0:
