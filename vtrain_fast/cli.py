@@ -622,7 +622,9 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
                              "name the timeline file with .png")
         check_output_file(timeline)
     own_models = load_models(models) if models else None
-    chosen, _ = read_plan(plan, where, row, own_models)
+    chosen, _, notes = read_plan(plan, where, row, own_models)
+    for note in notes:
+        console.print(f"note: {note}", style="yellow", markup=False)
     detail = show_plan(chosen)
     console.print(f"[bold]{escape(detail.title())}[/]")
     tt = Table(title="iteration time (s)")

@@ -125,7 +125,7 @@ def _layers_per_virtual_stage(row: dict) -> int:
     return (int(row["num_layers"]) + extra) // (int(row["pp"]) * int(_get(row, "vpp")))
 
 
-def megatron_args(row: dict, gpus_per_node: int) -> Export:
+def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     """The Megatron-LM ``pretrain_gpt.py`` arguments of a plan.
 
     Parameters
@@ -134,6 +134,8 @@ def megatron_args(row: dict, gpus_per_node: int) -> Export:
         One plan: column name -> value (a results folder's or evaluate's columns).
     gpus_per_node : int
         GPUs per node of its cluster (the ``torchrun --nproc-per-node``).
+    extra_notes : sequence of str
+        More comments (how the plan was picked: :func:`read_plan`).
 
     Returns
     -------
@@ -149,8 +151,7 @@ def megatron_args(row: dict, gpus_per_node: int) -> Export:
     notes = [f"vtrain-fast export: the plan as Megatron-LM (NVIDIA/Megatron-LM {MEGATRON_LM_COMMIT[:8]}) runs it; "
              "add your data, tokenizer, optimizer and checkpoint arguments",
              f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted"]
-    if row.get("_note"):
-        notes.append(row["_note"])
+    notes += list(extra_notes)
     mla = bool(g("multi_latent_attention"))
     if qg != a and not mla:
         a_ += ["--group-query-attention", "--num-query-groups", str(qg)]
@@ -264,7 +265,7 @@ def _bridge_value(value: str) -> str:
     return value
 
 
-def bridge_overrides(row: dict, gpus_per_node: int) -> Export:
+def bridge_overrides(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     """The plan as Megatron-Bridge (NeMo 2's training library) ``ConfigContainer`` overrides,
     ``section.field=value`` (Hydra style, as Megatron-Bridge's ``scripts/performance`` and recipes take
     them): each flag of :func:`megatron_args` under its Bridge key (:data:`BRIDGE_KEYS`, else
@@ -281,7 +282,7 @@ def bridge_overrides(row: dict, gpus_per_node: int) -> Export:
         ``key=value`` strings; the notes say what an override cannot (the activation function of a
         SwiGLU model: start from a SwiGLU recipe; the tokenizer).
     """
-    m = megatron_args(row, gpus_per_node)
+    m = megatron_args(row, gpus_per_node, extra_notes)
     flags, i = [], 0
     while i < len(m.args):
         value = m.args[i + 1] if i + 1 < len(m.args) and not m.args[i + 1].startswith("--") else None
@@ -315,7 +316,7 @@ def bridge_overrides(row: dict, gpus_per_node: int) -> Export:
     return Export("bridge", tuple(out), tuple(notes), m.launcher)
 
 
-def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None) -> tuple[dict, int]:
+def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None) -> tuple[dict, int, tuple]:
     """One plan from ``source``: a results folder (its feasible rows, :func:`~vtrain_fast.analysis.query.feasible_plans`,
     with ``where`` conditions), or a ``.csv`` / ``.parquet`` table of plans (evaluated first, so that
     every column is filled and checked). With several rows, ``row`` picks one of them in order of
@@ -323,8 +324,9 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
 
     Returns
     -------
-    (dict, int)
-        The plan's columns, and the GPUs per node of its cluster.
+    (dict, int, tuple of str)
+        The plan's columns, the GPUs per node of its cluster, and a note when it was picked among
+        several jobs (models or token budgets).
 
     Raises
     ------
@@ -371,12 +373,11 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
         raise InputError(str(path), "--row", k, f"0 to {df.height - 1}", "pick a row that exists")
     plan = df.row(k, named=True)
     jobs = [c for c in ("model", "num_tokens") if c in df.columns and df[c].n_unique() > 1]
-    if jobs:
-        plan["_note"] = (f"picked among plans of {' and '.join(f'{df[c].n_unique()} {c} values' for c in jobs)} "
-                         f"(cheapest first); narrow with --where, e.g. '{jobs[0]}=={plan[jobs[0]]}'")
+    notes = tuple(f"picked among plans of {' and '.join(f'{df[c].n_unique()} {c} values' for c in jobs)} "
+                  f"(cheapest first); narrow with --where, e.g. '{jobs[0]}=={plan[jobs[0]]}'" for _ in jobs[:1])
     gpu = plan.get("gpu")
     gpn = int(plan.get("gpus_per_node") or (PRESETS[gpu].gpus_per_node if gpu in PRESETS else 8))
-    return plan, gpn
+    return plan, gpn, notes
 
 
 def export(source: str | Path, to: str, where=(), row: int | None = None, models: dict | None = None) -> Export:
@@ -392,5 +393,5 @@ def export(source: str | Path, to: str, where=(), row: int | None = None, models
         raise InputError("command line", "--to", to, " or ".join(TARGETS),
                          "megatron: Megatron-LM pretrain_gpt.py flags; bridge: Megatron-Bridge / NeMo 2 "
                          "ConfigContainer overrides (torchtitan: not written yet)")
-    plan, gpn = read_plan(source, where, row, models)
-    return megatron_args(plan, gpn) if to == "megatron" else bridge_overrides(plan, gpn)
+    plan, gpn, notes = read_plan(source, where, row, models)
+    return (megatron_args if to == "megatron" else bridge_overrides)(plan, gpn, notes)
