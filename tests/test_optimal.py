@@ -96,6 +96,44 @@ def test_cluster_budget_by_hand():
     assert res.naive["num_gpus"] == 96 and res.naive["train_days"] == 2.0
 
 
+def test_inference_aware_totals_by_hand_and_the_optimum_moves_smaller():
+    usd, served, mfu = 3e5, 2e11, 0.25
+    plain = optimal(budget_usd=usd, gpu=GPU, fit="hoffmann", **SMALL)
+    res = optimal(budget_usd=usd, gpu=GPU, fit="hoffmann", inference_tokens=served, inference_mfu=mfu, **SMALL)
+    price, peak = PRESETS[GPU].usd_per_gpu_hour, PRESETS[GPU].peak_tflops * 1e12
+    budget_s = usd / price * 3600.0
+    for r in res.curve.iter_rows(named=True):
+        serve_s = 2.0 * r["num_parameters"] * served / (peak * mfu)
+        t, n = r["iteration_time_s"], r["num_gpus"]
+        assert r["inference_gpu_hours"] == pytest.approx(serve_s / 3600, rel=1e-12)
+        steps = math.floor(min((budget_s - serve_s) / (n * t), 90 * 86400 / t))
+        assert r["num_steps"] == steps
+        assert r["total_cost_usd"] == pytest.approx((r["gpu_hours"] + r["inference_gpu_hours"]) * price, rel=1e-12)
+        assert r["total_cost_usd"] <= usd * (1 + 1e-12)
+    # serving takes from the budget: fewer tokens per shape, and the optimum no larger (Sardana et al.)
+    both = plain.curve.join(res.curve, on="model", suffix="_inf")
+    assert (both["num_tokens_inf"] < both["num_tokens"]).all()
+    assert res.best["num_parameters"] <= plain.best["num_parameters"]
+    # naive: the lowest loss on 6 N D + 2 N D_inf = C at the peak, found against a dense grid
+    fit, C = LOSS_FITS["hoffmann"], budget_s * peak
+    nv = res.naive
+    assert 6 * nv["num_parameters"] * nv["num_tokens"] + 2 * nv["num_parameters"] * served == pytest.approx(C, rel=1e-9)
+    grid = np.geomspace(1e6, C / (2 * served) * (1 - 1e-9), 200001)
+    losses = fit.loss(grid, (C - 2 * grid * served) / (6 * grid))
+    assert nv["loss"] <= losses.min() + 1e-12
+    assert nv["num_parameters"] == pytest.approx(grid[losses.argmin()], rel=1e-3)
+    assert nv["num_parameters"] < plain.naive["num_parameters"]
+    n0, d0 = fit.optimal_with_inference(C, 0.0)
+    assert (n0, d0) == pytest.approx(tuple(map(float, fit.compute_optimal(C))), rel=1e-12)
+
+
+def test_inference_aware_needs_a_money_or_gpu_hour_budget():
+    r = runner.invoke(app, ["optimal", "--gpus", "64", "--days", "1", "--inference-tokens", "1e12"])
+    assert r.exit_code == 2 and "--inference-tokens" in r.output and "--budget-usd" in " ".join(r.output.split())
+    r = runner.invoke(app, ["optimal", "--budget-usd", "1e5", "--inference-tokens", "1e12", "--inference-mfu", "1.5"])
+    assert r.exit_code == 2 and "--inference-mfu" in r.output
+
+
 def test_best_plan_of_each_shape_against_brute_force(monkeypatch):
     """The chunked reduction keeps, per shape, the plan that buys the most tokens: compared
     with every point of the same grid priced at once (small chunks, so that bests carry over)."""

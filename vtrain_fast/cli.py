@@ -697,6 +697,11 @@ def optimal(ctx: typer.Context,
             settings: Optional[List[str]] = typer.Option(None, "--set", help="KEY=VALUE: a [training] setting "
                                                          "of a sweep spec for every plan (repeat), e.g. "
                                                          "use_flash_attn=false"),
+            inference_tokens: Optional[float] = typer.Option(None, "--inference-tokens", help="inference-aware "
+                                                             "sizing (Sardana et al. 2024): tokens the model will "
+                                                             "serve, paid from --budget-usd / --gpu-hours"),
+            inference_mfu: Optional[float] = typer.Option(None, "--inference-mfu", help="serving GPUs' "
+                                                          "utilisation of the bf16 peak (an assumption) [0.3]"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="per-shape curve, .parquet or .csv"),
             calibration: Optional[Path] = CalibrationOpt,
             gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
@@ -714,7 +719,9 @@ def optimal(ctx: typer.Context,
     given = dict(budget_usd=budget_usd, gpu_hours=gpu_hours, gpus=gpus, days=days, gpu=gpu, fit=fit,
                  min_params=min_params, max_params=max_params, num_sizes=num_sizes, seq_length=seq_length,
                  aspect_ratio=aspect_ratio, batch_tokens=batch_tokens, max_gpus=max_gpus, max_days=max_days,
-                 max_pp=max_pp)
+                 max_pp=max_pp, inference_tokens=inference_tokens)
+    if inference_mfu is not None:
+        given["inference_mfu"] = inference_mfu
     args = dict(given, settings=dict(parse_setting(t) for t in settings or ()))
     if config is not None:       # the file's values, less those the command line gives
         def typed(k):            # (typer's own click: compare the source by name)

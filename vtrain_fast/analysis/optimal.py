@@ -48,6 +48,18 @@ the chosen fit (:data:`~vtrain_fast.model.step.LOSS_FITS`). The best plan of a s
 that buys the most tokens (ties: the fewest GPU-seconds); the optimum is the shape whose best
 plan has the lowest loss.
 
+Inference-aware sizing
+----------------------
+With ``inference_tokens`` ``D_inf`` (Sardana, Portes, Doubov, Frankle 2024, "Beyond
+Chinchilla-Optimal", arXiv:2401.00448: the model that is cheapest over its lifetime is smaller
+and trained longer than Chinchilla's), the budget also pays for serving: a shape of ``N``
+parameters costs ``2 N D_inf`` FLOPs to serve, on the same GPU type at ``inference_mfu`` of its
+bf16 peak (:data:`DEFAULT_INFERENCE_MFU`, an assumption), and trains on what is left,
+``G_s - 2 N D_inf / (peak x inference_mfu)`` GPU-seconds. Only with a money or GPU-hour budget
+(a cluster-days budget pays for training time only). The naive answer is the paper's compute
+formulation: the lowest loss at ``6 N D + 2 N D_inf = C``, both at 100 % of the peak
+(:meth:`~vtrain_fast.model.step.LossFit.optimal_with_inference`).
+
 The naive answer spends the same budget at 100 % utilisation: FLOPs ``C`` = GPU-seconds x the
 GPU's dense peak (bf16, or FP8 under ``precision = "fp8"``), ``C = 6 N D``, and the fit's
 compute-optimal ``N, D`` at that ``C`` (Hoffmann et al. 2022, Eq. 4); its "days" assume the
@@ -81,6 +93,10 @@ SECONDS_PER_DAY = 86400.0
 # Tokens the sweep prices the points at (any value: the step time does not depend on it).
 PRICED_TOKENS = 1e12
 CHUNK_POINTS = 1 << 17
+# Inference-aware sizing: the serving GPUs' utilisation of the bf16 dense peak unless
+# ``inference_mfu`` says otherwise. An assumption, not a measurement: autoregressive decoding is
+# memory-bound and runs far below a training step's utilisation, prefill close to it; state your own.
+DEFAULT_INFERENCE_MFU = 0.3
 # With ``gpus``: other global batches searched, at most this far from the rule's (a fraction).
 BATCH_TOLERANCE = 0.25
 
@@ -151,6 +167,9 @@ CURVE_COLUMNS = {
     "tokens_per_parameter": "D / N", "flops": "6 N D, FLOPs", "train_days": "days",
     "gpu_hours": "GPU-h", "cost_usd": "USD (GPU-h x usd_per_gpu_hour)",
     "loss": "L(N, D) of the fit, nats/token", "fit": "loss fit", "limited_by": "budget | days (the time cap binds)",
+    "inference_tokens": "tokens served (--inference-tokens)",
+    "inference_gpu_hours": "GPU-h serving them: 2 N D_inf / (peak x --inference-mfu)",
+    "total_cost_usd": "USD, training and serving",
     "optimum": "true on the optimum's row",
 }
 
@@ -262,7 +281,8 @@ def _toml_value(where: str, key: str, value) -> str:
 # The keys an ``optimal --config`` file's ``[optimal]`` table takes: :func:`optimal`'s keyword
 # arguments (a study's budget, GPU, fit and search ranges; ``settings`` a table of [training] settings).
 CONFIG_KEYS = ("budget_usd", "gpu_hours", "gpus", "days", "gpu", "fit", "min_params", "max_params", "num_sizes",
-               "seq_length", "aspect_ratio", "batch_tokens", "max_gpus", "max_days", "max_pp", "settings")
+               "seq_length", "aspect_ratio", "batch_tokens", "max_gpus", "max_days", "max_pp", "inference_tokens",
+               "inference_mfu", "settings")
 
 
 def read_config(path) -> dict:
@@ -353,6 +373,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
             min_params: float = 1e8, max_params: float = 1e12, num_sizes: int = 40, seq_length: int = 2048,
             aspect_ratio: float = 128.0, batch_tokens: int = 4 * 1024 * 1024, max_gpus: int = 16384,
             max_days: float = 90.0, max_pp: int = 64, settings: dict | None = None,
+            inference_tokens: float | None = None, inference_mfu: float = DEFAULT_INFERENCE_MFU,
             calibration: dict | None = None, gpu_presets: dict | None = None) -> OptimalResult:
     """The model size, token count, plan and cluster of lowest predicted loss within a budget.
 
@@ -394,6 +415,13 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     settings : dict, optional
         ``[training]`` settings of a sweep spec for every plan (on top of
         :data:`DEFAULT_SETTINGS`).
+    inference_tokens : float, optional
+        Inference-aware sizing (Sardana et al. 2024): tokens the model will serve in its
+        lifetime, paid from the same money or GPU-hour budget at ``2 N`` FLOPs each (this
+        module's docstring, "Inference-aware sizing"). Not with ``gpus`` and ``days``.
+    inference_mfu : float
+        Utilisation of the serving GPUs (same GPU type), a fraction of the bf16 dense peak:
+        an assumption, default :data:`DEFAULT_INFERENCE_MFU`.
     calibration, gpu_presets : dict, optional
         As :func:`vtrain_fast.plan.spec.parse_spec`'s.
 
@@ -410,7 +438,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     t0 = time.perf_counter()
     from ..hardware.gpus import PRESETS
     from ..engine.chunks import RowBuffers, evaluate_chunk
-    from ..model.params import O_ITER, OK
+    from ..model.params import O_ITER, O_PARAMS, OK
     from ..model.sweep import I_GBS, I_GPU, I_MODEL, I_NUM_GPUS, sweep_chunk
     from ..plan.grid import build_grid
     from ..plan.spec import parse_spec
@@ -456,6 +484,13 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         limit_gpus = _positive("--max-gpus", max_gpus, 0, 10_000_000, whole=True)
         max_days = _positive("--max-days", max_days, 0.0, 36500.0)
         max_s = max_days * SECONDS_PER_DAY
+    if inference_tokens is not None:
+        if kind == "cluster":
+            raise InputError("command line", "--inference-tokens", inference_tokens,
+                             "--inference-tokens with --budget-usd or --gpu-hours (serving is paid from that budget)",
+                             "give the budget in dollars or GPU-hours, e.g. --budget-usd 1e7 --inference-tokens 1e13")
+        inference_tokens = _positive("--inference-tokens", inference_tokens, 0.0, 1e20)
+        inference_mfu = _positive("--inference-mfu", inference_mfu, 0.0, 1.0)
     merged = dict(DEFAULT_SETTINGS)
     for k, v in (settings or {}).items():
         if k in OWN_TRAINING_KEYS:
@@ -486,6 +521,10 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         budget_gpu_s = np.full(len(spec.gpus), 3600.0 * gpu_hours)
     else:
         budget_gpu_s = np.full(len(spec.gpus), np.inf)
+    # serving: GPU-seconds per parameter (2 D_inf FLOPs per parameter at inference_mfu of the peak)
+    peaks = np.array([g.peak_tflops * 1e12 for g in spec.gpus], dtype=np.float64)
+    serve_s_per_param = (2.0 * inference_tokens / (peaks * inference_mfu) if inference_tokens
+                         else np.zeros(len(spec.gpus)))
 
     # one pass over the grid: the best plan of each shape
     num_models = len(shapes)
@@ -502,7 +541,9 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         feasible += ok.size
         it = b.out[O_ITER, ok]
         ngpu = b.inputs[I_NUM_GPUS, ok].astype(np.float64)
-        steps = np.floor(np.minimum(budget_gpu_s[b.inputs[I_GPU, ok]] / (ngpu * it), max_s / it))
+        g_ok = b.inputs[I_GPU, ok]
+        left = np.maximum(budget_gpu_s[g_ok] - serve_s_per_param[g_ok] * b.out[O_PARAMS, ok], 0.0)
+        steps = np.floor(np.minimum(left / (ngpu * it), max_s / it))
         models = np.concatenate([keep_model, b.inputs[I_MODEL, ok]])
         tokens = np.concatenate([keep_tokens, steps * b.inputs[I_GBS, ok]])    # sequences
         gpu_s = np.concatenate([keep_gpu_s, steps * ngpu * it])
@@ -528,13 +569,17 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     tokens = steps * curve["global_batch_size"].to_numpy() * seq_length
     n_params = curve["num_parameters"].to_numpy()
     gpu_h = ngpu * steps * it / 3600.0
-    budget_steps = np.floor(budget_gpu_s[gi] / (ngpu * it))
+    serve_gpu_h = serve_s_per_param[gi] * n_params / 3600.0
+    budget_steps = np.floor(np.maximum(budget_gpu_s[gi] - 3600.0 * serve_gpu_h, 0.0) / (ngpu * it))
     curve = curve.with_columns(
         num_steps=pl.Series(steps.astype(np.int64)), num_tokens=pl.Series(tokens),
         tokens_per_parameter=pl.Series(tokens / n_params), flops=pl.Series(6.0 * n_params * tokens),
         train_days=pl.Series(steps * it / SECONDS_PER_DAY), gpu_hours=pl.Series(gpu_h),
         cost_usd=pl.Series(gpu_h * price), loss=pl.Series(lf.loss(n_params, tokens)),
         fit=pl.lit(lf.name), limited_by=pl.Series(np.where(steps < budget_steps, "days", "budget")),
+        **({} if not inference_tokens else dict(
+            inference_tokens=pl.lit(float(inference_tokens)), inference_gpu_hours=pl.Series(serve_gpu_h),
+            total_cost_usd=pl.Series((gpu_h + serve_gpu_h) * price))),
     ).sort("num_parameters")
     opt = int(curve["loss"].arg_min())
     curve = curve.with_columns(optimum=pl.Series(np.arange(curve.height) == opt))
@@ -547,10 +592,14 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     peak = preset.peak_tflops * 1e12
     naive_gpu_s = gpus * days * SECONDS_PER_DAY if kind == "cluster" else float(budget_gpu_s[0])
     flops = naive_gpu_s * peak
-    n_opt, d_opt = lf.compute_optimal(flops)
-    naive = dict(num_parameters=n_opt, num_tokens=d_opt, tokens_per_parameter=d_opt / n_opt, flops=flops,
+    # with serving: the lifetime FLOPs 6 N D + 2 N D_inf at the peak (Sardana et al.), serving at
+    # 100 % too, so that the naive answer stays the paper's compute formulation
+    n_opt, d_opt = lf.optimal_with_inference(flops, float(inference_tokens or 0.0))
+    naive = dict(num_parameters=n_opt, num_tokens=d_opt, tokens_per_parameter=d_opt / n_opt,
+                 flops=6.0 * n_opt * d_opt,
                  num_gpus=gpus if kind == "cluster" else None, train_days=days if kind == "cluster" else None,
-                 gpu_hours=naive_gpu_s / 3600.0, cost_usd=naive_gpu_s / 3600.0 * float(prices[0]), mfu=1.0,
+                 gpu_hours=6.0 * n_opt * d_opt / peak / 3600.0, cost_usd=6.0 * n_opt * d_opt / peak / 3600.0 * float(prices[0]),
+                 total_cost_usd=naive_gpu_s / 3600.0 * float(prices[0]), mfu=1.0,
                  loss=float(lf.loss(n_opt, d_opt)))
     params_col = curve["num_parameters"].to_numpy()
     naive_size = None
@@ -559,6 +608,10 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
 
     from ..plan.spec import spec_caveats
     warnings, notes = [], list(spec.notes) + spec_caveats(spec)   # the sweep's caveats (calibration, not validated)
+    if inference_tokens:
+        notes.append(f"inference-aware (Sardana et al. 2024): serving {inference_tokens:.3g} tokens at 2 N FLOPs each "
+                     f"on {gpu} at {inference_mfu:.0%} of its bf16 peak (--inference-mfu, an assumption) costs the "
+                     f"optimum {best['inference_gpu_hours']:,.0f} GPU-h of the budget; the naive answer serves at 100 %")
     if merged.get("precision") == "fp8":
         notes.append("precision fp8: MFU and the naive answer use the bf16 peak (MFU's convention); FP8 GEMMs "
                      "run at up to twice that, so MFU above 50 % is possible")
@@ -592,7 +645,8 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         sizes_priced = curve["num_parameters"]
         notes.append(f"the optimum lies inside the searched range of sizes with a feasible plan "
                      f"({sizes_priced.min():.3g} to {sizes_priced.max():.3g} parameters)")
-    return OptimalResult(fit=lf, gpu=gpu, budget=dict(kind=kind, budget_usd=budget_usd, gpu_hours=(
+    return OptimalResult(fit=lf, gpu=gpu, budget=dict(kind=kind, budget_usd=budget_usd, inference_tokens=inference_tokens,
+        inference_mfu=inference_mfu if inference_tokens else None, gpu_hours=(
         None if kind == "cluster" else float(budget_gpu_s[0]) / 3600.0), gpus=gpus, days=days,
         max_gpus=None if kind == "cluster" else limit_gpus, max_days=None if kind == "cluster" else max_days,
         batch=batch), best=best, naive=naive, naive_size=naive_size, curve=curve, warnings=warnings, notes=notes,

@@ -373,6 +373,8 @@ def optimal_table(res) -> Table:
     budget = (f"{res.budget['gpus']:,} x {res.gpu} for {res.budget['days']:g} days" if kind == "cluster"
               else f"${res.budget['budget_usd']:,.0f} on {res.gpu}" if kind == "usd"
               else f"{res.budget['gpu_hours']:,.0f} GPU-h on {res.gpu}")
+    if res.budget.get("inference_tokens"):
+        budget += f", serving {res.budget['inference_tokens']:.3g} tokens"
     table = Table(title=f"compute-optimal model for {budget} ({res.fit.name} fit)", show_lines=False)
     for head, just in (("", "left"), ("realistic optimum", "right"), ("naive (100 % utilisation)", "right"),
                        ("naive size, real plan", "right"), ("realistic / naive", "right")):
@@ -411,6 +413,12 @@ def optimal_table(res) -> Table:
         ("loss (nats/token)", f"{b['loss']:.4f}", f"{n['loss']:.4f}", "" if s is None else f"{s['loss']:.4f}",
          f"{b['loss'] - n['loss']:+.4f}"),
     ]
+    if res.budget.get("inference_tokens"):
+        serve = lambda r: None if r is None else 2.0 * float(r["num_parameters"]) * res.budget["inference_tokens"]  # noqa: E731
+        rows.insert(-2, ("serving FLOPs (2 N D_inf)", _fmt(serve(b)), _fmt(serve(n)), _fmt(serve(s)), ratio(serve(b), serve(n))))
+        rows.insert(-2, ("serving GPU-hours", _fmt(b["inference_gpu_hours"]), "", _fmt(g(s, "inference_gpu_hours")), ""))
+        rows.insert(-2, ("total cost USD", _fmt(b["total_cost_usd"]), _fmt(n["total_cost_usd"]), _fmt(g(s, "total_cost_usd")),
+                         ratio(b["total_cost_usd"], n["total_cost_usd"])))
     for r in rows:
         table.add_row(*r)
     return table

@@ -107,6 +107,48 @@ class LossFit:
         n = g * (flops / 6.0) ** (self.beta / (self.alpha + self.beta))
         return n, flops / 6.0 / n
 
+    def optimal_with_inference(self, flops: float, inference_tokens: float) -> tuple[float, float]:
+        """``(N, D)`` minimising :meth:`loss` at fixed lifetime FLOPs ``C = 6 N D + 2 N D_inf``:
+        training on ``D`` tokens plus serving ``D_inf = inference_tokens`` tokens at ``2 N`` FLOPs
+        each (Sardana, Portes, Doubov, Frankle 2024, "Beyond Chinchilla-Optimal: Accounting for
+        Inference in Language Model Scaling Laws", arXiv:2401.00448, Sec. 2, the compute
+        formulation). No closed form (the paper solves it numerically): a golden-section search
+        over ``log N`` on ``D = (C - 2 N D_inf) / (6 N) > 0``, along which the loss has a single
+        minimum. ``inference_tokens = 0`` gives :meth:`compute_optimal`.
+
+        Raises
+        ------
+        ValueError
+            ``flops`` or ``inference_tokens`` negative or not finite (a caller's bug: the
+            command checks its input first).
+        """
+        if not (math.isfinite(flops) and flops > 0 and math.isfinite(inference_tokens) and inference_tokens >= 0):
+            raise ValueError(f"flops {flops!r} and inference_tokens {inference_tokens!r}: positive and finite")
+        if inference_tokens == 0:
+            n, d = self.compute_optimal(flops)
+            return float(n), float(d)
+
+        def loss_at(log_n):
+            n = math.exp(log_n)
+            d = (flops - 2.0 * n * inference_tokens) / (6.0 * n)
+            return self.loss(n, d) if d > 0 else math.inf
+
+        lo, hi = math.log(1.0), math.log(flops / (2.0 * inference_tokens)) - 1e-12   # D > 0 below hi
+        r = (math.sqrt(5.0) - 1.0) / 2.0
+        a, b = hi - r * (hi - lo), lo + r * (hi - lo)
+        fa, fb = loss_at(a), loss_at(b)
+        for _ in range(200):
+            if fa <= fb:
+                hi, b, fb = b, a, fa
+                a = hi - r * (hi - lo)
+                fa = loss_at(a)
+            else:
+                lo, a, fa = a, b, fb
+                b = lo + r * (hi - lo)
+                fb = loss_at(b)
+        n = math.exp((lo + hi) / 2.0)
+        return n, (flops - 2.0 * n * inference_tokens) / (6.0 * n)
+
 
 # The loss fits a caller can choose (the kernels' ``loss`` column is always ``hoffmann``'s, from
 # the constants above; other fits are computed in Python from num_parameters and num_tokens).
