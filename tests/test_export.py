@@ -237,3 +237,22 @@ def test_a_plan_picked_among_several_jobs_says_so(tmp_path):
     pl.DataFrame(rows).write_csv(path)
     e = export(path, "megatron", row=0)
     assert any("2 num_tokens values" in n for n in e.notes)
+
+
+def test_a_plan_near_the_memory_limit_says_so(tmp_path, monkeypatch):
+    """The 'tight' mark (memory headroom below the tables' margin) reaches the export's notes; the
+    margin raised to 15 % so that a GPT-3 plan on few data-parallel ranks is within it."""
+    from vtrain_fast.analysis import query
+    from vtrain_fast.hardware.gpus import PRESETS
+    monkeypatch.setattr(query, "DEFAULT_MEMORY_MARGIN", 0.15)
+    cap = PRESETS["a100-sxm4-80gb"].hbm_GiB
+    for dp in (2, 12):
+        path = tmp_path / f"dp{dp}.csv"
+        pl.DataFrame([{**BASE, **PLANS["gpt3"], "recompute": "selective", "dp": dp}]).write_csv(path)
+        mem = evaluate_frame(pl.read_csv(path), "x")["memory_per_gpu_GiB"][0]
+        notes = [n for n in export(path, "megatron").notes if n.startswith("memory:")]
+        if cap - mem < 0.15 * cap:
+            assert dp == 2 and len(notes) == 1 and f"{mem:.1f} GiB per GPU, {cap - mem:.1f} GiB left" in notes[0]
+            assert "within 15%" in notes[0]
+        else:
+            assert dp == 12 and notes == []

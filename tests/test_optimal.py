@@ -295,3 +295,17 @@ def test_the_shipped_case_study_file_reads():
     from vtrain_fast.analysis.optimal import read_config
     cfg = read_config(Path(__file__).resolve().parents[1] / "sweeps" / "case-compute-optimal-3360xa100-30d.toml")
     assert (cfg["gpus"], cfg["days"], cfg["gpu"]) == (3360, 30, "a100-sxm4-80gb")
+
+
+def test_memory_margin_leaves_out_tight_plans_and_the_curve_marks_them():
+    cap = PRESETS[GPU].hbm_GiB
+    plain = optimal(gpus=96, days=2.0, gpu=GPU, **SMALL)
+    head = plain.curve["memory_headroom_GiB"].to_numpy()
+    np.testing.assert_allclose(head, cap - plain.curve["memory_per_gpu_GiB"].to_numpy(), rtol=1e-12)
+    assert (plain.curve["memory_tight"].to_numpy() == (head < 0.05 * cap)).all()
+    margin = 0.5
+    res = optimal(gpus=96, days=2.0, gpu=GPU, memory_margin=margin, **SMALL)
+    assert (res.curve["memory_headroom_GiB"] >= margin * cap).all() and not res.curve["memory_tight"].any()
+    assert res.feasible < plain.feasible
+    with pytest.raises(InputError, match="--memory-margin"):
+        optimal(gpus=96, days=2.0, gpu=GPU, memory_margin=1.5, **SMALL)

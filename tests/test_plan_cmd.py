@@ -204,3 +204,20 @@ def test_plot_labels_numbers_readably():
     assert group_label(("num_tokens",), (300000000000.0,)) == "tokens 3e11"
     assert group_label(("model", "num_gpus"), ("gpt3-175b", 1024)) == "gpt3-175b, 1,024 GPUs"
     assert "300000000000" not in json.dumps(group_label(("num_tokens",), (3e11,)))
+
+
+def test_where_narrows_the_plans_as_brute_force_does(tiny_sweep, cli):
+    df = _rows(tiny_sweep)
+    days = float(df.filter(pl.col("status") == "ok")["train_days"].quantile(0.9))
+    gpu = sorted(set(df["gpu"].to_list()))[-1]
+    res = plan_to_deadline(tiny_sweep, days, where=[f"gpu=={gpu}", "tp<=2"])
+    brute = _meets(df.filter((pl.col("gpu") == gpu) & (pl.col("tp") <= 2)), days, None, None).filter("meets")
+    chosen = res.table.filter(pl.col("choice") == 0)
+    assert chosen.height == brute["model"].n_unique() >= 1
+    assert (res.table["gpu"].cast(pl.String) == gpu).all() and (res.table["tp"] <= 2).all()
+    for r in chosen.iter_rows(named=True):
+        assert r["cost_usd"] == brute.filter(pl.col("model") == r["model"])["cost_usd"].min()
+    out = cli("plan", tiny_sweep, "--deadline-days", days, "--where", f"gpu=={gpu}")
+    assert out.exit_code == 0 and f"gpu=={gpu}" in flat(out.output)
+    bad = cli("plan", tiny_sweep, "--deadline-days", days, "--where", "tpp==2")
+    assert bad.exit_code == 2 and "tpp" in bad.output and "Traceback" not in bad.output

@@ -154,3 +154,26 @@ def test_the_page_in_headless_chromium(built):
     for colour in (TAB10_BLUE, TAB10_ORANGE):           # the frontier's GPU colours, above the heatmap
         near = (np.abs(img[:1000] - np.array(colour)) <= 12).all(axis=2)   # the first image: the frontier
         assert near.sum() > 200, colour
+
+
+def test_where_and_memory_margin_narrow_every_part(built):
+    """--where keeps one GPU's plans: its frontier table names only that GPU and the heatmap's
+    best MFU is that GPU's; --memory-margin leaves the tight plans out of the frontier."""
+    from vtrain_fast.analysis.query import feasible_plans, pareto
+    runner = CliRunner()
+    gpu = "h100-sxm-80gb"
+    r = runner.invoke(app, ["report", str(built / "res"), "-o", str(built / "o5"), "--where", f"gpu=={gpu}",
+                            "--memory-margin", "0.5"])
+    assert r.exit_code == 0, r.output
+    page = (built / "o5" / "index.html").read_text()
+    tables = page.split('id="tables"')[1].split("<h3>Results folder</h3>")[0]
+    assert gpu in tables and "a100-sxm4-80gb" not in tables
+    assert f"only plans with gpu=={gpu}" in page and "50%" in page
+    best = feasible_plans(built / "res", where=[f"gpu=={gpu}"]).select(pl.col("mfu").max()).collect().item()
+    assert f"({best:.1%})" in page
+    front = pareto(built / "res", ["cost_usd", "train_days"], ["gpu"], where=[f"gpu=={gpu}"], memory_margin=0.5)
+    assert front.height and not front["memory_tight"].any()
+    for args in (["--where", "gpu==nope"], ["--memory-margin", "1.5"], ["--memory-margin", "0.99"]):
+        r = runner.invoke(app, ["report", str(built / "res"), "-o", str(built / "o6"), *args])
+        assert r.exit_code == 2 and "error:" in r.output and "Traceback" not in r.output, (args, r.output)
+        assert not (built / "o6").exists()

@@ -179,14 +179,17 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         console.print(f"shard {shard} finished; when every shard has, run `vtrain-fast merge {folder}`")
     elif keep.startswith("top"):
         from .analysis.report import print_frame
-        from .analysis.query import CONFIG_COLUMNS, HEADLINE_COLUMNS, scan_results, varying_setting_columns
+        from .analysis.query import (CONFIG_COLUMNS, DEFAULT_MEMORY_MARGIN, HEADLINE_COLUMNS, scan_results,
+                                     varying_setting_columns, with_memory_headroom)
+        from .io.writer import read_manifest
         column = kept.objectives[0]       # the full column name (a short one is resolved)
         metric = column.lstrip("-")
         cols = list(dict.fromkeys(CONFIG_COLUMNS + tuple(varying_setting_columns(folder)) + (metric,)
-                                  + HEADLINE_COLUMNS))
-        rows = (scan_results(folder).select(cols).collect()
-                .sort(metric, descending=column.startswith("-"), nulls_last=True))
-        print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,))
+                                  + HEADLINE_COLUMNS + ("memory_tight",)))
+        rows = (with_memory_headroom(scan_results(folder), read_manifest(folder), DEFAULT_MEMORY_MARGIN)
+                .select(cols).collect().sort(metric, descending=column.startswith("-"), nulls_last=True))
+        print_frame(rows, f"{folder}: the {rows.height} rows kept ({keep})", 20, console, keep=(metric,),
+                    margin=DEFAULT_MEMORY_MARGIN)
         if not column.startswith("-") and metric in HIGHER_IS_BETTER:
             console.print(f"note: top:K:{metric} keeps the {metric} values that are smallest; "
                           f"write top:K:-{metric} for the largest")
@@ -433,12 +436,16 @@ def report(folder: Path = typer.Argument(..., help="results folder"),
            output: Path = typer.Option(..., "-o", "--output-dir", help="folder of the report (index.html and its PNGs)"),
            optimal_study: Optional[Path] = typer.Option(None, "--optimal", help="study file with an \\[optimal] table "
                                                         "(as `optimal --config`): adds the compute-optimal curve"),
+           where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat), e.g. "
+                                                                 "'gpu==h100-sxm-80gb'"),
+           memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose memory "
+                                                         "headroom is below this fraction of the GPU's HBM"),
            overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty output folder")):
     """Write one self-contained HTML page of a results folder: the Pareto frontier, an MFU heatmap
     over tp x pp, the time breakdown of the top frontier plans, the compute-optimal curve
     (--optimal) and the key tables (see README, Reports)."""
     from .analysis.html_report import write_report
-    page = write_report(folder, output, optimal_study, overwrite=overwrite)
+    page = write_report(folder, output, optimal_study, overwrite=overwrite, where=where, memory_margin=memory_margin)
     console.print(f"wrote {page} (images inline; the PNGs next to it)", markup=False, highlight=False)
 
 
@@ -450,6 +457,8 @@ def plan(folder: Path = typer.Argument(..., help="results folder (every row or e
          memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose memory "
                                                        "headroom is below this fraction of the GPU's HBM, e.g. 0.05"),
          runners_up: int = typer.Option(6, "--runners-up", min=0, help="other plan families listed per job"),
+         where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat), e.g. "
+                                                               "'gpu==h100-sxm-80gb', 'tp<=4'"),
          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the chosen plans and runners-up, "
                                                "every column, to .parquet or .csv")):
     """The cheapest plan of each training job (model, token budget) that trains within the deadline,
@@ -460,7 +469,7 @@ def plan(folder: Path = typer.Argument(..., help="results folder (every row or e
     from .analysis.report import print_frame
     if output:
         check_table_path(output)
-    res = plan_to_deadline(folder, deadline_days, max_gpus, memory_margin, runners_up)
+    res = plan_to_deadline(folder, deadline_days, max_gpus, memory_margin, runners_up, where)
     if res.table.height:
         if output:
             write_table_atomic(res.table, output)
@@ -470,6 +479,7 @@ def plan(folder: Path = typer.Argument(..., help="results folder (every row or e
                                   + ["train_days", "cost_usd", "mfu", "memory_per_gpu_GiB",
                                      "memory_headroom_GiB", "memory_tight"]))
         limits = (f"<= {deadline_days:g} days" + (f", <= {max_gpus:,} GPUs" if max_gpus is not None else "")
+                  + "".join(f", {w}" for w in where)
                   + (f", >= {memory_margin:.0%} of HBM free" if memory_margin else ""))
         for _, rows in res.table.group_by(jobs, maintain_order=True):
             best = rows.row(0, named=True)
@@ -702,6 +712,8 @@ def optimal(ctx: typer.Context,
                                                              "serve, paid from --budget-usd / --gpu-hours"),
             inference_mfu: Optional[float] = typer.Option(None, "--inference-mfu", help="serving GPUs' "
                                                           "utilisation of the bf16 peak (an assumption) [0.3]"),
+            memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose "
+                                                          "memory headroom is below this fraction of the GPU's HBM"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="per-shape curve, .parquet or .csv"),
             calibration: Optional[Path] = CalibrationOpt,
             gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
@@ -719,7 +731,7 @@ def optimal(ctx: typer.Context,
     given = dict(budget_usd=budget_usd, gpu_hours=gpu_hours, gpus=gpus, days=days, gpu=gpu, fit=fit,
                  min_params=min_params, max_params=max_params, num_sizes=num_sizes, seq_length=seq_length,
                  aspect_ratio=aspect_ratio, batch_tokens=batch_tokens, max_gpus=max_gpus, max_days=max_days,
-                 max_pp=max_pp, inference_tokens=inference_tokens)
+                 max_pp=max_pp, inference_tokens=inference_tokens, memory_margin=memory_margin)
     if inference_mfu is not None:
         given["inference_mfu"] = inference_mfu
     args = dict(given, settings=dict(parse_setting(t) for t in settings or ()))

@@ -337,12 +337,14 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     from ..hardware.gpus import PRESETS
     from ..io.writer import read_manifest
     from .evaluate import evaluate_frame, read_csv, without_earlier_results
-    from .query import feasible_plans, where_filter, with_cluster_columns
+    from .query import DEFAULT_MEMORY_MARGIN, feasible_plans, where_filter, with_cluster_columns, with_memory_headroom
     path = Path(source)
     if path.is_dir():
         where_filter("command line", where)
         df = feasible_plans(path, where=list(where)).collect()
-        df = with_cluster_columns(df, read_manifest(path))
+        manifest = read_manifest(path)
+        df = with_cluster_columns(df, manifest)
+        df = with_memory_headroom(df.lazy(), manifest, DEFAULT_MEMORY_MARGIN).collect()
     elif path.suffix.lower() in (".csv", ".parquet", ".pq"):
         # a table of earlier results (pareto -o, evaluate -o, plan -o) is priced again from its inputs
         plans, _ = without_earlier_results(read_csv(path))
@@ -362,6 +364,9 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     if df.height == 0:
         raise InputError(str(path), "plans", 0, "at least one feasible plan (status ok)",
                          "relax --where" if where else "the folder has no feasible plan: sweep other plans")
+    if "memory_tight" not in df.columns and "gpu" in df.columns and "memory_per_gpu_GiB" in df.columns:
+        df = with_memory_headroom(df.lazy(), {"gpus": {g: None for g in df["gpu"].unique().to_list()}},
+                                  DEFAULT_MEMORY_MARGIN).collect()
     if "cost_usd" in df.columns:
         df = df.sort("cost_usd")
     if row is None and df.height > 1:
@@ -375,6 +380,10 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     jobs = [c for c in ("model", "num_tokens") if c in df.columns and df[c].n_unique() > 1]
     notes = tuple(f"picked among plans of {' and '.join(f'{df[c].n_unique()} {c} values' for c in jobs)} "
                   f"(cheapest first); narrow with --where, e.g. '{jobs[0]}=={plan[jobs[0]]}'" for _ in jobs[:1])
+    if plan.get("memory_tight"):
+        notes += (f"memory: {plan['memory_per_gpu_GiB']:.1f} GiB per GPU, {plan['memory_headroom_GiB']:.1f} GiB left: "
+                  f"within {DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM (tight: allocator fragmentation or larger NCCL "
+                  "buffers may not fit; pick a plan with more headroom, e.g. `vtrain-fast pareto --memory-margin`)",)
     gpu = plan.get("gpu")
     gpn = int(plan.get("gpus_per_node") or (PRESETS[gpu].gpus_per_node if gpu in PRESETS else 8))
     return plan, gpn, notes

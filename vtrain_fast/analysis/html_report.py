@@ -189,20 +189,27 @@ def _section(key: str, title: str, body: str) -> str:
     return f'<section id="{key}"><h2>{_esc(title)}</h2>\n{body}\n</section>'
 
 
-def _build(folder: Path, out: Path, study) -> None:
+def _build(folder: Path, out: Path, study, where=(), memory_margin=None) -> None:
     """Write the PNGs and ``index.html`` of :func:`write_report` into the folder ``out``."""
     from ..io.writer import read_manifest
     manifest = read_manifest(folder)
     # one frontier per training job and GPU; a folder reduced to one frontier has only that one
     by = [] if manifest.get("keep", "all").startswith("frontier") else varying_job_columns(folder) + ["gpu"]
-    front = pareto(folder, list(OBJECTIVES), by, breakdown=True)
+    where = list(where)
+    front = pareto(folder, list(OBJECTIVES), by, breakdown=True, where=where, memory_margin=memory_margin)
+    margin = DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin
+    chosen = "; ".join(([f"only plans with {', '.join(where)}"] if where else [])
+                       + ([f"plans with less than {memory_margin:.0%} of the HBM free left out"] if memory_margin else []))
+    if front.height == 0 and (where or memory_margin):
+        raise InputError(str(folder), "--where" if where else "--memory-margin", where or memory_margin,
+                         "conditions that leave at least one feasible plan", "relax --where or lower --memory-margin")
     if front.height == 0:
         raise InputError(str(folder), "status", "ok", "a results folder with at least one feasible plan",
                          "see the status counts in its manifest.json: try larger tp/pp, recompute = full or more GPUs")
     name = manifest.get("name") or folder.name
     parts = []
     # (a) frontier
-    cloud = feasible_sample(folder, list(dict.fromkeys(list(OBJECTIVES) + by)))
+    cloud = feasible_sample(folder, list(dict.fromkeys(list(OBJECTIVES) + by)), where=where)
     save_figure(frontier_figure(front, cloud, "cost_usd", "train_days", tuple(by), title_of=str(folder)),
                 out / "frontier.png")
     parts.append(_section("frontier", "Pareto frontier: cost against days",
@@ -212,7 +219,7 @@ def _build(folder: Path, out: Path, study) -> None:
                           f"are labelled tp / pp / dp / micro-batch / GPU. {front.height:,} frontier plans.</p>"
                           + _png_tag(out / "frontier.png", "Pareto frontier")))
     # (b) MFU heatmap
-    plans = feasible_plans(folder).select(["tp", "pp", "micro_batch_size", "mfu"]).collect()
+    plans = feasible_plans(folder, where=where).select(["tp", "pp", "micro_batch_size", "mfu"]).collect()
     mbs, tps, pps, grid = mfu_grid(plans)
     save_figure(mfu_figure(mbs, tps, pps, grid, str(folder)), out / "mfu.png")
     parts.append(_section("mfu", f"MFU over tp x pp (micro-batch {mbs})",
@@ -265,7 +272,7 @@ def _build(folder: Path, out: Path, study) -> None:
     parts.append(_section("tables", "Key tables",
                           "<h3>Frontier plans</h3>"
                           f'<p class="note">Sorted by {_esc(", ".join(by + ["cost_usd"]))}. memory_tight: within '
-                          f"{DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM capacity (rows shaded)."
+                          f"{margin:.0%} of the GPU's HBM capacity (rows shaded)."
                           + (f" Every frontier plan has {_esc(shared)}." if shared else "") + "</p>"
                           + html_table(ft, row_class=["tight" if t else "" for t in tight])
                           + "<h3>Results folder</h3>" + html_table(_manifest_rows(folder, manifest))))
@@ -273,12 +280,15 @@ def _build(folder: Path, out: Path, study) -> None:
             f"<title>{_esc(name)}: vtrain_fast report</title><style>{CSS}</style></head><body>\n"
             f"<h1>{_esc(name)}: vtrain_fast report</h1>\n"
             f'<p class="note">{_esc(folder)}: {manifest.get("num_points", 0):,} points, '
-            f"{(manifest.get('status_counts') or {}).get('ok', 0):,} feasible.</p>\n"
+            f"{(manifest.get('status_counts') or {}).get('ok', 0):,} feasible"
+            + (f"; {_esc(chosen)} (the dots of the frontier figure include plans within the memory margin)"
+               if memory_margin else f"; {_esc(chosen)}" if chosen else "") + ".</p>\n"
             + "\n".join(parts) + "\n</body></html>\n")
     (out / "index.html").write_text(page, encoding="utf-8")
 
 
-def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False) -> Path:
+def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False, where=(),
+                 memory_margin: float | None = None) -> Path:
     """Write the HTML report of a results folder: ``out_dir/index.html`` with every image inline
     (base64 PNGs; the PNGs also next to it).
 
@@ -296,6 +306,13 @@ def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False) -
         adds the compute-optimal curve.
     overwrite : bool
         Replace an existing non-empty ``out_dir``.
+    where : sequence of str
+        Only the plans meeting these ``COLUMN OP VALUE`` conditions, in every figure and table
+        (:func:`~vtrain_fast.analysis.query.where_filter`).
+    memory_margin : float, optional
+        Leave out the plans whose memory headroom is below this fraction of the GPU's HBM (as
+        ``pareto --memory-margin``); without it the tables mark them ``tight`` at
+        :data:`~vtrain_fast.analysis.query.DEFAULT_MEMORY_MARGIN`.
 
     Returns
     -------
@@ -314,13 +331,16 @@ def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False) -
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise InputError("command line", "-o", str(out), "an empty or new folder",
                          "add --overwrite to replace it, or name another folder")
+    from .query import check_memory_margin, where_filter
+    where_filter("command line", list(where))          # bad conditions fail before any work
+    check_memory_margin("command line", memory_margin)
     if optimal_study is not None:
         from .optimal import read_config
         read_config(optimal_study)           # a bad study file fails before any work
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _build(folder, tmp, optimal_study)
+        _build(folder, tmp, optimal_study, where, memory_margin)
         os.chmod(tmp, 0o755)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))

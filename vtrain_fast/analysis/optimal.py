@@ -163,6 +163,8 @@ CURVE_COLUMNS = {
     "micro_batch_size": "sequences", "global_batch_size": "sequences", "recompute": "activation recomputation",
     "iteration_time_s": "s per optimizer step", "tokens_per_s": "tokens/s", "mfu": "model FLOPs utilisation",
     "memory_per_gpu_GiB": "GiB, fullest GPU",
+    "memory_headroom_GiB": "GiB left of the GPU's HBM",
+    "memory_tight": "headroom below the memory margin (--memory-margin, else 5 %)",
     "num_steps": "optimizer steps the budget buys", "num_tokens": "tokens D = steps x batch x seq_length",
     "tokens_per_parameter": "D / N", "flops": "6 N D, FLOPs", "train_days": "days",
     "gpu_hours": "GPU-h", "cost_usd": "USD (GPU-h x usd_per_gpu_hour)",
@@ -282,7 +284,7 @@ def _toml_value(where: str, key: str, value) -> str:
 # arguments (a study's budget, GPU, fit and search ranges; ``settings`` a table of [training] settings).
 CONFIG_KEYS = ("budget_usd", "gpu_hours", "gpus", "days", "gpu", "fit", "min_params", "max_params", "num_sizes",
                "seq_length", "aspect_ratio", "batch_tokens", "max_gpus", "max_days", "max_pp", "inference_tokens",
-               "inference_mfu", "settings")
+               "inference_mfu", "memory_margin", "settings")
 
 
 def read_config(path) -> dict:
@@ -374,7 +376,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
             aspect_ratio: float = 128.0, batch_tokens: int = 4 * 1024 * 1024, max_gpus: int = 16384,
             max_days: float = 90.0, max_pp: int = 64, settings: dict | None = None,
             inference_tokens: float | None = None, inference_mfu: float = DEFAULT_INFERENCE_MFU,
-            calibration: dict | None = None, gpu_presets: dict | None = None) -> OptimalResult:
+            memory_margin: float | None = None, calibration: dict | None = None, gpu_presets: dict | None = None) -> OptimalResult:
     """The model size, token count, plan and cluster of lowest predicted loss within a budget.
 
     Give exactly one budget: ``budget_usd``, ``gpu_hours``, or ``gpus`` and ``days`` together.
@@ -422,6 +424,11 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     inference_mfu : float
         Utilisation of the serving GPUs (same GPU type), a fraction of the bf16 dense peak:
         an assumption, default :data:`DEFAULT_INFERENCE_MFU`.
+    memory_margin : float, optional
+        Leave out plans whose memory headroom is below this fraction of the GPU's HBM (as
+        ``pareto --memory-margin``). Without it every plan that fits is searched and the curve's
+        ``memory_tight`` marks those within the tables' default margin
+        (:data:`~vtrain_fast.analysis.query.DEFAULT_MEMORY_MARGIN`).
     calibration, gpu_presets : dict, optional
         As :func:`vtrain_fast.plan.spec.parse_spec`'s.
 
@@ -438,7 +445,8 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     t0 = time.perf_counter()
     from ..hardware.gpus import PRESETS
     from ..engine.chunks import RowBuffers, evaluate_chunk
-    from ..model.params import O_ITER, O_PARAMS, OK
+    from ..model.params import O_ITER, O_MEM, O_PARAMS, OK
+    from .query import DEFAULT_MEMORY_MARGIN, check_memory_margin
     from ..model.sweep import I_GBS, I_GPU, I_MODEL, I_NUM_GPUS, sweep_chunk
     from ..plan.grid import build_grid
     from ..plan.spec import parse_spec
@@ -491,6 +499,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
                              "give the budget in dollars or GPU-hours, e.g. --budget-usd 1e7 --inference-tokens 1e13")
         inference_tokens = _positive("--inference-tokens", inference_tokens, 0.0, 1e20)
         inference_mfu = _positive("--inference-mfu", inference_mfu, 0.0, 1.0)
+    check_memory_margin("command line", memory_margin)
     merged = dict(DEFAULT_SETTINGS)
     for k, v in (settings or {}).items():
         if k in OWN_TRAINING_KEYS:
@@ -523,6 +532,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         budget_gpu_s = np.full(len(spec.gpus), np.inf)
     # serving: GPU-seconds per parameter (2 D_inf FLOPs per parameter at inference_mfu of the peak)
     peaks = np.array([g.peak_tflops * 1e12 for g in spec.gpus], dtype=np.float64)
+    capacity_GiB = np.array([g.hbm_GiB for g in spec.gpus], dtype=np.float64)
     serve_s_per_param = (2.0 * inference_tokens / (peaks * inference_mfu) if inference_tokens
                          else np.zeros(len(spec.gpus)))
 
@@ -538,6 +548,9 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         n = min(b.capacity, grid.num_points - start)
         sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
         ok = np.flatnonzero(b.status[:n] == OK)
+        if memory_margin:          # leave out the plans within the margin of the HBM
+            cap = capacity_GiB[b.inputs[I_GPU, ok]]
+            ok = ok[cap - b.out[O_MEM, ok] >= memory_margin * cap]
         feasible += ok.size
         it = b.out[O_ITER, ok]
         ngpu = b.inputs[I_NUM_GPUS, ok].astype(np.float64)
@@ -570,6 +583,8 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     n_params = curve["num_parameters"].to_numpy()
     gpu_h = ngpu * steps * it / 3600.0
     serve_gpu_h = serve_s_per_param[gi] * n_params / 3600.0
+    headroom = capacity_GiB[gi] - curve["memory_per_gpu_GiB"].to_numpy()
+    margin = DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin
     budget_steps = np.floor(np.maximum(budget_gpu_s[gi] - 3600.0 * serve_gpu_h, 0.0) / (ngpu * it))
     curve = curve.with_columns(
         num_steps=pl.Series(steps.astype(np.int64)), num_tokens=pl.Series(tokens),
@@ -577,6 +592,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         train_days=pl.Series(steps * it / SECONDS_PER_DAY), gpu_hours=pl.Series(gpu_h),
         cost_usd=pl.Series(gpu_h * price), loss=pl.Series(lf.loss(n_params, tokens)),
         fit=pl.lit(lf.name), limited_by=pl.Series(np.where(steps < budget_steps, "days", "budget")),
+        memory_headroom_GiB=pl.Series(headroom), memory_tight=pl.Series(headroom < margin * capacity_GiB[gi]),
         **({} if not inference_tokens else dict(
             inference_tokens=pl.lit(float(inference_tokens)), inference_gpu_hours=pl.Series(serve_gpu_h),
             total_cost_usd=pl.Series((gpu_h + serve_gpu_h) * price))),
@@ -646,7 +662,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         notes.append(f"the optimum lies inside the searched range of sizes with a feasible plan "
                      f"({sizes_priced.min():.3g} to {sizes_priced.max():.3g} parameters)")
     return OptimalResult(fit=lf, gpu=gpu, budget=dict(kind=kind, budget_usd=budget_usd, inference_tokens=inference_tokens,
-        inference_mfu=inference_mfu if inference_tokens else None, gpu_hours=(
+        inference_mfu=inference_mfu if inference_tokens else None, memory_margin=margin, gpu_hours=(
         None if kind == "cluster" else float(budget_gpu_s[0]) / 3600.0), gpus=gpus, days=days,
         max_gpus=None if kind == "cluster" else limit_gpus, max_days=None if kind == "cluster" else max_days,
         batch=batch), best=best, naive=naive, naive_size=naive_size, curve=curve, warnings=warnings, notes=notes,

@@ -1,7 +1,7 @@
 """Planning to a deadline: the cheapest plan of a results folder that trains in time, and why the
 other plan families lose.
 
-Reads Parquet only (:func:`vtrain_fast.analysis.query.scan_results`); never evaluates the cost model.
+Reads Parquet only (:func:`vtrain_fast.analysis.query.plans_where`); never evaluates the cost model.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import polars as pl
 
 from ..io.errors import InputError
 from ..io.writer import read_manifest
-from .query import (JOB_COLUMNS, check_memory_margin, memory_capacity_GiB, scan_results, with_cluster_columns,
+from .query import (JOB_COLUMNS, check_memory_margin, memory_capacity_GiB, plans_where, with_cluster_columns,
                     with_memory_headroom)
 
 # What tells plan families apart: the GPU and the model-parallel sizes (the data-parallel size,
@@ -79,7 +79,7 @@ def _check_options(where: str, deadline_days: float, max_gpus, memory_margin) ->
 
 
 def plan_to_deadline(folder: str | Path, deadline_days: float, max_gpus: int | None = None,
-                     memory_margin: float | None = None, runners_up: int = 6) -> DeadlinePlan:
+                     memory_margin: float | None = None, runners_up: int = 6, where=()) -> DeadlinePlan:
     """The cheapest plan of each training job in a results folder that trains within a deadline.
 
     A plan meets the constraints when it fits in memory (status ``ok``; with ``memory_margin``
@@ -112,6 +112,10 @@ def plan_to_deadline(folder: str | Path, deadline_days: float, max_gpus: int | N
         Fraction of the GPU's HBM capacity a plan must leave free, ``[0, 1)``.
     runners_up : int
         Families listed after the chosen plan, per job (and one for each GPU they leave out).
+    where : sequence of str
+        Only the rows meeting these ``COLUMN OP VALUE`` conditions
+        (:func:`~vtrain_fast.analysis.query.where_filter`; a setting with no effect on a plan
+        matches every value, as in ``pareto --where``).
 
     Returns
     -------
@@ -123,7 +127,7 @@ def plan_to_deadline(folder: str | Path, deadline_days: float, max_gpus: int | N
         A bad option, an unfinished folder, or one that kept only a frontier or the top rows
         (the cheapest plan in time need not be among them).
     """
-    where = str(folder)
+    conditions, where = list(where), str(folder)
     _check_options(where, deadline_days, max_gpus, memory_margin)
     manifest = read_manifest(folder)
     stored = manifest.get("keep", "all")
@@ -132,7 +136,7 @@ def plan_to_deadline(folder: str | Path, deadline_days: float, max_gpus: int | N
                          "this folder kept only some plans, and the cheapest one in time need not be among them; "
                          "rerun the sweep with --keep feasible (or all)")
     capacity = memory_capacity_GiB(manifest)
-    lf = scan_results(folder)
+    lf = plans_where(folder, conditions, statuses=_STATUSES)
     names = lf.collect_schema().names()
     family = [c for c in FAMILY_COLUMNS if c in names]
     jobs = [c for c in JOB_COLUMNS if c in names]
@@ -140,8 +144,7 @@ def plan_to_deadline(folder: str | Path, deadline_days: float, max_gpus: int | N
     row = pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
     need = list(dict.fromkeys(jobs + family + ["num_gpus", "dp", "micro_batch_size", "global_batch_size", "recompute",
                                               "train_days", "cost_usd", "memory_per_gpu_GiB", "status"]))
-    rows = with_memory_headroom(lf.select([row] + need).filter(pl.col("status").cast(pl.String).is_in(_STATUSES)),
-                                manifest, margin).collect()
+    rows = with_memory_headroom(lf.select([row] + need), manifest, margin).collect()
     fits = (pl.col("status").cast(pl.String) == "ok") & (~pl.col("memory_tight").fill_null(True) if memory_margin
                                                         else pl.lit(True))
     within = pl.col("num_gpus") <= max_gpus if max_gpus is not None else pl.lit(True)

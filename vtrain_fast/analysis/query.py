@@ -437,8 +437,14 @@ def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyF
         A ``by``, ``where`` or ``needed`` column the folder's rows lack (an older version), or a
         ``where`` value no row has (:func:`check_where_values`).
     """
+    return plans_where(folder, where, by, needed, ("ok",))
+
+
+def plans_where(folder: str | Path, where=None, by=(), needed=(), statuses=("ok",)) -> pl.LazyFrame:
+    """As :func:`feasible_plans`, for the rows of any of ``statuses`` (e.g. ``("ok",
+    "out_of_memory")`` for ``plan``'s runners-up)."""
     condition, where_values = where_filter(str(folder), where)
-    lf = scan_results(folder).filter(pl.col("status") == "ok")
+    lf = scan_results(folder).filter(pl.col("status").cast(pl.String).is_in(list(statuses)))
     have = set(lf.collect_schema().names())
     for option, named in (("--by", by), ("--where", list(where_values)), ("--minimize", needed)):
         for b in named:

@@ -391,6 +391,13 @@ def optimal_table(res) -> Table:
         return "" if x is None or y is None or not y else f"{x / y:.2f}x"
 
     g = lambda r, k: None if r is None else r.get(k)  # noqa: E731
+
+    def _memory(r):
+        if r is None:
+            return ""
+        return f"{r['memory_per_gpu_GiB']:.1f}" + (f" {TIGHT_MARK} (< {res.budget['memory_margin']:.0%} free)"
+                                                   if r.get("memory_tight") else "")
+
     rows = [
         ("shape", shape(b), "", shape(s), ""),
         ("parameters", _fmt(float(b["num_parameters"])), _fmt(n["num_parameters"]), _fmt(None if s is None else float(s["num_parameters"])),
@@ -409,6 +416,7 @@ def optimal_table(res) -> Table:
         ("GPU-hours", _fmt(b["gpu_hours"]), _fmt(n["gpu_hours"]), _fmt(g(s, "gpu_hours")),
          ratio(b["gpu_hours"], n["gpu_hours"])),
         ("cost USD", _fmt(b["cost_usd"]), _fmt(n["cost_usd"]), _fmt(g(s, "cost_usd")), ratio(b["cost_usd"], n["cost_usd"])),
+        ("memory per GPU (GiB)", _memory(b), "", _memory(s), ""),
         ("MFU", f"{b['mfu']:.1%}", f"{n['mfu']:.0%}", "" if s is None else f"{s['mfu']:.1%}", ratio(b["mfu"], n["mfu"])),
         ("loss (nats/token)", f"{b['loss']:.4f}", f"{n['loss']:.4f}", "" if s is None else f"{s['loss']:.4f}",
          f"{b['loss'] - n['loss']:+.4f}"),
