@@ -11,9 +11,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -325,31 +322,14 @@ def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False, w
         ``out_dir`` a file, or non-empty without ``overwrite``; an unfinished folder or one without
         a feasible plan; a bad study file.
     """
+    from ..io.writer import check_output_folder, write_folder_atomic
     folder, out = Path(folder), Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError("command line", "-o", str(out), "a folder for the report", "name a folder, e.g. -o report/")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise InputError("command line", "-o", str(out), "an empty or new folder",
-                         "add --overwrite to replace it, or name another folder")
+    check_output_folder(out, overwrite, "report")
     from .query import check_memory_margin, where_filter
     where_filter("command line", list(where))          # bad conditions fail before any work
     check_memory_margin("command line", memory_margin)
     if optimal_study is not None:
         from .optimal import read_config
         read_config(optimal_study)           # a bad study file fails before any work
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        _build(folder, tmp, optimal_study, where, memory_margin)
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.rename(out, old / "r")
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    write_folder_atomic(out, lambda tmp: _build(folder, tmp, optimal_study, where, memory_margin))
     return out / "index.html"

@@ -61,6 +61,43 @@ def write_json_atomic(path: Path, obj) -> None:
     write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "manifest", fsync=True, check=False)
 
 
+def check_output_folder(out: Path, overwrite: bool, what: str) -> None:
+    """Refuse an output folder that is a file, or not empty without ``overwrite`` (before any work).
+
+    Raises
+    ------
+    InputError
+    """
+    if out.exists() and not out.is_dir():
+        raise InputError("command line", "-o", str(out), f"a folder for the {what}", "name a folder, e.g. -o out/")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError("command line", "-o", str(out), "an empty or new folder",
+                         "add --overwrite to replace it, or name another folder")
+
+
+def write_folder_atomic(out: Path, build) -> None:
+    """Call ``build(tmp)`` to fill a temporary folder beside ``out``, then rename it into place
+    (an existing ``out`` is moved aside first and removed after), so that an interrupted run
+    leaves either the old folder or the whole new one, never a half-written one."""
+    import tempfile
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        build(tmp)
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.rename(out, old / "r")
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _unlink_quietly(path: Path) -> None:
     try:
         path.unlink()

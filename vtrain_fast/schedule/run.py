@@ -1,0 +1,167 @@
+"""``vtrain-fast schedule``: read a trace, price every job's curve in one sweep, replay it under
+each policy, and write the results folder (:func:`write_schedule`)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ..io.errors import InputError
+from .policies import POLICIES
+from .replay import DEFAULT_RESTART_S, SUMMARY_COLUMNS, Replay, replay
+
+POLICY_ORDER = tuple(POLICIES)
+
+
+def parse_cluster(text: str, gpu_presets: dict | None = None) -> tuple[str, int]:
+    """``GPU:COUNT`` (``a100-sxm4-80gb:1024``) as ``(gpu, count)``.
+
+    Raises
+    ------
+    InputError
+        Not ``GPU:COUNT``, an unknown GPU, a count that is not a positive whole number.
+    """
+    from ..hardware.gpus import PRESETS
+    from ..io.errors import did_you_mean
+    gpu, sep, count = str(text).rpartition(":")
+    if not sep or not gpu or not count.strip().isdigit() or int(count) <= 0:
+        raise InputError("command line", "--cluster", text, "GPU:COUNT, a GPU preset and a number of GPUs",
+                         "e.g. --cluster a100-sxm4-80gb:1024")
+    known = gpu_presets or PRESETS
+    if gpu not in known:
+        raise InputError("command line", "--cluster", text, "GPU:COUNT with a GPU preset (vtrain-fast presets)",
+                         did_you_mean(gpu, known, "e.g. --cluster a100-sxm4-80gb:1024"))
+    return gpu, int(count)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """The replays of one trace.
+
+    Attributes
+    ----------
+    trace : polars.DataFrame
+    gpu : str
+    num_gpus : int
+    restart_s : float
+    replays : dict
+        Policy -> :class:`~vtrain_fast.schedule.replay.Replay`, in the order asked.
+    curves : JobCurves
+    curve_seconds, replay_seconds : float
+        Wall time of the sweep and of the replays, s.
+    """
+
+    trace: pl.DataFrame
+    gpu: str
+    num_gpus: int
+    restart_s: float
+    replays: dict
+    curves: object
+    curve_seconds: float
+    replay_seconds: float
+
+    def summary(self) -> pl.DataFrame:
+        """One row per policy (:data:`~vtrain_fast.schedule.replay.SUMMARY_COLUMNS`)."""
+        return pl.DataFrame([r.summary for r in self.replays.values()])
+
+    def jobs(self) -> pl.DataFrame:
+        """Every policy's per-job rows."""
+        return pl.concat([r.jobs for r in self.replays.values()], how="vertical_relaxed")
+
+    def segments(self) -> pl.DataFrame:
+        return pl.concat([r.segments.with_columns(pl.lit(p).alias("policy")) for p, r in self.replays.items()],
+                         how="vertical_relaxed").select(["policy"] + list(next(iter(self.replays.values())).segments.columns))
+
+
+def schedule(trace_path, cluster: str, policies=POLICY_ORDER, restart_s: float = DEFAULT_RESTART_S,
+             settings: dict | None = None, calibration: dict | None = None,
+             gpu_presets: dict | None = None) -> ScheduleResult:
+    """Replay the trace at ``trace_path`` on ``cluster`` (``GPU:COUNT``) under each policy.
+
+    Raises
+    ------
+    InputError
+        A bad trace, cluster, policy, restart time or setting; a job whose model does not fit on
+        the cluster under any plan is not an error (its row says ``infeasible``).
+    """
+    from ..hardware.gpus import PRESETS
+    from .curves import job_curves
+    from .trace import read_trace
+    gpu, n = parse_cluster(cluster, gpu_presets)
+    policies = list(dict.fromkeys(policies))
+    for p in policies:
+        if p not in POLICIES:
+            from ..io.errors import did_you_mean
+            raise InputError("command line", "--policy", p, "one of " + ", ".join(POLICIES),
+                             did_you_mean(p, POLICIES, "e.g. --policy plan-aware"))
+    if not (isinstance(restart_s, (int, float)) and math.isfinite(restart_s) and restart_s >= 0):
+        raise InputError("command line", "--restart-s", restart_s, "seconds >= 0", "e.g. --restart-s 300")
+    trace = read_trace(trace_path)
+    t0 = time.perf_counter()
+    kinds = sorted(set(zip(trace["model"].to_list(), trace["global_batch_size"].to_list())))
+    curves = job_curves(kinds, gpu, n, settings, calibration, gpu_presets)
+    t1 = time.perf_counter()
+    price = (gpu_presets or PRESETS)[gpu].usd_per_gpu_hour
+    replays = {p: replay(trace, curves, p, restart_s, price) for p in policies}
+    return ScheduleResult(trace=trace, gpu=gpu, num_gpus=n, restart_s=float(restart_s), replays=replays, curves=curves,
+                          curve_seconds=t1 - t0, replay_seconds=time.perf_counter() - t1)
+
+
+def comparison(res: ScheduleResult, base: str = "dp-only", policy: str = "plan-aware") -> dict | None:
+    """``policy`` against ``base``: the ratio of deadlines met and the change of mean JCT and
+    makespan (fractions; negative: shorter), as vTrain's paper reports them; None unless both
+    were replayed."""
+    if base not in res.replays or policy not in res.replays:
+        return None
+    a, b = res.replays[policy].summary, res.replays[base].summary
+    return dict(policy=policy, base=base,
+                deadlines_met_ratio=a["deadlines_met"] / b["deadlines_met"] if b["deadlines_met"] else math.inf,
+                mean_jct_change=a["mean_jct_hours"] / b["mean_jct_hours"] - 1.0,
+                makespan_change=a["makespan_hours"] / b["makespan_hours"] - 1.0)
+
+
+def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gantt: bool = True) -> list[str]:
+    """Write ``out/`` atomically (:func:`vtrain_fast.io.writer.write_folder_atomic`):
+    ``jobs.parquet`` (every policy's per-job rows), ``segments.parquet`` (the allocations over
+    time), ``summary.parquet``, ``gantt-<policy>.png`` and ``manifest.json`` (the inputs, and the
+    size and SHA-256 of every file, written last). Returns the file names.
+
+    Raises
+    ------
+    InputError
+        ``out`` a file, or a non-empty folder without ``overwrite``.
+    """
+    from .. import __version__
+    from ..analysis.report import save_figure
+    from ..io.writer import check_output_folder, file_record, write_folder_atomic, write_json_atomic
+    from .gantt import gantt_figure
+    out = Path(out)
+    check_output_folder(out, overwrite, "schedule results")
+    names = []
+
+    def build(tmp: Path):
+        tables = {"jobs.parquet": res.jobs(), "segments.parquet": res.segments(), "summary.parquet": res.summary()}
+        records = {}
+        for name, df in tables.items():
+            df.write_parquet(tmp / name)
+            records[name] = file_record(tmp / name, df.height)
+        if gantt:
+            for p, r in res.replays.items():
+                name = f"gantt-{p}.png"
+                save_figure(gantt_figure(r, res.num_gpus, f"{res.num_gpus:,} x {res.gpu}"), tmp / name)
+                records[name] = file_record(tmp / name, 0)
+        write_json_atomic(tmp / "manifest.json", dict(
+            kind="vtrain-fast schedule", version=__version__, gpu=res.gpu, num_gpus=res.num_gpus,
+            restart_s=res.restart_s, policies=list(res.replays), jobs=res.trace.height, files=records,
+            summary=[{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.summary.items()}
+                     for r in res.replays.values()],
+            summary_columns=SUMMARY_COLUMNS))
+        names.extend(list(records) + ["manifest.json"])
+    write_folder_atomic(out, build)
+    return names
+
+
+__all__ = ["POLICY_ORDER", "Replay", "ScheduleResult", "comparison", "parse_cluster", "schedule", "write_schedule"]
