@@ -46,7 +46,8 @@ def generate_trace(num_jobs: int, gpu: str, num_gpus: int, seed: int = 0,
     Returns
     -------
     polars.DataFrame
-        The columns of :data:`vtrain_fast.schedule.trace.TRACE_COLUMNS` (``num_steps`` empty).
+        The columns of :data:`vtrain_fast.schedule.trace.TRACE_COLUMNS` in their order and dtypes
+        (``num_steps`` empty), as :func:`~vtrain_fast.schedule.trace.read_trace` returns a trace.
 
     Raises
     ------
@@ -88,4 +89,6 @@ def generate_trace(num_jobs: int, gpu: str, num_gpus: int, seed: int = 0,
                          num_tokens=float(steps * global_batch_size * seq),
                          deadline_hours=round(float(arrival[i] + slack * steps * step_s[nodes] / 3600.0), 4),
                          global_batch_size=global_batch_size, priority=0, num_gpus=int(used[nodes]) * gpn))
-    return pl.DataFrame(rows)
+    from .trace import TRACE_COLUMNS
+    return pl.DataFrame(rows).with_columns(pl.lit(None, pl.Int64).alias("num_steps")).select(
+        [pl.col(c.name).cast(c.dtype) for c in TRACE_COLUMNS])

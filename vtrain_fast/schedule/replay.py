@@ -71,7 +71,8 @@ class Replay:
         One row per job (:data:`JOB_COLUMNS`).
     segments : polars.DataFrame
         One row per stretch of a job on one allocation: ``job_id``, ``start_hours``, ``end_hours``,
-        ``num_gpus``, ``plan``, ``restart_until_hours``.
+        ``num_gpus``, ``plan``, ``step_s`` (its seconds per step), ``restart_until_hours`` (no
+        progress before).
     summary : dict
         The totals (:data:`SUMMARY_COLUMNS`).
     max_gpus_held : int
@@ -213,7 +214,7 @@ def replay(trace: pl.DataFrame, curves, policy: str, restart_s: float = DEFAULT_
                     plan = _plan_text(curves, fam, nodes * gpn)
                     j.plans.append(plan)
                     open_seg[j.job_id] = dict(job_id=j.job_id, start_hours=now / HOUR, end_hours=math.nan,
-                                              num_gpus=nodes * gpn, plan=plan,
+                                              num_gpus=nodes * gpn, plan=plan, step_s=float(j.step_s[nodes]),
                                               restart_until_hours=max(now, j.paused_until) / HOUR)
             held += j.nodes
         if held > n_nodes:
@@ -250,7 +251,8 @@ def _measure(policy, done, infeasible, models, segments, curves, price, max_held
     jobs = pl.DataFrame(rows, schema_overrides={"deadline_hours": pl.Float64, "deadline_met": pl.Boolean,
                                                 "first_plan": pl.String, "last_plan": pl.String})
     seg = pl.DataFrame(segments, schema={"job_id": pl.String, "start_hours": pl.Float64, "end_hours": pl.Float64,
-                                         "num_gpus": pl.Int64, "plan": pl.String, "restart_until_hours": pl.Float64})
+                                         "num_gpus": pl.Int64, "plan": pl.String, "step_s": pl.Float64,
+                                         "restart_until_hours": pl.Float64})
     fin = jobs.filter(pl.col("status") == "done")
     jct = np.sort(fin["jct_hours"].to_numpy())
     makespan = (fin["finish_hours"].max() - jobs["arrival_hours"].min()) if fin.height else 0.0
