@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vtrain_fast"
 
 # Lowest first. A module of layer k may import modules of layers <= k (never a circle).
 LAYERS = [
-    ("analysis", "engine", "hardware", "io", "plan"),                             # layer folders' __init__ (docstrings only)
+    ("analysis", "engine", "hardware", "io", "plan", "schedule"),                 # layer folders' __init__ (docstrings only)
     ("io.errors", "model._jit", "plan.models", "io.inputs", "model.settings", "model.arch", "model.moe", "model.params", "model", "__init__"),  # leaves
     ("model.layout", "model.ops", "model.comm", "model.memory", "model.step", "model.sweep"),  # cost model
     ("io.schema", "hardware.gpus"),                                               # columns; GPUs as data
@@ -26,6 +26,9 @@ LAYERS = [
      "analysis.optimal", "analysis.plan", "analysis.show", "analysis.html_report"),                      # reading results, single plans, sizing, deadlines
     ("analysis.validate", "analysis.calibrate", "analysis.published"),            # measurements
     ("analysis.published_moe",),                                                  # MoE measurements (published's machinery)
+    ("schedule.trace", "schedule.policies", "schedule.curves", "schedule.gantt"),  # traces, rules, job curves
+    ("schedule.replay", "schedule.generate"),                                      # the event loop; synthetic traces
+    ("schedule.run",),                                                             # the schedule command's library
     ("cli", "bench", "__main__"),                                                 # commands
 ]
 LAYER = {m: k for k, mods in enumerate(LAYERS) for m in mods}
@@ -99,7 +102,7 @@ def test_no_import_circles():
 
 # The layer folders, lowest first: a module of one may import only modules of its own folder or a
 # lower one (the top-level modules cli, bench and __main__ sit above them all).
-FOLDERS = ["model", "io", "hardware", "plan", "engine", "analysis"]
+FOLDERS = ["model", "io", "hardware", "plan", "engine", "analysis", "schedule"]
 
 
 def folder_violations(graph: dict) -> list[tuple[str, str]]:
