@@ -3,6 +3,7 @@ message naming the file, key or column, the value and what is allowed."""
 from __future__ import annotations
 
 import functools
+import keyword
 import os
 import sys
 from pathlib import Path
@@ -568,30 +569,49 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
 def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .parquet table of plans "
                                                   "(evaluate's columns)"),
            to: str = typer.Option("megatron", "--to", help="megatron: Megatron-LM pretrain_gpt.py flags; bridge: "
-                                                            "Megatron-Bridge / NeMo 2 ConfigContainer overrides"),
+                                                            "Megatron-Bridge / NeMo 2 ConfigContainer overrides; "
+                                                            "torchtitan: a torchtitan recipe module (-o NAME.py, run "
+                                                            "with torchrun -m torchtitan.train --module NAME)"),
            where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat; a results "
                                                                  "folder), e.g. 'num_gpus==1024', 'tp==8'"),
            row: Optional[int] = typer.Option(None, "--row", help="which of several plans, in order of cost_usd "
                                                                  "(0: the cheapest)"),
-           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the launch script here "
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the launch script (torchtitan: "
+                                                                               "the recipe module, NAME.py) here "
                                                                                "(default: print it)"),
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
                                                                                 "model column may name"),
            overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write the launch arguments that run one plan: Megatron-LM's pretrain_gpt.py flags, named as
-    Megatron-LM names them (checked against its parser's flags at the commit the script names), or
-    Megatron-Bridge / NeMo 2 ConfigContainer overrides (--to bridge)."""
+    Megatron-LM names them (checked against its parser's flags at the commit the script names),
+    Megatron-Bridge / NeMo 2 ConfigContainer overrides (--to bridge), or a torchtitan recipe module
+    whose function returns the plan's Trainer.Config (--to torchtitan; plans torchtitan cannot run as
+    priced are refused, naming the setting to change)."""
+    from .analysis.export import TORCHTITAN_FUNCTION, TORCHTITAN_MODULE
     from .analysis.export import export as export_plan
     from .io.errors import check_output_file, file_exists_error
     from .plan.spec import load_models
+    module = TORCHTITAN_MODULE
     if output is not None:            # before any work, as every command with -o
         check_output_file(output)
+        if to == "torchtitan":        # torchtitan imports the file by its name (--module)
+            if output.suffix != ".py" or not output.stem.isidentifier() or keyword.iskeyword(output.stem):
+                raise InputError(str(output), "output file", str(output), "NAME.py, NAME a Python module name "
+                                 "(letters, digits, _): torchtitan imports the recipe with --module NAME",
+                                 f"e.g. -o {output.with_name('plan_' + ''.join(c if c.isalnum() else '_' for c in output.stem) + '.py')}")
+            module = output.stem
         if not overwrite and os.path.lexists(output):
             raise file_exists_error(output)
     own_models = load_models(models) if models else None
-    result = export_plan(plan, to, where, row, own_models)
+    result = export_plan(plan, to, where, row, own_models, module=module)
     text = result.text()
-    if not _emit_text(text, output, "launch script", overwrite):
+    if not _emit_text(text, output, "launch script" if to != "torchtitan" else "recipe module", overwrite):
+        return
+    if to == "torchtitan":
+        recipe = result.args[0].split("= ", 1)[1].split("(", 1)[0]         # config = llama3_70b()
+        err.print(f"wrote {output}: torchtitan recipe {module}.{TORCHTITAN_FUNCTION}() from {recipe}(), "
+                  f"{sum(1 for a in result.args if a.startswith('config.'))} settings; run: {result.launcher}",
+                  markup=False, highlight=False)
         return
     what = (f"{len([a for a in result.args if a.startswith('--')])} Megatron-LM flags" if to == "megatron"
             else f"{len(result.args)} Megatron-Bridge overrides")

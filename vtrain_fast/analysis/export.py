@@ -7,15 +7,23 @@ A plan is one row of a results folder or of an evaluate-style table (the columns
 Megatron-LM's parser accepts at the commit named in ``tests/data/megatron_lm_args.txt``
 (written from its source by ``tests/data/make_framework_args.py``), and :func:`bridge_overrides`
 the same plan as Megatron-Bridge / NeMo 2 ``ConfigContainer`` overrides, checked against the keys
-in ``tests/data/megatron_bridge_keys.txt``. torchtitan configurations are not written yet (issue 14).
+in ``tests/data/megatron_bridge_keys.txt``. :func:`torchtitan_config` writes it as a torchtitan
+recipe: a Python module whose function returns the ``Trainer.Config`` that runs the plan (torchtitan
+configures a run in Python: ``--module`` names the module, ``--config`` the function), starting from
+torchtitan's shipped llama3 recipe nearest to the plan; its attribute paths, imports, calls and
+keywords are checked against the names in ``tests/data/torchtitan_names.txt``. Plans torchtitan
+cannot run as priced (not Llama-shaped, MoE, ZeRO-1/2 data parallelism, FP8 delayed scaling, ring
+context parallelism, ...) are refused with the setting to change.
 
 What a plan holds that is not a framework argument (the assumed MoE load imbalance, the GPU
 type, the cluster's price) is written as comments. Nothing here prices anything.
 """
 from __future__ import annotations
 
+import keyword
 import math
 import shlex
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +37,9 @@ from ..model.settings import BY_NAME as SETTINGS
 # (tests/data/megatron_bridge_keys.txt).
 MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 MEGATRON_BRIDGE_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
-TARGETS = ("megatron", "bridge")
+# The torchtitan commit whose names the torchtitan recipes use (tests/data/torchtitan_names.txt).
+TORCHTITAN_COMMIT = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"
+TARGETS = ("megatron", "bridge", "torchtitan")
 # Megatron-LM flags whose Megatron-Bridge ConfigContainer key is not ``model.<flag's field>``: the
 # key, or None where the override list leaves it out (a tokenizer setting; implied by another key).
 # Bridge's own names: megatron/bridge/training/config.py (train, ddp, optimizer),
@@ -63,24 +73,34 @@ class Export:
     Attributes
     ----------
     target : str
-        ``megatron`` (Megatron-LM flags) or ``bridge`` (Megatron-Bridge / NeMo 2 overrides).
+        ``megatron`` (Megatron-LM flags), ``bridge`` (Megatron-Bridge / NeMo 2 overrides) or
+        ``torchtitan`` (a torchtitan recipe module).
     args : tuple of str
         The arguments, in order: flags and their values (``megatron``), ``key=value`` overrides
-        (``bridge``).
+        (``bridge``), the statements of the recipe function from the call of the recipe it starts
+        from on (``torchtitan``: ``config = llama3_70b()``, ``config.parallelism.tensor_parallel_degree
+        = 4``, ...).
     notes : tuple of str
         What the plan holds that no argument says (written as comments).
     launcher : str
-        The ``torchrun`` line (nodes, GPUs per node) that starts it.
+        The ``torchrun`` line (nodes, GPUs per node) that starts it; for ``torchtitan`` with
+        ``-m torchtitan.train --module M --config F``.
+    source : str
+        ``torchtitan``: the whole recipe module (what :meth:`text` returns); else empty.
     """
 
     target: str
     args: tuple[str, ...]
     notes: tuple[str, ...]
     launcher: str
+    source: str = ""
 
     def text(self) -> str:
         """The export as a shell script fragment (``megatron``: the notes as comments, then the launch
-        line) or an override list, one ``key=value`` a line after the notes (``bridge``)."""
+        line), an override list, one ``key=value`` a line after the notes (``bridge``), or a Python
+        module (``torchtitan``: :attr:`source`)."""
+        if self.target == "torchtitan":
+            return self.source
         if self.target == "bridge":
             return "\n".join([f"# {n}" for n in self.notes] + [f"# {self.launcher}"] + list(self.args)) + "\n"
         lines = ["#!/bin/sh"] + [f"# {n}" for n in self.notes]
@@ -316,6 +336,560 @@ def bridge_overrides(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     return Export("bridge", tuple(out), tuple(notes), m.launcher)
 
 
+# torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py, ``llama3_configs``): the numbers
+# each flavor's function builds its model from (the FFN size through ``compute_ffn_hidden_dim``); the
+# tests check them against tests/data/torchtitan_names.txt.
+TORCHTITAN_FLAVORS = {
+    "debugmodel": dict(dim=256, n_heads=16, n_kv_heads=16, n_layers=6, vocab_size=2048, multiple_of=256,
+                       ffn_dim_multiplier=None, weight_tying=False),
+    "1B": dict(dim=2048, n_heads=32, n_kv_heads=8, n_layers=16, vocab_size=128256, multiple_of=1024,
+               ffn_dim_multiplier=1.5, weight_tying=True),
+    "3B": dict(dim=3072, n_heads=24, n_kv_heads=8, n_layers=28, vocab_size=128256, multiple_of=1024,
+               ffn_dim_multiplier=1.0, weight_tying=True),
+    "8B": dict(dim=4096, n_heads=32, n_kv_heads=8, n_layers=32, vocab_size=128256, multiple_of=1024,
+               ffn_dim_multiplier=1.3, weight_tying=False),
+    "70B": dict(dim=8192, n_heads=64, n_kv_heads=8, n_layers=80, vocab_size=128256, multiple_of=4096,
+                ffn_dim_multiplier=1.3, weight_tying=False),
+    "405B": dict(dim=16384, n_heads=128, n_kv_heads=8, n_layers=126, vocab_size=128256, multiple_of=4096,
+                 ffn_dim_multiplier=1.2, weight_tying=False),
+}
+# torchtitan's full-size llama3 recipes (torchtitan/models/llama3/config_registry.py) and the flavor
+# each builds; an export starts from the one nearest to the plan.
+TORCHTITAN_RECIPES = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B"}
+# The RoPE every llama3 flavor builds (ComplexRoPE.Config): a model of the plan's own shape gets it too.
+TORCHTITAN_ROPE = dict(max_context_length=131072, theta=500000, scaling="llama")
+# The recipe function an export defines (torchtitan's --config) and the module name (--module) it
+# is written for when no file name says another.
+TORCHTITAN_FUNCTION = "vtrain_fast_plan"
+TORCHTITAN_MODULE = "vtrain_fast_recipe"
+# The flavor name under which a model of the plan's own shape is added to ``llama3_configs``.
+TORCHTITAN_OWN_FLAVOR = "vtrain_fast"
+
+
+def torchtitan_ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
+    """The SwiGLU hidden size of a torchtitan llama3 flavor, by the rule of ``compute_ffn_hidden_dim``
+    (torchtitan/models/common/feed_forward.py): two thirds of ``4 dim`` (truncated), times
+    ``ffn_dim_multiplier`` (truncated), rounded up to a multiple of ``multiple_of``. The 8B, 70B and
+    405B flavors give Llama 3's 14,336, 28,672 and 53,248."""
+    hidden = int(8 * dim / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def torchtitan_flavor(row: dict) -> str | None:
+    """The torchtitan llama3 flavor (:data:`TORCHTITAN_FLAVORS`) whose model is the plan's exactly:
+    layers, dim, heads, KV heads, FFN size, vocabulary and weight tying; None if none is."""
+    shape = (int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
+             int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
+             not bool(_get(row, "untie_embeddings_and_output_weights")))
+    for name, f in TORCHTITAN_FLAVORS.items():
+        if shape == (f["n_layers"], f["dim"], f["n_heads"], f["n_kv_heads"],
+                     torchtitan_ffn_hidden_dim(f["dim"], f["multiple_of"], f["ffn_dim_multiplier"]),
+                     f["vocab_size"], f["weight_tying"]):
+            return name
+    return None
+
+
+def torchtitan_recipe(row: dict) -> str:
+    """The torchtitan recipe (:data:`TORCHTITAN_RECIPES`) an export of the plan starts from: the one
+    whose flavor is nearest in layers x dim^2 (a size measure; ratio, not difference)."""
+    size = int(row["num_layers"]) * int(row["hidden_size"]) ** 2
+
+    def distance(recipe):
+        f = TORCHTITAN_FLAVORS[TORCHTITAN_RECIPES[recipe]]
+        return abs(math.log(size / (f["n_layers"] * f["dim"] ** 2)))
+    return min(TORCHTITAN_RECIPES, key=distance)
+
+
+def pipeline_chunk_layers(row: dict) -> list[int]:
+    """The transformer layers of each of the plan's pp x vpp model chunks, in virtual-stage order
+    (chunk ``c`` of pipeline rank ``r`` is virtual stage ``c pp + r``, Megatron-core's interleaving),
+    as the cost model splits them (:func:`vtrain_fast.model.step.stage_layers`, ``chunks_split``):
+    evenly; with ``first_pipeline_num_layers`` / ``last_pipeline_num_layers`` those stages take that
+    many and the others split the rest, each stage's layers split evenly over its chunks; with the
+    embedding / loss counted as layers, one fewer in the first / last chunk."""
+    L, p = int(row["num_layers"]), int(row["pp"])
+    v = int(_get(row, "vpp")) if p > 1 else 1
+    e = int(bool(_get(row, "account_for_embedding_in_pipeline_split")))
+    lo = int(bool(_get(row, "account_for_loss_in_pipeline_split")))
+    if p == 1:
+        return [L]
+    if e or lo:
+        out = [(L + e + lo) // (p * v)] * (p * v)
+        out[0] -= e
+        out[-1] -= lo
+        return out
+    first, last = int(_get(row, "first_pipeline_num_layers")), int(_get(row, "last_pipeline_num_layers"))
+    if not first and not last:
+        return [L // (p * v)] * (p * v)
+    others = p - int(first > 0) - int(last > 0)
+    mid = (L - first - last) // others if others else 0
+    stage = [mid] * p
+    if first:
+        stage[0] = first
+    if last:
+        stage[-1] = last
+    return [stage[k % p] // v for k in range(p * v)]
+
+
+def torchtitan_pipeline_split(num_layers: int, num_stages: int, first_less: int, last_less: int) -> list[int]:
+    """The transformer layers torchtitan gives each of ``num_stages`` pipeline stages from
+    ``pipeline_parallel_first_stage_less_layers`` / ``last_stage_less_layers`` (the rule of
+    ``_generate_llm_fqn_per_model_part``, torchtitan/distributed/pipeline_parallel.py): the
+    embedding and the output layer count as that many layers, the layers and they together split
+    evenly over the stages (the first stages one more where they do not divide), and the first and
+    last stages hold that many fewer layers."""
+    base, extra = divmod(num_layers + first_less + last_less, num_stages)
+    out = [base + int(i < extra) for i in range(num_stages)]
+    out[0] -= first_less
+    out[-1] -= last_less
+    return out
+
+
+def _torchtitan_stage_fields(chunks: list[int]) -> tuple[int, int, int] | None:
+    """``(pipeline_parallel_layers_per_stage, first_stage_less_layers, last_stage_less_layers)`` with
+    which torchtitan splits the layers as ``chunks`` (one count per virtual stage), or None when
+    those three numbers cannot say it (the middle stages unequal: an uneven first or last stage
+    interleaved over several chunks)."""
+    mids = chunks[1:-1]
+    if mids and len(set(mids)) != 1:
+        return None
+    per = mids[0] if mids else max(chunks)
+    first_less, last_less = per - chunks[0], per - chunks[-1]
+    if first_less < 0 or last_less < 0:
+        return None
+    if torchtitan_pipeline_split(sum(chunks), len(chunks), first_less, last_less) != chunks:
+        return None
+    return per, first_less, last_less
+
+
+def torchtitan_module_fqns(chunks: list[int]) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` for layer counts ``chunks``: each chunk's
+    ``layers.<i>`` in order, ``tok_embeddings`` in the first and ``norm`` and ``lm_head`` in the
+    last (the module names of torchtitan's ``Decoder``)."""
+    out, start = [], 0
+    for k, n in enumerate(chunks):
+        names = [f"layers.{i}" for i in range(start, start + n)]
+        if k == 0:
+            names = ["tok_embeddings"] + names
+        if k == len(chunks) - 1:
+            names += ["norm", "lm_head"]
+        out.append(names)
+        start += n
+    return out
+
+
+def _titan_refuse(row: dict, key: str, value, allowed: str, fix: str):
+    raise InputError(f"--to torchtitan ({row.get('model', 'the plan')})", key, value, allowed, fix)
+
+
+def _torchtitan_check(row: dict) -> None:
+    """Refuse a plan torchtitan cannot run as it was priced (:func:`torchtitan_config`)."""
+    g = lambda k: _get(row, k)      # noqa: E731
+    other = ("export it with --to megatron or --to bridge (torchtitan's other models, qwen3, deepseek_v3, "
+             "gpt_oss, ..., are not mapped yet)")
+    llama = "torchtitan's llama3 model: RMSNorm, SwiGLU, RoPE, linear layers without biases"
+    if g("normalization") != "RMSNorm":
+        _titan_refuse(row, "normalization", g("normalization"), f"'RMSNorm' ({llama})", other)
+    if not bool(g("gated_mlp")):
+        _titan_refuse(row, "gated_mlp", False, f"true, a SwiGLU MLP ({llama})", other)
+    if g("position_embedding_type") != "rope":
+        _titan_refuse(row, "position_embedding_type", g("position_embedding_type"), f"'rope' ({llama})", other)
+    if bool(row.get("add_bias_linear", True)):
+        _titan_refuse(row, "add_bias_linear", True, f"false ({llama})", other)
+    if bool(g("multi_latent_attention")):
+        _titan_refuse(row, "multi_latent_attention", True, "false (torchtitan's llama3 attention is GQA; its "
+                      "deepseek_v3 model's MLA is not mapped yet)", "export it with --to megatron or --to bridge")
+    if int(g("num_experts")):
+        _titan_refuse(row, "num_experts", int(g("num_experts")), "0, a dense model (torchtitan's MoE models, "
+                      "qwen3, deepseek_v3, gpt_oss, are not mapped yet)", "export it with --to megatron or --to bridge")
+    h, a, qg = int(row["hidden_size"]), int(row["num_attention_heads"]), int(row["num_query_groups"])
+    kv = int(g("kv_channels"))
+    if h % a or (kv and kv != h // a):
+        _titan_refuse(row, "kv_channels", kv, f"hidden_size / num_attention_heads = {h / a:g} (torchtitan's llama3 "
+                      "flavors build heads of dim // n_heads)", "a model whose head size is hidden_size / heads")
+    if a % qg:
+        _titan_refuse(row, "num_query_groups", qg, f"a divisor of num_attention_heads ({a})",
+                      "a model whose heads split evenly into its query groups")
+    tp, cp, pp, dp = int(row["tp"]), int(row.get("cp") or 1), int(row["pp"]), int(row["dp"])
+    if a % tp or qg % tp:
+        _titan_refuse(row, "tp", tp, f"a divisor of the heads ({a}) and KV heads ({qg}) (torchtitan's "
+                      "Decoder.Config.update_from_config)", "sweep a tp that divides both")
+    if pp > 1 and not bool(g("untie_embeddings_and_output_weights")):
+        _titan_refuse(row, "untie_embeddings_and_output_weights", False, "true with pp > 1 (torchtitan: weight "
+                      "tying is not supported with pipeline parallelism, models/common/decoder.py)",
+                      "sweep pp = 1 for this tied-embedding model")
+    if cp > 1 and g("cp_comm_type") != "all_gather":
+        _titan_refuse(row, "cp_comm_type", g("cp_comm_type"), "'all_gather' (torchtitan's context parallelism "
+                      "all-gathers K and V over the cp ranks before the attention, models/common/decoder_sharding.py; "
+                      "no ring attention)", "sweep with cp_comm_type = 'all_gather'")
+    zero = int(g("zero_stage")) or (1 if bool(g("distributed_optimizer")) else 0)
+    if dp * cp > 1 and zero in (1, 2):
+        key, value = ("zero_stage", int(g("zero_stage"))) if int(g("zero_stage")) else ("distributed_optimizer", True)
+        _titan_refuse(row, key, value, "zero_stage 3 (FSDP2: parameters, gradients and optimizer states sharded) "
+                      "or 0 (replicas, DDP) with dp x cp > 1: torchtitan's data parallelism is FSDP2's fully_shard, "
+                      "which has no ZeRO-1 or ZeRO-2", "sweep with zero_stage = 3 (or [0, 3]) for FSDP2")
+    if zero == 0 and cp > 1:
+        _titan_refuse(row, "zero_stage", 0, "3 with cp > 1 (torchtitan shards the parameters over the cp ranks: "
+                      "FSDP2 over dp_shard x cp, distributed/parallel_dims.py)",
+                      f"sweep with zero_stage = 3 and dp_shard = {cp} (the cp ranks; replicas over dp) to price that")
+    shard = int(g("dp_shard"))
+    if zero == 3 and shard and shard % cp:
+        _titan_refuse(row, "dp_shard", shard, f"a multiple of cp = {cp} (torchtitan's FSDP2 shard group is "
+                      "data_parallel_shard_degree x cp ranks)", f"sweep dp_shard = {cp * max(1, shard // cp)} "
+                      f"or another multiple of {cp}")
+    if g("precision") == "fp8" and g("fp8_recipe") == "delayed":
+        _titan_refuse(row, "fp8_recipe", "delayed", "'tensorwise' (Float8LinearConverter, rowwise scaling) or "
+                      "'mxfp8' (MXFP8LinearConverter): torchtitan has no delayed scaling (an amax history)",
+                      "sweep with fp8_recipe = 'tensorwise' (current scaling), 'mxfp8' on Blackwell, or precision = 'bf16'")
+    sp = tp > 1 and bool(g("sequence_parallel"))
+    divisor = (tp if sp else 1) * (2 * cp if cp > 1 else 1)
+    tokens = int(row["micro_batch_size"]) * int(row["seq_length"])
+    if tokens % divisor:
+        _titan_refuse(row, "micro_batch_size", int(row["micro_batch_size"]),
+                      f"micro_batch_size x seq_length divisible by {divisor} (torchtitan: the tokens of a micro-batch "
+                      "split over tp (sequence parallel) x 2 cp)", "sweep another micro_batch_size or seq_length")
+    chunks = pipeline_chunk_layers(row)
+    if sum(chunks) != int(row["num_layers"]) or min(chunks) < 1:
+        _titan_refuse(row, "pp", pp, "a pipeline split that gives every model chunk a layer",
+                      "use a plan the cost model prices (status ok)")
+
+
+def _py(value) -> str:
+    """``value`` as Python source (strings double-quoted)."""
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_py(v) for v in value) + "]"
+    return repr(value)
+
+
+def _py_list_block(items: list, indent: str) -> str:
+    """A list as Python source, wrapped to lines of about 100 characters under ``indent``."""
+    text = _py(items)
+    if len(indent) + len(text) <= 100:
+        return text
+    body = textwrap.wrap(", ".join(_py(v) for v in items), 100 - len(indent) - 4, break_long_words=False,
+                         break_on_hyphens=False)
+    return "[\n" + "".join(f"{indent}    {line}\n" for line in body) + f"{indent}]"
+
+
+def _comment(text: str, indent: str = "") -> list[str]:
+    return [indent + "# " + line for line in textwrap.wrap(text, 100 - len(indent) - 2, break_long_words=False,
+                                                            break_on_hyphens=False)]
+
+
+def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str = TORCHTITAN_MODULE) -> Export:
+    """The plan as a torchtitan recipe: a Python module defining :data:`TORCHTITAN_FUNCTION`, which
+    returns the ``Trainer.Config`` that runs it (torchtitan at :data:`TORCHTITAN_COMMIT` configures a
+    run in Python, torchtitan/config/README.md: ``torchrun ... -m torchtitan.train --module <module>
+    --config <function>``).
+
+    The function starts from torchtitan's llama3 recipe nearest to the plan (:func:`torchtitan_recipe`,
+    ``llama3_8b`` / ``llama3_70b`` / ``llama3_405b``) and sets:
+
+    - the model: ``model_registry(flavor)`` of the shipped flavor whose shape is the plan's exactly
+      (:func:`torchtitan_flavor`), else a function building the plan's shape the way the flavor
+      functions do (``_build_llama3_layers`` and the init dictionaries, private names of
+      ``torchtitan.models.llama3``), added to ``llama3_configs``; FP8 as a converter
+      (``tensorwise``: ``Float8LinearConverter`` rowwise, ``mxfp8``: ``MXFP8LinearConverter``; the
+      LM head and the plan's bf16 layers left out) with ``torch.compile`` on;
+    - the degrees: ``tensor_parallel_degree``, ``enable_sequence_parallel``,
+      ``context_parallel_degree``, ``pipeline_parallel_degree``; data parallelism as FSDP2
+      (``zero_stage`` 3: ``data_parallel_shard_degree = dp_shard / cp`` (all of dp with ``dp_shard`` 0),
+      ``data_parallel_replicate_degree`` the rest, HSDP; ``fsdp_reshard_after_forward = "always"``, the
+      re-gather in backward ZeRO-3 is priced with) or replicas (``zero_stage`` 0:
+      ``data_parallel_replicate_degree = dp``);
+    - the pipeline: ``1F1B``, or ``Interleaved1F1B`` over pp x vpp stages; every micro-batch of the
+      iteration in one schedule (``num_pp_microbatches``); the layers per stage as
+      ``pipeline_parallel_layers_per_stage`` with ``*_stage_less_layers`` where those say the plan's
+      split exactly, else ``module_fqns_per_model_part`` (:func:`pipeline_chunk_layers`);
+      CUDA graphs off (torchtitan refuses them with pipeline parallelism);
+    - the batch: ``num_tokens_per_microbatch_per_dp_rank = micro_batch_size x seq_length``,
+      ``num_tokens_per_train_step = global_batch_size x seq_length``, ``max_context_length``, ``steps
+      = num_steps``;
+    - recomputation (``FullAC``, ``SelectiveAC`` or none), bf16 mixed precision, and
+      ``tp_comm_overlap`` as async TP (``compile.enable_async_tensor_parallel``, with compile).
+
+    Parameters
+    ----------
+    row : dict
+        One plan (a results folder's or evaluate's columns).
+    gpus_per_node : int
+        GPUs per node of its cluster (``torchrun --nproc-per-node``).
+    extra_notes : sequence of str
+        More comments (how the plan was picked: :func:`read_plan`).
+    module : str
+        The module name torchtitan imports the file as (``--module``; the file's name without ``.py``).
+
+    Returns
+    -------
+    Export
+        ``args``: the function's statements from ``config = <recipe>()`` on; ``source``: the module;
+        ``notes``: what torchtitan runs differently from what was priced (comments in the module).
+
+    Raises
+    ------
+    InputError
+        A plan torchtitan cannot run as priced: not a Llama-shaped dense model (LayerNorm, GeLU,
+        learned positions, biases, MLA, experts, a head size other than dim / heads), ZeRO-1/2 data
+        parallelism, ZeRO-0 with context parallelism, a ``dp_shard`` that is not a multiple of cp, FP8
+        delayed scaling, ring (p2p) context parallelism, tied embeddings with pipeline parallelism.
+    """
+    if not module.isidentifier() or keyword.iskeyword(module):
+        raise InputError("command line", "module", module, "a Python module name (letters, digits, _)",
+                         "name the -o file e.g. plan_70b.py")
+    _torchtitan_check(row)
+    g = lambda k: _get(row, k)      # noqa: E731
+    L, h, a, qg = int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]), int(row["num_query_groups"])
+    ffn, vocab, seq = int(row["ffn_hidden_size"]), int(row["vocab_size"]), int(row["seq_length"])
+    tied = not bool(g("untie_embeddings_and_output_weights"))
+    tp, cp, pp, dp = int(row["tp"]), int(row.get("cp") or 1), int(row["pp"]), int(row["dp"])
+    vpp = int(g("vpp")) if pp > 1 else 1
+    mbs, gbs = int(row["micro_batch_size"]), int(row["global_batch_size"])
+    micro_batches = gbs // (mbs * dp)
+    recipe = torchtitan_recipe(row)
+    flavor = torchtitan_flavor(row)
+    fp8 = g("precision") == "fp8"
+    async_tp = tp > 1 and bool(g("tp_comm_overlap"))
+    compiled = fp8 or async_tp
+    notes = [f"vtrain-fast export: the plan as torchtitan (pytorch/torchtitan {TORCHTITAN_COMMIT[:8]}) runs it, a "
+             f"recipe module: torchtitan imports it (--module {module}) and calls {TORCHTITAN_FUNCTION}() (--config); "
+             "add your data, tokenizer, optimizer and checkpoint settings",
+             f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted"]
+    notes += list(extra_notes)
+    notes.append(f"starts from torchtitan's {recipe}() (torchtitan/models/llama3/config_registry.py): its AdamW "
+                 "optimizer, LR schedule, c4 data, tokenizer (hf_assets_path), checkpointing, validation and "
+                 "profiling are kept; the plan's price has none of the validation, checkpoint or profiler time")
+    imports = {("torchtitan.models.llama3.config_registry", recipe), ("torchtitan.trainer", "Trainer"),
+               ("torchtitan.models.llama3", "model_registry")}
+    body, own_model = [f"config = {recipe}()"], []
+    # the model
+    converters = ""
+    bf16_start, bf16_end = int(g("num_layers_at_start_in_bf16")), int(g("num_layers_at_end_in_bf16"))
+    bf16_layers = [f"layers.{i}." for i in range(L) if i < bf16_start or i >= L - bf16_end]
+    if fp8 and g("fp8_recipe") == "tensorwise":
+        imports.add(("torchtitan.components.quantization", "Float8LinearConverter"))
+        converters = ("Float8LinearConverter.Config(\n            recipe_name=\"rowwise\",\n            filter_fqns="
+                      f"{_py_list_block(['lm_head'] + bf16_layers, '            ')},\n"
+                      "            model_compile_enabled=True,\n        )")
+        notes.append("fp8_recipe = tensorwise: torchtitan's Float8LinearConverter (torchao) scales rowwise, its only "
+                     "recipes being rowwise and rowwise_with_gw_hp: current (just-in-time) scaling like the plan's, "
+                     "with one scale per row instead of one per tensor, so its casts and GEMMs are not exactly the "
+                     "ones priced; the LM head" + (" and the plan's bf16 layers" if bf16_layers else "")
+                     + " left in bf16 (filter_fqns), as priced")
+    elif fp8:
+        imports.add(("torchtitan.components.quantization", "MXFP8LinearConverter"))
+        fqns = ["layers."] if not bf16_layers else [f"layers.{i}." for i in range(bf16_start, L - bf16_end)]
+        converters = (f"MXFP8LinearConverter.Config(\n            fqns={_py_list_block(fqns, '            ')},\n"
+                      "            model_compile_enabled=True,\n        )")
+        notes.append("fp8_recipe = mxfp8: torchtitan's MXFP8LinearConverter (torchao; SM100 or later) on the "
+                     "decoder layers' linears (fqns), the LM head" + (" and the plan's bf16 layers" if bf16_layers
+                                                                       else "") + " in bf16, as priced")
+    if flavor is not None:
+        name = flavor
+        notes.append(f"model: torchtitan's llama3 flavor {flavor}, the plan's shape exactly ({L} layers, dim {h}, "
+                     f"{a} heads, {qg} KV heads, FFN {ffn}, vocabulary {vocab}"
+                     + (", tied embeddings)" if tied else ")"))
+    else:
+        name = TORCHTITAN_OWN_FLAVOR
+        imports |= {("torchtitan.models.llama3", n) for n in (
+            "Llama3Model", "llama3_configs", "_build_llama3_layers", "_NORM_INIT", "_output_linear_init",
+            "_EMBEDDING_SKIP_INIT" if tied else "_EMBEDDING_INIT")}
+        imports |= {("torchtitan.models.common", n) for n in ("ComplexRoPE", "Embedding", "Linear", "RMSNorm")}
+        rope = dict(TORCHTITAN_ROPE, max_context_length=max(TORCHTITAN_ROPE["max_context_length"], seq))
+        notes.append(f"model: the plan's own shape ({L} layers, dim {h}, {a} heads, {qg} KV heads, FFN {ffn}, "
+                     f"vocabulary {vocab}{', tied embeddings' if tied else ''}; no torchtitan flavor has it), built "
+                     f"as torchtitan's llama3 flavors are, with their RoPE (theta {rope['theta']}, Llama 3 scaling; "
+                     "no effect on the cost): set your own")
+        own_model = [
+            "# A model of the plan's own shape, built as torchtitan's llama3 flavors build theirs",
+            "# (torchtitan/models/llama3/__init__.py). _build_llama3_layers and the init dictionaries are private",
+            f"# names of torchtitan.models.llama3 at {TORCHTITAN_COMMIT[:8]}: they may change without notice.",
+            "def vtrain_fast_model(attn_backend: str, tp_gemm_backend: str = \"default\") -> Llama3Model.Config:",
+            f'    """{row.get("model", "the plan")}: {L} layers, dim {h}, {a} heads, {qg} KV heads, FFN {ffn}, '
+            f'vocabulary {vocab}."""',
+            f"    dim, n_heads, n_kv_heads, n_layers, vocab_size = {h}, {a}, {qg}, {L}, {vocab}",
+            "    return Llama3Model.Config(",
+            "        dim=dim,",
+            "        vocab_size=vocab_size,",
+            f"        enable_weight_tying={tied},",
+            "        tok_embeddings=Embedding.Config(",
+            "            num_embeddings=vocab_size, embedding_dim=dim, "
+            f"param_init={'_EMBEDDING_SKIP_INIT' if tied else '_EMBEDDING_INIT'}",
+            "        ),",
+            "        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),",
+            "        lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=_output_linear_init(dim)),",
+            "        layers=_build_llama3_layers(",
+            "            fuse_qkv=True,",
+            "            n_layers=n_layers,",
+            "            dim=dim,",
+            "            n_heads=n_heads,",
+            "            n_kv_heads=n_kv_heads,",
+            f"            hidden_dim={ffn},",
+            f"            rope=ComplexRoPE.Config(dim=dim // n_heads, max_context_length={rope['max_context_length']}, "
+            f"theta={rope['theta']}, scaling={_py(rope['scaling'])}),",
+            "            attn_backend=attn_backend,",
+            "            tp_gemm_backend=tp_gemm_backend,",
+            "        ),",
+            "    )",
+        ]
+        body.append(f"llama3_configs[{_py(name)}] = vtrain_fast_model  # model_registry builds flavors from this dict")
+    call = f"model_registry({_py(name)}" + (f", converters=[\n        {converters},\n    ]" if converters else "") + ")"
+    if vocab != TORCHTITAN_FLAVORS[TORCHTITAN_RECIPES[recipe]]["vocab_size"]:
+        imports |= {("torchtitan.components.loss", "ChunkedLossWrapper"), ("torchtitan.components.loss", "CrossEntropyLoss"),
+                    ("torchtitan.models.common.config_utils", "decoder_vocab_size")}
+        body.append(f"config.model_spec = {call}")
+        body.append("config.loss = ChunkedLossWrapper.Config(  # the recipe's loss, for this vocabulary\n"
+                    "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)),\n"
+                    "    )")
+        notes.append(f"tokenizer: the plan's vocabulary is {vocab}; point hf_assets_path at a tokenizer of that size")
+    else:
+        body.append(f"config.model_spec = {call}")
+    if bool(g("use_flash_attn")):
+        notes.append("attention: torchtitan's FlexAttention (model_registry's attn_backend 'flex'; 'flex_flash' "
+                     "on Hopper and Blackwell), not the FlashAttention-2 kernels the plan was priced with")
+    else:
+        notes.append("attention: torchtitan's FlexAttention; the plan was priced with unfused attention "
+                     "(use_flash_attn = false): this run's attention is faster and leaner than priced")
+    # the degrees
+    world = tp * cp * pp * dp
+    zero = int(g("zero_stage")) or (1 if bool(g("distributed_optimizer")) else 0)
+    if dp * cp == 1:
+        shard, replicate = 1, 1
+    elif zero == 3:
+        group = int(g("dp_shard")) or dp * cp
+        shard, replicate = group // cp, dp * cp // group
+    else:
+        shard, replicate = 1, dp
+    assert replicate * shard * cp * tp * pp == world, (replicate, shard, cp, tp, pp, world)
+    P = "config.parallelism."
+    body.append(f"{P}tensor_parallel_degree = {tp}")
+    if tp > 1:
+        body.append(f"{P}enable_sequence_parallel = {bool(g('sequence_parallel'))}")
+    body.append(f"{P}context_parallel_degree = {cp}")
+    body.append(f"{P}pipeline_parallel_degree = {pp}")
+    body.append(f"{P}data_parallel_shard_degree = {shard}")
+    body.append(f"{P}data_parallel_replicate_degree = {replicate}")
+    if dp * cp > 1 and zero == 3:
+        body.append(f'{P}fsdp_reshard_after_forward = "always"  # ZeRO-3: parameters gathered again in backward')
+        kind = "FSDP2" if replicate == 1 else f"HSDP ({replicate} replicas of FSDP2 groups)"
+        notes.append(f"data parallelism: {kind} over data_parallel_shard_degree x cp = {shard * cp} ranks "
+                     f"(dp_shard = {int(g('dp_shard'))}{': all of dp x cp' if not int(g('dp_shard')) else ''}), "
+                     "the parameters re-gathered in backward "
+                     "(fsdp_reshard_after_forward = always) as ZeRO-3 was priced")
+    elif dp * cp > 1:
+        notes.append(f"data parallelism: {dp} replicas (data_parallel_replicate_degree; torchtitan applies FSDP2 "
+                     "with a shard degree of 1, DDP's memory and an all-reduce of the gradients)")
+        if not bool(g("overlap_grad_reduce")):
+            notes.append("overlap_grad_reduce = false: FSDP2 reduces each block's gradients during backward, "
+                         "overlapped; priced exposed, so this run may be faster than priced")
+    if dp * cp > 1:
+        notes.append("torchtitan reduces gradients in float32 (training.mixed_precision_reduce, its only choice): "
+                     "twice the gradient bytes the plan was priced with (bf16)")
+    if tp > 1 and not bool(g("sequence_parallel")):
+        notes.append("async_tensor_model_parallel_allreduce: no torchtitan setting; " + (
+            "priced overlapped" if bool(g("async_tensor_model_parallel_allreduce")) else
+            "priced without it (exposed)"))
+    if cp > 1:
+        notes.append("context parallelism: torchtitan all-gathers K and V over the cp ranks (as cp_comm_type = "
+                     "all_gather was priced), its load balancer headtail (the default)")
+    if pp > 1:
+        chunks = pipeline_chunk_layers(row)
+        schedule = "Interleaved1F1B" if vpp > 1 else "1F1B"
+        body.append(f"{P}pipeline_parallel_schedule = {_py(schedule)}")
+        body.append(f"{P}num_pp_microbatches = {micro_batches}  # every micro-batch of the step in one schedule")
+        fields = _torchtitan_stage_fields(chunks)
+        if fields is not None:
+            per, first_less, last_less = fields
+            body.append(f"{P}pipeline_parallel_layers_per_stage = {per}")
+            body.append(f"{P}pipeline_parallel_first_stage_less_layers = {first_less}")
+            body.append(f"{P}pipeline_parallel_last_stage_less_layers = {last_less}")
+        else:
+            fqns = torchtitan_module_fqns(chunks)
+            body.append(f"{P}module_fqns_per_model_part = [\n" + "".join(
+                f"        {_py_list_block(names, '        ')},\n" for names in fqns) + "    ]")
+            notes.append(f"pipeline: the plan's layers per model chunk ({', '.join(map(str, chunks))}) given as "
+                         "module_fqns_per_model_part: torchtitan's layers_per_stage and *_stage_less_layers "
+                         "cannot say an uneven stage split over several chunks")
+        body.append("config.training.disable_cuda_graphs = True  # torchtitan: no CUDA graphs with pipeline parallelism")
+        notes.append(f"pipeline: {schedule} over {pp * vpp} stages ({vpp} per rank), all {micro_batches} micro-batches "
+                     "of a step in one schedule, as priced (no gradient accumulation)")
+        if vpp > 1:
+            notes.append("overlap_p2p_comm: no torchtitan setting (PyTorch's pipelining schedules run the sends)")
+    # the batch
+    T = "config.training."
+    body.append(f"{T}num_tokens_per_microbatch_per_dp_rank = {mbs * seq}  # micro_batch_size {mbs} x seq_length {seq}")
+    body.append(f"{T}num_tokens_per_train_step = {gbs * seq}  # global_batch_size {gbs} x seq_length {seq}")
+    body.append(f"{T}max_context_length = {seq}")
+    steps = row.get("num_steps")
+    if steps is not None and not (isinstance(steps, float) and math.isnan(steps)):
+        body.append(f"{T}steps = {int(steps)}")
+    body.append(f'{T}mixed_precision_param = "bfloat16"')
+    # recomputation
+    rc = str(row.get("recompute", "none"))
+    if rc == "full":
+        imports.add(("torchtitan.distributed.activation_checkpoint", "FullAC"))
+        body.append("config.activation_checkpoint = FullAC.Config()  # every transformer block recomputed")
+    elif rc == "selective":
+        imports.add(("torchtitan.distributed.activation_checkpoint", "SelectiveAC"))
+        body.append("config.activation_checkpoint = SelectiveAC.Config()")
+        notes.append("recompute = selective: torchtitan's SelectiveAC is op-level (distributed/activation_checkpoint.py: "
+                     "it saves the matmul, attention and reduce-scatter outputs, but recomputes every second matmul "
+                     "and the element-wise ops), not Megatron-core's core-attention recomputation the plan was priced "
+                     "with: expect more recompute time and less activation memory than priced")
+    else:
+        body.append("config.activation_checkpoint = None  # no recomputation")
+    # compile, async TP
+    body.append(f"config.compile.enable = {compiled}")
+    body.append(f"config.compile.enable_async_tensor_parallel = {async_tp}")
+    if async_tp:
+        notes.append("tp_comm_overlap: torchtitan's async TP (compile.enable_async_tensor_parallel, Inductor's "
+                     "micro-pipelined collective matmuls; needs torch.compile), not the Transformer Engine userbuffers "
+                     "the plan was priced with (model_registry's tp_gemm_backend = 'dist_gemm' is torchtitan's eager "
+                     "alternative)")
+    if compiled:
+        needs = [w for w, on in (("FP8", fp8), ("async TP", async_tp)) if on]
+        notes.append(f"torch.compile is on ({' and '.join(needs)} need{'s' if len(needs) == 1 else ''} it): its "
+                     "per-block fusion makes the element-wise kernels faster than priced")
+    nodes = int(row.get("num_nodes") or math.ceil(int(row["num_gpus"]) / gpus_per_node))
+    launcher = (f"torchrun --nnodes {nodes} --nproc-per-node {min(gpus_per_node, int(row['num_gpus']))} "
+                f"-m torchtitan.train --module {module} --config {TORCHTITAN_FUNCTION}")
+    notes.append(f"run it from the folder that holds {module}.py (torchrun -m puts that folder on sys.path) or put "
+                 "the folder on PYTHONPATH" + ("; on several nodes add --node-rank and --rdzv-backend c10d "
+                                              "--rdzv-endpoint HOST:PORT, as torchtitan's multinode_trainer.slurm does"
+                                              if nodes > 1 else ""))
+    # the module
+    lines = []
+    for n in notes:
+        lines += _comment(n)
+    lines += ["#", f"# run: {launcher}"]
+    lines += textwrap.wrap(f'"""vtrain-fast plan for {row.get("model", "a model")} on {world} {row.get("gpu", "GPUs")}: '
+                           f'a torchtitan recipe (--module {module} --config {TORCHTITAN_FUNCTION})."""', 100,
+                           break_long_words=False, break_on_hyphens=False)
+    by_module = {}
+    for mod, n in imports:
+        by_module.setdefault(mod, []).append(n)
+    for mod in sorted(by_module):
+        names = sorted(by_module[mod], key=lambda n: (n.startswith("_"), n.lower()))
+        one = f"from {mod} import {', '.join(names)}"
+        lines.append(one if len(one) <= 100 else f"from {mod} import (\n" + "".join(f"    {n},\n" for n in names) + ")")
+    lines += ["", ""]
+    if own_model:
+        lines += own_model + ["", ""]
+    layout = f"tp {tp}, cp {cp}, pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "") + f", dp {dp}"
+    lines.append(f"def {TORCHTITAN_FUNCTION}() -> Trainer.Config:")
+    doc = textwrap.wrap(f'"""{row.get("model", "the plan")} on {world} GPUs ({layout}); micro-batches of {mbs} x '
+                        f'{seq} tokens, {micro_batches} per data-parallel rank a step."""', 96, break_long_words=False,
+                        break_on_hyphens=False)
+    lines += [f"    {line}" for line in doc]
+    lines += [f"    {st}" for st in body]
+    lines.append("    return config")
+    source = "\n".join(lines) + "\n"
+    return Export("torchtitan", tuple(body), tuple(notes), launcher, source)
+
+
 def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None) -> tuple[dict, int, tuple]:
     """One plan from ``source``: a results folder (its feasible rows, :func:`~vtrain_fast.analysis.query.feasible_plans`,
     with ``where`` conditions), or a ``.csv`` / ``.parquet`` table of plans (evaluated first, so that
@@ -389,18 +963,22 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     return plan, gpn, notes
 
 
-def export(source: str | Path, to: str, where=(), row: int | None = None, models: dict | None = None) -> Export:
+def export(source: str | Path, to: str, where=(), row: int | None = None, models: dict | None = None,
+           module: str = TORCHTITAN_MODULE) -> Export:
     """The launch arguments of one plan of ``source`` (:func:`read_plan`) for framework ``to``
-    (:data:`TARGETS`).
+    (:data:`TARGETS`); ``module``: the module name of a torchtitan recipe (``--module``).
 
     Raises
     ------
     InputError
-        An unknown target, or as :func:`read_plan`.
+        An unknown target, a plan torchtitan cannot run as priced (:func:`torchtitan_config`), or as
+        :func:`read_plan`.
     """
     if to not in TARGETS:
         raise InputError("command line", "--to", to, " or ".join(TARGETS),
                          "megatron: Megatron-LM pretrain_gpt.py flags; bridge: Megatron-Bridge / NeMo 2 "
-                         "ConfigContainer overrides (torchtitan: not written yet)")
+                         "ConfigContainer overrides; torchtitan: a torchtitan recipe module (Trainer.Config)")
     plan, gpn, notes = read_plan(source, where, row, models)
+    if to == "torchtitan":
+        return torchtitan_config(plan, gpn, notes, module)
     return (megatron_args if to == "megatron" else bridge_overrides)(plan, gpn, notes)
