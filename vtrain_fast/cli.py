@@ -1119,7 +1119,7 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
     from .analysis.optimal import parse_setting
     from .analysis.report import print_frame
     from .io.writer import check_output_folder
-    from .schedule.run import POLICY_ORDER, comparison, schedule as run, write_schedule
+    from .schedule.run import POLICY_ORDER, comparison, comparison_text, schedule as run, write_schedule
     if output is not None:
         check_output_folder(output, overwrite, "schedule results")
     res = run(trace_file, cluster, policy or POLICY_ORDER, restart_s,
@@ -1128,10 +1128,13 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
                 f"(restart {res.restart_s:g} s)", None, console, keep=("policy", "deadlines_met", "mean_jct_hours"))
     cmp = comparison(res)
     if cmp:
-        console.print(f"plan-aware against dp-only: {cmp['deadlines_met_ratio']:.2f}x the deadlines met, mean JCT "
-                      f"{cmp['mean_jct_change']:+.1%}, makespan {cmp['makespan_change']:+.1%} (vTrain's paper, "
-                      "1,024 A100: 1.09x / 1.23x for 64 / 128 jobs, JCT -15 %, makespan -23 %; README, Scheduling)",
-                      markup=False, highlight=False)
+        console.print(comparison_text(cmp) + " (vTrain's paper, 1,024 A100: 1.09x / 1.23x for 64 / 128 jobs, JCT "
+                      "-15 %, makespan -23 %; README, Scheduling)", markup=False, highlight=False)
+    for p, r in res.replays.items():
+        if r.summary["infeasible"]:
+            console.print(f"note: {p}: {r.summary['infeasible']} of {r.summary['jobs']} jobs not run (no plan of "
+                          f"{res.num_gpus:,} x {res.gpu} fits them); their JCTs are not in the means",
+                          style="yellow", markup=False)
     console.print(f"priced {res.curves.points:,} plans ({res.curves.feasible:,} feasible) for "
                   f"{len(res.curves.kinds)} job kinds in {res.curve_seconds:.2f} s; replays {res.replay_seconds:.2f} s",
                   markup=False, highlight=False)

@@ -17,7 +17,9 @@ nodes runs ``dp = k gpus_per_node / (tp pp)``. :attr:`JobCurves.step_s` holds th
 every (job kind, family, nodes); :meth:`JobCurves.curve` turns it into the curve a policy reads:
 
 * plan-aware (``family=None``): on ``k`` nodes the fastest family;
-* one family fixed (the DP-only baseline): that family's time;
+* a plan fixed (the DP-only baseline, ``family`` given): the fastest of the families with that
+  family's tp, pp and recompute (the micro-batch is free: the global batch stays, the per-GPU
+  batch follows dp, as ElasticFlow keeps a job's global batch when it scales);
 
 then made monotone: a job given ``k`` nodes runs on the ``j <= k`` of the fastest step time (it
 can leave nodes idle, it never runs slower with more), and ``used[k] = j`` says which.
@@ -35,6 +37,9 @@ PP_VALUES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MICRO_BATCH_VALUES = (1, 2, 4, 8)
 PRICED_TOKENS = 1e12          # any value: the time of a step does not depend on it
 CHUNK_POINTS = 1 << 17
+# Most nodes of a cluster (the sweep grows with them: 4,096 nodes and six job kinds are ~10^7
+# plans, a few seconds).
+MAX_NODES = 4096
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,8 @@ class JobCurves:
         return self.kinds.index((model, int(global_batch_size)))
 
     def curve(self, kind: int, family: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The monotone step-time curve of job kind ``kind`` (module docstring).
+        """The monotone step-time curve of job kind ``kind`` (module docstring): over every
+        family, or (``family`` given) over the families of its tp, pp and recompute.
 
         Returns
         -------
@@ -90,12 +96,10 @@ class JobCurves:
             feasible plan on ``k`` nodes or fewer), the nodes the job runs on (``0`` where none)
             and its plan family (``-1`` where none).
         """
-        if family is None:
-            fam = np.argmin(self.step_s[kind], axis=0)
-            t = self.step_s[kind][fam, np.arange(self.num_nodes + 1)]
-        else:
-            fam = np.full(self.num_nodes + 1, family, dtype=np.int64)
-            t = self.step_s[kind, family].copy()
+        allowed = np.arange(len(self.families)) if family is None else self.same_plan(family)
+        sub = self.step_s[kind][allowed]
+        fam = allowed[np.argmin(sub, axis=0)]
+        t = self.step_s[kind][fam, np.arange(self.num_nodes + 1)]
         best_t = np.full(self.num_nodes + 1, np.inf)
         used = np.zeros(self.num_nodes + 1, dtype=np.int64)
         best_f = np.full(self.num_nodes + 1, -1, dtype=np.int64)
@@ -106,11 +110,16 @@ class JobCurves:
                 best_t[k], used[k], best_f[k] = best_t[k - 1], used[k - 1], best_f[k - 1]
         return best_t, used, best_f
 
+    def same_plan(self, family: int) -> np.ndarray:
+        """The families of ``family``'s tp, pp and recompute (any micro-batch), int64 indices."""
+        f = self.families
+        return np.flatnonzero((f[:, 0] == f[family, 0]) & (f[:, 1] == f[family, 1]) & (f[:, 3] == f[family, 3]))
+
     def smallest_family(self, kind: int) -> int:
-        """The DP-only baseline's fixed plan family of job kind ``kind``: the fastest family on
-        the fewest nodes any family fits on (a job submitted with the plan that fits it, as
-        ElasticFlow takes a job's model-parallel setup as given and scales only its data
-        parallelism). ``-1`` when no family fits on the cluster."""
+        """The DP-only baseline's plan of job kind ``kind``: the fastest family on the fewest
+        nodes any family fits on (a job submitted with the plan that fits it, as ElasticFlow
+        takes a job's model-parallel setup as given and scales only its data parallelism; its
+        tp, pp and recompute stay, :meth:`curve`). ``-1`` when no family fits on the cluster."""
         ok = np.isfinite(self.step_s[kind])
         if not ok.any():
             return -1
@@ -188,9 +197,10 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
         raise InputError("command line", "--cluster", gpu, "GPU:COUNT with a GPU preset (vtrain-fast presets)",
                          did_you_mean(gpu, known, "e.g. --cluster a100-sxm4-80gb:1024"))
     gpn = known[gpu].gpus_per_node
-    if num_gpus % gpn or num_gpus <= 0:
-        raise InputError("command line", "--cluster", f"{gpu}:{num_gpus}", f"a whole number of nodes of {gpn} GPUs",
-                         f"e.g. {gpu}:{max(gpn, num_gpus // gpn * gpn)}")
+    if num_gpus % gpn or num_gpus <= 0 or num_gpus // gpn > MAX_NODES:
+        raise InputError("command line", "--cluster", f"{gpu}:{num_gpus}", f"a whole number of nodes of {gpn} GPUs, "
+                         f"at most {MAX_NODES:,} nodes",
+                         f"e.g. {gpu}:{max(gpn, min(num_gpus, MAX_NODES * gpn) // gpn * gpn)}")
     merged = dict(DEFAULT_SETTINGS)
     for k, v in (settings or {}).items():
         if k in OWN_TRAINING_KEYS:

@@ -45,12 +45,15 @@ def gantt_figure(rep, num_gpus: int, title: str):
     ax.invert_yaxis()
     ax.set_xlabel("hours from the start of the trace")
     s = rep.summary
-    met = f"{s['deadlines_met']}/{s['with_deadline']} deadlines met" if s["with_deadline"] else ""
-    ax.set_title(f"{title}: {rep.policy} ({met}, mean JCT {s['mean_jct_hours']:.1f} h, makespan "
-                 f"{s['makespan_hours']:.1f} h)\ndot: arrival, tick: deadline (green met, red missed), "
-                 "hatched: restart", fontsize=9)
-    if not math.isnan(s["makespan_hours"]):
-        ax.set_xlim(0, max(s["makespan_hours"] + jobs["arrival_hours"].min(),
-                           float(jobs["deadline_hours"].max() or 0)) * 1.02)
+    parts = [f"{s['deadlines_met']}/{s['with_deadline']} deadlines met"] if s["with_deadline"] else []
+    if math.isfinite(s["mean_jct_hours"]):
+        parts += [f"mean JCT {s['mean_jct_hours']:.1f} h", f"makespan {s['makespan_hours']:.1f} h"]
+    if s["infeasible"]:
+        parts.append(f"{s['infeasible']} not run")
+    ax.set_title(f"{title}: {rep.policy} ({', '.join(parts)})\ndot: arrival, tick: deadline (green met, red "
+                 "missed), hatched: restart", fontsize=9)
+    right = max(float(jobs["finish_hours"].max() or 0.0) if jobs["finish_hours"].is_not_nan().any() else 0.0,
+                float(jobs["deadline_hours"].max() or 0.0), float(jobs["arrival_hours"].max() or 0.0))
+    ax.set_xlim(0, max(right, 1e-3) * 1.02)
     ax.grid(axis="x", alpha=0.3)
     return fig

@@ -60,6 +60,8 @@ def generate_trace(num_jobs: int, gpu: str, num_gpus: int, seed: int = 0,
     for key, (lo, hi), low in (("--duration-hours", duration_hours, 0.0), ("--deadline-slack", deadline_slack, 1.0)):
         if not (math.isfinite(lo) and math.isfinite(hi) and low <= lo <= hi and hi > 0):
             raise InputError("command line", key, [lo, hi], f"LO HI with {low:g} <= LO <= HI")
+    if not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
+        raise InputError("command line", "--seed", seed, "a whole number from 0 to 2^63 - 1", "e.g. --seed 1")
     if not (math.isfinite(mean_interarrival_hours) and mean_interarrival_hours > 0):
         raise InputError("command line", "--mean-interarrival-hours", mean_interarrival_hours, "hours > 0")
     rng = np.random.default_rng(seed)

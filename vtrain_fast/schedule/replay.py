@@ -4,10 +4,11 @@ Events are arrivals and completions. At each event the policy (:data:`~vtrain_fa
 gives every arrived, unfinished job its nodes until the next event. A job on ``k`` nodes runs on
 ``used[k]`` of them (its curve, :mod:`vtrain_fast.schedule.curves`) at that plan's step time;
 steps are counted as a continuous amount (a job may stop between two steps at an event). When a
-started job's nodes or plan change (a re-allocation, a preemption, a resumption), it holds its new
-nodes for ``restart_s`` without progress (checkpoint, relaunch, reload; an assumption, the same
-for every policy, :data:`DEFAULT_RESTART_S`) and keeps the steps it had done (a checkpoint at every
-preemption). A job's first start costs nothing.
+started job's nodes or plan change (a re-allocation, or a resumption after a preemption; a
+preempted job holds nothing), it holds its new nodes for ``restart_s`` without progress
+(checkpoint, relaunch, reload; an assumption, the same for every policy, :data:`DEFAULT_RESTART_S`)
+and keeps the steps it had done (a checkpoint at every preemption). A job's first start costs
+nothing.
 
 Measured per job: start, finish, job completion time (finish - arrival), ``deadline_met``
 (finish <= deadline; null without a deadline), GPU-hours held (restarts included) and their cost
@@ -95,7 +96,8 @@ JOB_COLUMNS = {
     "last_plan": "plan at finish",
 }
 SUMMARY_COLUMNS = {
-    "policy": "allocation policy", "jobs": "jobs in the trace", "infeasible": "jobs no plan of the cluster fits",
+    "policy": "allocation policy", "jobs": "jobs in the trace",
+    "infeasible": "jobs not run: no plan of the cluster fits them (the JCTs and makespan are over the others)",
     "with_deadline": "jobs with a deadline", "deadlines_met": "of them finished in time",
     "mean_jct_hours": "mean job completion time, h", "p90_jct_hours": "90th percentile (nearest rank), h",
     "makespan_hours": "last finish - first arrival, h", "gpu_utilisation": "GPU-s held / (GPUs x makespan)",
@@ -181,18 +183,22 @@ def replay(trace: pl.DataFrame, curves, policy: str, restart_s: float = DEFAULT_
         t_next = min(t_arr, t_fin)
         if not math.isfinite(t_next):       # nothing runs and nothing arrives: cannot happen (guarded)
             raise RuntimeError("replay stalled: active jobs without nodes and no event ahead")
+        finished = []
         for j in running:
-            ran = max(0.0, t_next - max(now, j.paused_until))
-            j.remaining -= ran / j.step_s[j.nodes]
+            # the job ends at this event when its projected finish is not after it (compared as
+            # times: a remainder of steps too small to move the clock also ends it)
+            if max(now, j.paused_until) + j.remaining * j.step_s[j.nodes] <= t_next:
+                finished.append(j)
+            else:
+                j.remaining -= max(0.0, t_next - max(now, j.paused_until)) / j.step_s[j.nodes]
             j.gpu_s += (t_next - now) * j.nodes * gpn
         now = t_next
-        for j in running:
-            if j.remaining <= 1e-9 * j.steps:
-                j.remaining, j.finish_s = 0.0, now
-                close(j, now)
-                j.nodes = 0
-                active.remove(j)
-                done.append(j)
+        for j in finished:
+            j.remaining, j.finish_s = 0.0, now
+            close(j, now)
+            j.nodes = 0
+            active.remove(j)
+            done.append(j)
         while pending and pending[0].arrival_s <= now:
             active.append(pending.pop(0))
         if not active:

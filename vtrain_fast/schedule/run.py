@@ -34,7 +34,7 @@ def parse_cluster(text: str, gpu_presets: dict | None = None) -> tuple[str, int]
     if gpu not in known:
         raise InputError("command line", "--cluster", text, "GPU:COUNT with a GPU preset (vtrain-fast presets)",
                          did_you_mean(gpu, known, "e.g. --cluster a100-sxm4-80gb:1024"))
-    return gpu, int(count)
+    return gpu, int(count)      # whole nodes, at most curves.MAX_NODES: job_curves checks
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,21 @@ def comparison(res: ScheduleResult, base: str = "dp-only", policy: str = "plan-a
     if base not in res.replays or policy not in res.replays:
         return None
     a, b = res.replays[policy].summary, res.replays[base].summary
+
+    def change(k):
+        ok = b[k] and math.isfinite(b[k]) and math.isfinite(a[k])
+        return a[k] / b[k] - 1.0 if ok else None
     return dict(policy=policy, base=base,
-                deadlines_met_ratio=a["deadlines_met"] / b["deadlines_met"] if b["deadlines_met"] else math.inf,
-                mean_jct_change=a["mean_jct_hours"] / b["mean_jct_hours"] - 1.0,
-                makespan_change=a["makespan_hours"] / b["makespan_hours"] - 1.0)
+                deadlines_met_ratio=a["deadlines_met"] / b["deadlines_met"] if b["deadlines_met"] else None,
+                mean_jct_change=change("mean_jct_hours"), makespan_change=change("makespan_hours"))
+
+
+def comparison_text(cmp: dict) -> str:
+    """The comparison as one line (``n/a`` where the base has nothing to compare with)."""
+    ratio = "n/a (dp-only met none)" if cmp["deadlines_met_ratio"] is None else f"{cmp['deadlines_met_ratio']:.2f}x"
+    pct = lambda v: "n/a" if v is None else f"{v:+.1%}"  # noqa: E731
+    return (f"{cmp['policy']} against {cmp['base']}: {ratio} the deadlines met, mean JCT {pct(cmp['mean_jct_change'])}, "
+            f"makespan {pct(cmp['makespan_change'])}")
 
 
 def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gantt: bool = True) -> list[str]:

@@ -57,8 +57,8 @@ TRACE_COLUMNS = (
                 f"sequences per step [{DEFAULT_GLOBAL_BATCH_SIZE}]"),
     TraceColumn("priority", pl.Int64, False, "", "higher first among equal deadlines / arrivals [0]"),
     TraceColumn("num_gpus", pl.Int64, False, "GPUs",
-                "GPUs the job asks for (fifo's fixed request; a multiple of the GPUs per node); empty: "
-                "the fewest that meet its deadline alone"),
+                "GPUs the job asks for (fifo's fixed request; rounded up to whole nodes, at most the cluster, "
+                "and up to the fewest nodes a plan fits on); empty: the fewest that meet its deadline alone"),
 )
 BY_NAME = {c.name: c for c in TRACE_COLUMNS}
 
@@ -94,11 +94,14 @@ def read_trace(path: str | Path, models: dict | None = None) -> pl.DataFrame:
         Unreadable file; a missing or unknown column; a cell of the wrong type or out of range
         (naming the row, 1 = the first job); a duplicate ``job_id``; an unknown model.
     """
-    from ..analysis.evaluate import read_csv
+    from ..analysis.evaluate import csv_separator, read_csv
     from ..plan.models import MODEL_PRESETS
     models = models if models is not None else MODEL_PRESETS
     where = str(path)
-    raw = read_csv(path)
+    raw = read_csv(path)          # checks the file (exists, size, well-formed)
+    if Path(path).suffix.lower() not in (".parquet", ".pq"):
+        # every cell as written (no type guessing: job ids such as 007 stay text)
+        raw = pl.read_csv(path, infer_schema=False, separator=csv_separator(Path(path)))
     if raw.height == 0:
         raise InputError(where, "rows", 0, "at least one job", "write one row per job under the header")
     for c in raw.columns:
@@ -116,15 +119,8 @@ def read_trace(path: str | Path, models: dict | None = None) -> pl.DataFrame:
         if c.name not in raw.columns:
             cols[c.name] = pl.Series(c.name, [None] * raw.height, dtype=c.dtype)
             continue
-        s = raw[c.name]
-        try:
-            cols[c.name] = s.cast(pl.String).str.strip_chars().replace("", None).cast(c.dtype, strict=True) \
-                if c.dtype != pl.String else s.cast(pl.String).str.strip_chars()
-        except Exception:  # noqa: BLE001 - polars raises several types for a bad cast
-            bad = next(i for i, v in enumerate(s.cast(pl.String).to_list()) if not _castable(v, c.dtype))
-            raise InputError(where, f"row {bad + 1} column {c.name}", s.cast(pl.String)[bad],
-                             "a whole number" if c.dtype == pl.Int64 else "a number",
-                             f"write {c.name} as {'e.g. 512' if c.dtype == pl.Int64 else 'e.g. 1.5'}") from None
+        values = raw[c.name].to_list()
+        cols[c.name] = pl.Series(c.name, [_cell(where, k + 1, c, v) for k, v in enumerate(values)], dtype=c.dtype)
     df = pl.DataFrame(cols)
     for i, r in enumerate(df.iter_rows(named=True)):
         _check_row(where, i + 1, r, models)
@@ -135,14 +131,30 @@ def read_trace(path: str | Path, models: dict | None = None) -> pl.DataFrame:
                            pl.col("priority").fill_null(0))
 
 
-def _castable(v, dtype) -> bool:
-    if v is None or str(v).strip() == "":
-        return True
+# Largest values a trace may hold (beyond them the replay's clock and counts lose precision): a
+# century of hours, 10^18 tokens, 10^12 steps, 10^7 GPUs.
+LIMITS = {"arrival_hours": 1e6, "deadline_hours": 1e6, "num_tokens": 1e18, "num_steps": 1e12,
+          "global_batch_size": 1e8, "num_gpus": 1e7, "priority": 1e9}
+
+
+def _cell(where: str, k: int, c: TraceColumn, v):
+    """One cell of column ``c`` (row ``k``) as its dtype: text stripped; numbers from text or
+    numbers (``1e3`` and ``8.0`` are whole numbers), empty as null."""
+    if c.dtype == pl.String:
+        return None if v is None else str(v).strip()
+    if v is None or (isinstance(v, str) and v.strip() == ""):
+        return None
+    whole = c.dtype == pl.Int64
     try:
-        x = float(v)
-    except ValueError:
-        return False
-    return dtype != pl.Int64 or x.is_integer()
+        x = float(v) if not isinstance(v, bool) else math.nan
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or (whole and not x.is_integer()):
+        raise InputError(where, f"row {k} column {c.name}", v, "a whole number" if whole else "a number",
+                         f"write {c.name} as {'e.g. 512' if whole else 'e.g. 1.5'}")
+    if abs(x) > LIMITS[c.name]:
+        raise InputError(where, f"row {k} column {c.name}", v, f"at most {LIMITS[c.name]:g} ({c.unit})")
+    return int(x) if whole else x
 
 
 def _check_row(where: str, k: int, r: dict, models: dict) -> None:
@@ -171,3 +183,5 @@ def _check_row(where: str, k: int, r: dict, models: dict) -> None:
         bad("global_batch_size", "a positive number of sequences")
     if r["num_gpus"] is not None and r["num_gpus"] <= 0:
         bad("num_gpus", "a positive number of GPUs")
+    if r["priority"] is not None and r["priority"] < -LIMITS["priority"]:
+        bad("priority", f"a whole number from {-LIMITS['priority']:g} to {LIMITS['priority']:g}")
