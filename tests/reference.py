@@ -523,9 +523,27 @@ def head_s(b, s, h, v, t, hw):
     return phase_s(gpu_s, HEAD_LAUNCHES, hw)
 
 
+# Bytes per element of the optimizer-state dtypes, by their order among exp_avg_dtype's choices
+# (restated: fp32, fp16, bf16, fp8 as uint8).
+STATE_DTYPE_BYTES = (4.0, 2.0, 2.0, 1.0)
+
+
+def moment_bytes(hw):
+    """Adam's m and v, bytes per parameter: fp32 unless the precision-aware optimizer says."""
+    if not hw_get(hw, "use_precision_aware_optimizer"):
+        return 8.0
+    return STATE_DTYPE_BYTES[int(hw_get(hw, "exp_avg_dtype"))] + STATE_DTYPE_BYTES[int(hw_get(hw, "exp_avg_sq_dtype"))]
+
+
+def adam_state_bytes(hw):
+    """Master weight + m + v per parameter: 4 + 8, or the 2-byte remainder + the moments."""
+    return (2.0 if hw_get(hw, "use_precision_aware_optimizer") else 4.0) + moment_bytes(hw)
+
+
 def optimizer_s(params, hw):
-    """Megatron fp16 optimizer + fused Adam: 48 bytes per parameter, 6 launches."""
-    bytes_per_param = (2.0 + 4.0) + 4.0 + 4.0 + 28.0 + (4.0 + 2.0)
+    """Megatron fp16 optimizer + fused Adam: 48 bytes per parameter with fp32 moments (read and
+    write of m and v: 16 of them), 6 launches."""
+    bytes_per_param = (2.0 + 4.0) + 4.0 + 4.0 + (12.0 + 2.0 * moment_bytes(hw)) + (4.0 + 2.0)
     return memory_bound_time_s(bytes_per_param * params, 6.0, hw)
 
 
@@ -1342,13 +1360,13 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered (weight + gradient)
         weight = 2.0 / (shard if zero >= 3 else 1.0)
         grad = 2.0 / (shard if zero >= 2 else 1.0)
-        adam = (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (shard if zero >= 1 else 1.0)
+        adam = adam_state_bytes(hw) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
         if moe_on:
             # the local experts' states, sharded (ZeRO) over the expert-data-parallel ranks
             eshard = edg
             states += expert_params[i] * (2.0 / (eshard if zero >= 3 else 1.0) + 2.0 / (eshard if zero >= 2 else 1.0)
-                                          + (ADAM_STATE_BYTES_PER_PARAM - 4.0) / (eshard if zero >= 1 else 1.0))
+                                          + adam_state_bytes(hw) / (eshard if zero >= 1 else 1.0))
         if zero >= 3 and shard > 1:
             states += 2.0 * layer_on_rank * 4.0
         if _fp8(hw):

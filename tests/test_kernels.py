@@ -67,6 +67,7 @@ SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCH
            "ep": (1.0, 1.0, 2.0, 4.0, 8.0), "etp": (0.0, 0.0, 1.0, 2.0),    # MoE (no effect on dense models)
            "moe_token_dispatcher_type": (0.0, 0.0, 1.0),   # alltoall, allgather
            "moe_expert_capacity_factor": (0.0, 0.0, 0.5, 1.0, 1.25), "moe_load_imbalance": (1.0, 1.0, 1.3, 2.0),
+           "exp_avg_dtype": (0.0, 1.0, 2.0, 3.0), "exp_avg_sq_dtype": (0.0, 1.0, 2.0, 3.0),   # fp32, fp16, bf16, fp8
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 

@@ -48,6 +48,8 @@ BRIDGE_KEYS = {
     "--micro-batch-size": "train.micro_batch_size", "--global-batch-size": "train.global_batch_size",
     "--train-iters": "train.train_iters",
     "--overlap-grad-reduce": "ddp.overlap_grad_reduce", "--overlap-param-gather": "ddp.overlap_param_gather",
+    "--use-precision-aware-optimizer": "optimizer.use_precision_aware_optimizer",
+    "--exp-avg-dtype": "optimizer.exp_avg_dtype", "--exp-avg-sq-dtype": "optimizer.exp_avg_sq_dtype",
     "--use-megatron-fsdp": "ddp.use_megatron_fsdp",
     "--data-parallel-sharding-strategy": "ddp.data_parallel_sharding_strategy",
     "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
@@ -265,6 +267,11 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     shard = int(g("dp_shard"))
     if shard and zero >= 1:
         a_ += [SETTINGS["dp_shard"].megatron, str(int(row["dp"]) * cp // shard)]
+    if bool(g("use_precision_aware_optimizer")):
+        a_ += [SETTINGS["use_precision_aware_optimizer"].megatron]
+        for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            if g(name) != SETTINGS[name].default:
+                a_ += [SETTINGS[name].megatron, str(g(name))]
     if tp > 1 and not bool(g("sequence_parallel")):
         notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core, whose TP linears always overlap "
                      "the backward all-reduce; " + ("priced so" if bool(g("async_tensor_model_parallel_allreduce")) else
@@ -501,6 +508,11 @@ def _torchtitan_check(row: dict) -> None:
     if bool(g("multi_latent_attention")):
         _titan_refuse(row, "multi_latent_attention", True, "false (torchtitan's llama3 attention is GQA; its "
                       "deepseek_v3 model's MLA is not mapped yet)", "export it with --to megatron or --to bridge")
+    if bool(g("use_precision_aware_optimizer")):
+        _titan_refuse(row, "use_precision_aware_optimizer", True, "false (torchtitan keeps an fp32 master weight; "
+                      "its only low-precision states, bf16 moments with optimizer.implementation = "
+                      "'fused_opt_states_bf16', docs/bf16_optimizer_states.md, are not mapped yet)",
+                      "export it with --to megatron or --to bridge, or sweep without the precision-aware optimizer")
     if int(g("num_experts")):
         _titan_refuse(row, "num_experts", int(g("num_experts")), "0, a dense model (torchtitan's MoE models, "
                       "qwen3, deepseek_v3, gpt_oss, are not mapped yet)", "export it with --to megatron or --to bridge")

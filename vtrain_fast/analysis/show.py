@@ -343,8 +343,8 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
     rebuilt = sel * mb[k.M_CORE_ACT]
     full = mb[k.M_ACT_LAYER] - rebuilt
     edz = split[k.S_EDZ]
-    w_d, g_d, o_d = memory.state_bytes_per_param(dz, zero)
-    w_e, g_e, o_e = memory.state_bytes_per_param(edz, zero)
+    w_d, g_d, o_d = memory.state_bytes_per_param(dz, zero, hw)
+    w_e, g_e, o_e = memory.state_bytes_per_param(edz, zero, hw)
     p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
     p_moe = p_exp = 0.0
     if arch.num_experts >= 1.0:

@@ -12,15 +12,19 @@ scale by ``qw / h``).
 """
 from __future__ import annotations
 
-from ._jit import jit
-from .ops import MXFP8_SCALE_BYTES_PER_ELEMENT, attention_width, context_width, fused_softmax, mla_latent_width, mla_weights
+from ._jit import jit, jit_inline
+from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_width, context_width, fused_softmax,
+                  mla_latent_width, mla_weights)
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
-from .params import H_DP_SHARD, H_OPT_SHARD, H_ZERO_STAGE
+from .params import H_DP_SHARD, H_OPT_SHARD, H_PRECISION_AWARE, H_ZERO_STAGE
 
 STATE_BYTES_PER_PARAM = 16.0
 WEIGHT_BYTES_PER_PARAM = 2.0             # fp16 / bf16 weight
 GRAD_BYTES_PER_PARAM = 2.0               # fp16 / bf16 gradient
 OPTIMIZER_BYTES_PER_PARAM = 12.0         # fp32 master weight, Adam momentum and variance (ZeRO's K)
+# The precision-aware optimizer's master weight: the bf16 weight plus a 16-bit remainder (int16),
+# Megatron-core's store_param_remainders (megatron/core/optimizer/distrib_optimizer.py), 2 bytes.
+REMAINDER_MASTER_BYTES_PER_PARAM = 2.0
 # ZeRO-3 / FSDP keeps the parameters of the layer it computes and of the next one (prefetched)
 # gathered, with their unsharded gradients until the reduce-scatter: two layers of weight and
 # gradient (PyTorch FSDP's default limit of two all-gathers in flight).
@@ -58,26 +62,38 @@ def optimizer_shards(d, stage):
     return d if stage >= 1.0 else 1.0
 
 
-@jit
-def model_state_bytes(params, d, stage):
+@jit_inline
+def optimizer_bytes_per_param(hw):
+    """Bytes of optimizer state per parameter before sharding (ZeRO's K): 12 (fp32 master weight,
+    Adam momentum and variance), or under the precision-aware optimizer the 2-byte master
+    remainder (:data:`REMAINDER_MASTER_BYTES_PER_PARAM`) plus the moments in their dtypes
+    (:func:`~vtrain_fast.model.ops.adam_moment_bytes`: 8-bit states give 4)."""
+    if hw[H_PRECISION_AWARE] == 0.0:
+        return OPTIMIZER_BYTES_PER_PARAM
+    return REMAINDER_MASTER_BYTES_PER_PARAM + adam_moment_bytes(hw)
+
+
+@jit_inline
+def model_state_bytes(params, d, stage, hw):
     """Model-state bytes of ``params`` parameters on one GPU at ZeRO ``stage`` (0-3) over ``d``
     data-parallel ranks: fp16 weight (2 bytes, divided by ``d`` at stage 3), fp16 gradient (2,
     divided at stages 2 and 3) and fp32 master weight, Adam momentum and variance (12, divided
     from stage 1 on). Rajbhandari et al. 2020, "ZeRO", Figure 1 and Sec. 5: ``(2 + 2 + K)``,
     ``2 + 2 + K/N_d``, ``2 + (2 + K)/N_d`` and ``(2 + 2 + K)/N_d`` bytes per parameter with
-    ``K = 12`` (7.5B parameters over 64 ranks: 120, 31.4, 16.6 and 1.88 GB)."""
-    w, g, o = state_bytes_per_param(d, stage)
+    ``K = 12`` (7.5B parameters over 64 ranks: 120, 31.4, 16.6 and 1.88 GB); ``K`` from the
+    machine vector ``hw`` (:func:`optimizer_bytes_per_param`)."""
+    w, g, o = state_bytes_per_param(d, stage, hw)
     return params * (w + g + o)
 
 
-@jit
-def state_bytes_per_param(d, stage):
+@jit_inline
+def state_bytes_per_param(d, stage, hw):
     """:func:`model_state_bytes` per parameter by part: ``(weight, gradient, optimizer)`` bytes one
-    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (fp16 weight, fp16 gradient, fp32
-    master weight with Adam's two moments)."""
+    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (fp16 weight, fp16 gradient, the
+    optimizer's :func:`optimizer_bytes_per_param`)."""
     w = WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
     g = GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
-    return w, g, OPTIMIZER_BYTES_PER_PARAM / optimizer_shards(d, stage)
+    return w, g, optimizer_bytes_per_param(hw) / optimizer_shards(d, stage)
 
 
 @jit

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 
-from ._jit import jit
+from ._jit import jit, jit_inline
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, ROPE
 from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF,
                      H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
                      H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
 from .params import CP_ALL_GATHER, H_CP_COMM
 from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
+from .params import H_EXP_AVG, H_EXP_AVG_SQ, H_PRECISION_AWARE
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -822,15 +823,37 @@ def head_backward_s(b, s, h, v, t, hw):
 
 
 @jit
+def state_dtype_bytes(code):
+    """Bytes of one element of an optimizer-state dtype, by its code among the choices of
+    ``exp_avg_dtype`` (:mod:`vtrain_fast.model.settings`): fp32 4, fp16 2, bf16 2, fp8 1 (uint8)."""
+    if code == 0.0:
+        return 4.0
+    if code == 3.0:
+        return 1.0
+    return 2.0
+
+
+@jit_inline
+def adam_moment_bytes(hw):
+    """Bytes per parameter of Adam's two moments: 8 (fp32), or under the precision-aware
+    optimizer those of ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` (:func:`state_dtype_bytes`)."""
+    if hw[H_PRECISION_AWARE] == 0.0:
+        return 8.0
+    return state_dtype_bytes(hw[H_EXP_AVG]) + state_dtype_bytes(hw[H_EXP_AVG_SQ])
+
+
+@jit
 def optimizer_s(params, hw):
     """Seconds of one mixed-precision Adam step over ``params`` parameters on one GPU.
 
     Bytes per parameter (Megatron-LM fp16 optimizer): copy fp16 grads to fp32 main grads
-    (2 + 4), inf/nan check (4), gradient-norm for clipping (4), fused Adam (read param, grad,
-    m, v; write param, m, v: 28), copy fp32 params to fp16 model params (4 + 2): 48 bytes.
-    Multi-tensor-apply launches are charged as 6 kernels.
+    (2 + 4), inf/nan check (4), gradient-norm for clipping (4), fused Adam (read param and
+    grad, 8, read and write the two moments, 2 x :func:`adam_moment_bytes` = 16 in fp32, write
+    param 4: 28 in fp32), copy fp32 params to fp16 model params (4 + 2): 48 bytes with fp32
+    moments (the precision-aware optimizer's master weight as bf16 + 16-bit remainder moves the
+    same 4 bytes each way). Multi-tensor-apply launches are charged as 6 kernels.
     """
-    return memory_bound_time_s(48.0 * params, 6.0, hw)
+    return memory_bound_time_s((32.0 + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
 
 
 # Context parallelism (Megatron-LM --context-parallel-size, Transformer Engine's attention with

@@ -295,6 +295,25 @@ SETTINGS: tuple[Setting, ...] = (
             NO_FLAG, int_range=(1.0, 1000.0),
             example="moe_load_imbalance = 1.2 or [1.0, 1.2, 1.5] (1 = balanced)",
             inert_models="dense models (num_experts = 0)"),
+    Setting("use_precision_aware_optimizer", bool, False, "precision-aware optimizer",
+            "true runs Adam as Transformer Engine's FusedAdam with lower-precision optimizer states "
+            "(exp_avg_dtype, exp_avg_sq_dtype) and the fp32 master weight kept as the bf16 weight plus a "
+            "16-bit remainder (Megatron-core's store_param_remainders, its default with TE >= 2.1): 2 bytes "
+            "of master weight per parameter instead of 4 (Megatron-LM --use-precision-aware-optimizer; "
+            "megatron/core/optimizer/distrib_optimizer.py)",
+            "--use-precision-aware-optimizer"),
+    Setting("exp_avg_dtype", str, "fp32", "Adam first moment's dtype",
+            "the dtype Adam's first moment is stored in: fp32 (4 bytes per parameter), fp16 or bf16 (2), "
+            "fp8 (1: uint8 with a scale, 8-bit optimizer states as bitsandbytes' Adam8bit keeps them); the "
+            "Adam kernel reads and writes that many bytes (Megatron-LM --exp-avg-dtype; needs the "
+            "precision-aware optimizer)",
+            "--exp-avg-dtype", requires=(("use_precision_aware_optimizer", True),),
+            choices=("fp32", "fp16", "bf16", "fp8")),
+    Setting("exp_avg_sq_dtype", str, "fp32", "Adam second moment's dtype",
+            "the dtype Adam's second moment is stored in, as exp_avg_dtype (Megatron-LM --exp-avg-sq-dtype; "
+            "needs the precision-aware optimizer)",
+            "--exp-avg-sq-dtype", requires=(("use_precision_aware_optimizer", True),),
+            choices=("fp32", "fp16", "bf16", "fp8")),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

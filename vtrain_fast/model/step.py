@@ -1594,11 +1594,11 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     fp8_first = (memory.ZERO3_GATHERED_LAYERS if regather else l_first - n16_first) * mb[M_FP8_WEIGHTS]
     fp8_mid = (memory.ZERO3_GATHERED_LAYERS if regather else l_mid - n16_second) * mb[M_FP8_WEIGHTS]
     fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last - n16_last) * mb[M_FP8_WEIGHTS]
-    state_first = memory.model_state_bytes(p_first, dz, zero) + split[S_GATHERED] + fp8_first
-    state_last = memory.model_state_bytes(p_last, dz, zero) + split[S_GATHERED] + fp8_last
+    state_first = memory.model_state_bytes(p_first, dz, zero, hw) + split[S_GATHERED] + fp8_first
+    state_last = memory.model_state_bytes(p_last, dz, zero, hw) + split[S_GATHERED] + fp8_last
     edz = split[S_EDZ]                  # MoE: the experts' states over the expert-data-parallel ranks
-    state_first += memory.model_state_bytes(split[S_E_FIRST], edz, zero)
-    state_last += memory.model_state_bytes(split[S_E_LAST], edz, zero)
+    state_first += memory.model_state_bytes(split[S_E_FIRST], edz, zero, hw)
+    state_last += memory.model_state_bytes(split[S_E_LAST], edz, zero, hw)
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
@@ -1606,8 +1606,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         states, act = state_last, act_last
     if act_mid > 0.0:
-        state_mid = (memory.model_state_bytes(split[S_P_MID], dz, zero) + split[S_GATHERED] + fp8_mid
-                     + memory.model_state_bytes(split[S_E_MID], edz, zero))
+        state_mid = (memory.model_state_bytes(split[S_P_MID], dz, zero, hw) + split[S_GATHERED] + fp8_mid
+                     + memory.model_state_bytes(split[S_E_MID], edz, zero, hw))
         if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]
