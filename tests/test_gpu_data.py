@@ -9,11 +9,11 @@ import pytest
 
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.hardware.gpus import (GPU_DATA_DIR, GPU_FIELD_RANGES, OPTIONAL_GPU_FIELD_RANGES, PRESETS,
-                                  load_gpu_files, machine_vector)
+from vtrain_fast.hardware.gpus import (GPU_DATA_DIR, GPU_FIELD_RANGES, GPU_FLAGS, OPTIONAL_GPU_FIELD_RANGES,
+                                  PRESETS, load_gpu_files, machine_vector)
 from vtrain_fast.plan.spec import parse_spec
 
-NUMBER_KEYS = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES)
+NUMBER_KEYS = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(GPU_FLAGS)
 
 
 @pytest.mark.parametrize("path", sorted(GPU_DATA_DIR.glob("*.toml")), ids=lambda p: p.stem)
@@ -21,7 +21,9 @@ def test_every_shipped_gpu_number_has_a_source_and_a_date(path):
     doc = tomllib.loads(path.read_text())
     assert doc["name"] == path.stem and doc["name"] in PRESETS
     numbers = {k: v for k, v in doc.items() if k in NUMBER_KEYS}
-    assert set(GPU_FIELD_RANGES) <= set(numbers), set(GPU_FIELD_RANGES) - set(numbers)
+    # a PCIe node derives intra_node_GBps from its link (pcie_gen, pcie_lanes, pcie_p2p)
+    required = set(GPU_FIELD_RANGES) - ({"intra_node_GBps"} if doc.get("intra_node_link") == "pcie" else set())
+    assert required <= set(numbers), required - set(numbers)
     for key, entry in numbers.items():
         assert isinstance(entry, dict) and entry["source"].strip() and entry["date"].strip(), key
     cal = doc.get("calibration", {})

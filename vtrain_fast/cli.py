@@ -245,7 +245,7 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
     of a --gpus file, marked by where they come from)."""
     import polars as pl
 
-    from .hardware.gpus import PRESETS
+    from .hardware.gpus import PRESETS, intra_node_link_label
     from .plan.models import MODEL_PRESETS
     from .analysis.report import print_frame
     from .model.moe import param_counts
@@ -263,13 +263,15 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                 "experts); active_billion: parameters per token, the word embedding included)", console=console, keep=("model",))
     gpus = pl.DataFrame([dict(gpu=g.name, bf16_TFLOPs=g.peak_tflops, fp8_TFLOPs=g.peak_fp8_tflops or None,
                               hbm_GiB=g.hbm_GiB, hbm_GBps=g.hbm_GBps,
-                              intra_node_GBps=g.intra_node_GBps, inter_node_Gbps=g.inter_node_Gbps,
+                              link=intra_node_link_label(g), intra_node_GBps=g.intra_node_GBps,
+                              inter_node_Gbps=g.inter_node_Gbps,
                               gpus_per_node=g.gpus_per_node, tdp_W=g.tdp_W, usd_per_gpu_hour=g.usd_per_gpu_hour,
                               pue=g.pue, reserved_GiB=g.reserved_GiB, calibrated=g.calibrated,
                               **({"from": "preset" if PRESETS.get(g.name) is g else str(gpus_file)} if gpus_file else {}))
                          for g in (_gpus(gpus_file) or PRESETS).values()])
     print_frame(gpus, "GPU presets (spec: \\[cluster] gpu = ...; one file each, with the source and date of every "
-                "number, in vtrain_fast/data/gpus/; \\[cluster] keys or a \\[gpus.<name>] table change them)",
+                "number, in vtrain_fast/data/gpus/; \\[cluster] keys or a \\[gpus.<name>] table change them; "
+                "link: what joins a node's GPUs, host: PCIe without peer-to-peer)",
                 console=console, keep=("gpu",))
 
 

@@ -94,7 +94,17 @@ class GPUPreset:
     hbm_GBps : float
         HBM bandwidth, 10^9 bytes/s.
     intra_node_GBps : float
-        NVLink bandwidth per GPU per direction, 10^9 bytes/s.
+        Effective GPU-to-GPU bandwidth per GPU per direction inside a node, 10^9 bytes/s, the one
+        figure the collectives and sends are charged at: NVLink's rate per direction
+        (``intra_node_link = "nvlink"``), the sum over the links to the peers (``"infinity_fabric"``),
+        or, on a PCIe node, derived from its link by :func:`pcie_intra_node_GBps`.
+    intra_node_link : str
+        What joins the GPUs of a node: ``"nvlink"`` (default), ``"pcie"`` or ``"infinity_fabric"``.
+    pcie_gen, pcie_lanes : int
+        The PCIe generation (3, 4, 5) and lanes per GPU of a PCIe node; 0 on other links.
+    pcie_p2p : bool
+        A PCIe node's GPUs reach each other peer to peer through a PCIe switch or the root complex
+        (True), or every transfer bounces through host memory (False; GeForce cards).
     inter_node_Gbps : float
         Network (NIC) bandwidth per GPU, 10^9 bits/s.
     gpus_per_node : int
@@ -139,6 +149,10 @@ class GPUPreset:
     peak_fp4_tflops: float = 0.0
     mxfp8_tensor_cores: int = 0      # 1: block-scaled MXFP8 GEMMs (Blackwell), at the FP8 rate
     vendor: str = ""
+    intra_node_link: str = "nvlink"   # what joins the GPUs of a node (INTRA_NODE_LINKS)
+    pcie_gen: int = 0                # a PCIe node's generation and lanes per GPU (0: another link)
+    pcie_lanes: int = 0
+    pcie_p2p: bool = True            # False: GPU-to-GPU copies bounce through host memory
     pue: float = 1.0
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
@@ -177,12 +191,132 @@ OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_fp4_tflops": (0.0, 1e6),
     "mxfp8_tensor_cores": (0, 1),
     **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
+    # the intra-node link of a PCIe node (intra_node_link = "pcie"): intra_node_GBps is derived
+    "pcie_gen": (3, 5),
+    "pcie_lanes": (1, 16),
 }
-_INTEGER_FIELDS = ("gpus_per_node", "num_sms", "mxfp8_tensor_cores")
+# Switches of a GPU file ({ value = true, source, date }), and their default.
+GPU_FLAGS: dict[str, bool] = {"pcie_p2p": True}
+_INTEGER_FIELDS = ("gpus_per_node", "num_sms", "mxfp8_tensor_cores", "pcie_gen", "pcie_lanes")
 # Fields a calibration's fit depends on: a GPU that changes one of them is not the fitted one.
 _PERFORMANCE_FIELDS = ("peak_bf16_tflops", "hbm_GBps", "intra_node_GBps", "gpus_per_node", "inter_node_Gbps",
-                       "num_sms")
-_TEXT_KEYS = ("name", "vendor", "base", "description")
+                       "num_sms", "intra_node_link", "pcie_gen", "pcie_lanes", "pcie_p2p")
+_TEXT_KEYS = ("name", "vendor", "base", "description", "intra_node_link")
+
+# ------------------------------------------------------------------------ the intra-node link
+# What joins the GPUs of a node. "nvlink" and "infinity_fabric" nodes give intra_node_GBps (the
+# link's rate per GPU per direction); a "pcie" node derives it from pcie_gen, pcie_lanes, pcie_p2p.
+INTRA_NODE_LINKS = ("nvlink", "pcie", "infinity_fabric")
+_PCIE_KEYS = ("pcie_gen", "pcie_lanes", "pcie_p2p")
+PCIE_LANES = (1, 2, 4, 8, 16)
+# PCIe data rate per lane per direction after line encoding, 10^9 bytes/s: 8, 16 and 32 GT/s with
+# 128b/130b encoding (PCI-SIG, PCI Express Base Specification 3.0 / 4.0 / 5.0).
+PCIE_LANE_GBps: dict[int, float] = {3: 0.985, 4: 1.969, 5: 3.938}
+# Achievable fraction of that rate for GPU-to-GPU copies (TLP headers, flow control, DMA):
+# cudaMemcpyPeer between two RTX 4090 on PCIe 4.0 x16 with P2P on, 24.44 of 31.5 GB/s = 0.776
+# (tinygrad/open-gpu-kernel-modules README, 2024-04, whose NCCL all_reduce_perf over 6 such GPUs
+# reaches the same 24.5 GB/s bus bandwidth); RTX PRO 6000 Blackwell on PCIe 5.0 x16: 54-56 of
+# 63.0 GB/s under one CPU, 39-51 GB/s across two (p2pBandwidthLatencyTest, voipmonitor/rtx6kpro
+# hardware/pcie-bandwidth.md, 2026). One fraction for every generation, the PCIe 4.0 one.
+PCIE_P2P_FRACTION = 0.78
+# Without P2P every copy goes device -> host memory -> device: collectives send and receive at
+# once, and bidirectional copies between two RTX 4090 on PCIe 4.0 x16 reach 25.8 GB/s with P2P off
+# against 50.1-51.2 GB/s with it on (tinygrad/open-gpu-kernel-modules issue #6 and README,
+# p2pBandwidthLatencyTest, 2024): half.
+PCIE_HOST_BOUNCE_FACTOR = 0.5
+
+
+def pcie_intra_node_GBps(gen: int, lanes: int = 16, p2p: bool = True) -> float:
+    """Effective GPU-to-GPU bandwidth per GPU per direction of a PCIe node, 10^9 bytes/s: the
+    only place ``intra_node_GBps`` of an ``intra_node_link = "pcie"`` GPU comes from.
+
+    ``PCIE_LANE_GBps[gen] x lanes x PCIE_P2P_FRACTION``, halved (``PCIE_HOST_BOUNCE_FACTOR``)
+    without peer-to-peer; e.g. PCIe 4.0 x16 with P2P: 1.969 x 16 x 0.78 = 24.57 GB/s, without:
+    12.29 GB/s. The figure is already the achievable copy rate, which NCCL's ring collectives
+    reach on such nodes: the PCIe presets' calibration keeps ``intra_node_efficiency = 1``.
+    """
+    if gen not in PCIE_LANE_GBps:
+        raise ValueError(f"PCIe generation {gen!r}: one of {sorted(PCIE_LANE_GBps)}")
+    if lanes not in PCIE_LANES:
+        raise ValueError(f"PCIe lanes {lanes!r}: one of {PCIE_LANES}")
+    rate = PCIE_LANE_GBps[gen] * lanes * PCIE_P2P_FRACTION
+    return rate if p2p else rate * PCIE_HOST_BOUNCE_FACTOR
+
+
+def intra_node_link_label(g: GPUPreset) -> str:
+    """The intra-node link of ``g`` in a few characters: ``nvlink``, ``infinity_fabric``,
+    ``pcie4x16`` or ``pcie4x16-host`` (no peer-to-peer: copies bounce through host memory)."""
+    if g.intra_node_link != "pcie":
+        return g.intra_node_link
+    return f"pcie{g.pcie_gen}x{g.pcie_lanes}" + ("" if g.pcie_p2p else "-host")
+
+
+def _link_fields(where: str, doc: dict, base: GPUPreset | None, need_source: bool):
+    """``(fields, sources)`` of the intra-node link of a GPU table: ``intra_node_link`` and, for
+    ``"pcie"``, ``pcie_gen``, ``pcie_lanes``, ``pcie_p2p`` and the ``intra_node_GBps`` derived
+    from them (:func:`pcie_intra_node_GBps`); the base's where the table gives none.
+
+    Raises
+    ------
+    InputError
+        An unknown link; a ``pcie`` GPU that also gives ``intra_node_GBps`` (two sources for one
+        figure) or no ``pcie_gen``; ``pcie_*`` keys on another link; a GPU that leaves a PCIe base
+        for another link without giving ``intra_node_GBps``.
+    """
+    base_link = base.intra_node_link if base is not None else "nvlink"
+    link = doc.get("intra_node_link", base_link)
+    if link not in INTRA_NODE_LINKS:
+        raise InputError(where, "intra_node_link", link, ", ".join(f'"{k}"' for k in INTRA_NODE_LINKS))
+    if link != "pcie":
+        for key in _PCIE_KEYS:
+            if key in doc:
+                raise InputError(where, key, doc[key], f'only with intra_node_link = "pcie" (this GPU\'s link is '
+                                 f'"{link}")', f'set intra_node_link = "pcie", or leave {key} out')
+        if base_link == "pcie" and "intra_node_GBps" not in doc:
+            raise InputError(where, "intra_node_GBps", None, f'a number: the {link} link\'s bandwidth per GPU per '
+                             f'direction (the base {base.name!r} derives its figure from PCIe)')
+        fields = {"intra_node_link": link}
+        if base_link == "pcie":                 # the base's PCIe description no longer applies
+            fields.update(pcie_gen=0, pcie_lanes=0, pcie_p2p=True)
+        return fields, []
+    if "intra_node_GBps" in doc:
+        value = doc["intra_node_GBps"]
+        value = value.get("value") if isinstance(value, dict) else value
+        raise InputError(where, "intra_node_GBps", value, 'no number with intra_node_link = "pcie": a PCIe node\'s '
+                         "bandwidth is derived from pcie_gen, pcie_lanes and pcie_p2p",
+                         'leave intra_node_GBps out, or set intra_node_link = "nvlink" to give a measured figure '
+                         "of your own; a spec's [cluster] intra_node_GBps overrides the derived figure for one sweep")
+    inherit = base is not None and base_link == "pcie"
+    values, sources = {}, []
+    for key in ("pcie_gen", "pcie_lanes"):
+        if key in doc:
+            lo, hi = OPTIONAL_GPU_FIELD_RANGES[key]
+            values[key], text = _number(where, key, doc[key], lo, hi, need_source)
+            sources.append(text)
+        elif inherit:
+            values[key] = getattr(base, key)
+        elif key == "pcie_gen":
+            raise InputError(where, "pcie_gen", None, "3, 4 or 5: the PCIe generation the GPUs run at",
+                             'a PCIe node (intra_node_link = "pcie") derives intra_node_GBps from it')
+        else:
+            values[key] = 16
+    if values["pcie_lanes"] not in PCIE_LANES:
+        raise InputError(where, "pcie_lanes", values["pcie_lanes"], ", ".join(map(str, PCIE_LANES)))
+    if "pcie_p2p" in doc:
+        values["pcie_p2p"], text = _flag(where, "pcie_p2p", doc["pcie_p2p"], need_source)
+        sources.append(text)
+    else:
+        values["pcie_p2p"] = base.pcie_p2p if inherit else GPU_FLAGS["pcie_p2p"]
+    gbps = pcie_intra_node_GBps(values["pcie_gen"], values["pcie_lanes"], values["pcie_p2p"])
+    sources.append(f"intra_node_GBps: {gbps:.2f}, derived: PCIe {values['pcie_gen']}.0 "
+                   f"{PCIE_LANE_GBps[values['pcie_gen']]} GB/s per lane per direction x {values['pcie_lanes']} lanes x "
+                   f"{PCIE_P2P_FRACTION} achievable"
+                   + ("" if values["pcie_p2p"] else f" x {PCIE_HOST_BOUNCE_FACTOR} (no P2P: copies bounce through "
+                                                    "host memory)")
+                   + " (hardware.gpus.pcie_intra_node_GBps)")
+    if inherit and not any(k in doc for k in (*_PCIE_KEYS, "intra_node_link")):
+        sources = []                            # the base's link, and the base's source says so
+    return {"intra_node_link": "pcie", **values, "intra_node_GBps": gbps}, sources
 
 
 def _finite(v) -> bool:
@@ -193,8 +327,8 @@ def _finite(v) -> bool:
         return False
 
 
-def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool):
-    """``(value, source text)`` of one GPU number: ``{ value, source, date }`` (a plain number
+def _entry(where: str, key: str, entry, need_source: bool):
+    """``(value, source text)`` of one GPU file entry: ``{ value, source, date }`` (a plain value
     only where ``need_source`` is false, e.g. a spec's own GPU)."""
     if isinstance(entry, dict):
         extra = set(entry) - {"value", "source", "date"}
@@ -209,18 +343,35 @@ def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool
                          "every hardware number carries its source and date")
     else:
         value, source, date = entry, "given in " + where, None
+    return value, f"{key}: {source}" + (f" ({date})" if date else "")
+
+
+def _number(where: str, key: str, entry, lo: float, hi: float, need_source: bool):
+    """``(value, source text)`` of one GPU number: ``{ value, source, date }`` (a plain number
+    only where ``need_source`` is false, e.g. a spec's own GPU)."""
+    value, text = _entry(where, key, entry, need_source)
     whole = key in _INTEGER_FIELDS
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
             or not _finite(value) or not lo <= value <= hi:
         raise InputError(where, key, value, f"{'an integer' if whole else 'a number'} from {lo:g} to {hi:g}")
-    return (int(value) if whole else float(value)), f"{key}: {source}" + (f" ({date})" if date else "")
+    return (int(value) if whole else float(value)), text
+
+
+def _flag(where: str, key: str, entry, need_source: bool):
+    """``(value, source text)`` of one GPU switch: ``{ value = true, source, date }`` (a plain
+    ``true`` / ``false`` only where ``need_source`` is false)."""
+    value, text = _entry(where, key, entry, need_source)
+    if not isinstance(value, bool):
+        raise InputError(where, key, value, "true or false")
+    return value, text
 
 
 def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: bool = True) -> GPUPreset:
     """Build the :class:`GPUPreset` ``name`` from a GPU table (a file of ``GPU_DATA_DIR`` or a
     spec's ``[gpus.<name>]``). With ``base = "<preset>"`` (or when ``name`` is a preset in
     ``known``) the table overrides that preset's fields; otherwise every field of
-    :data:`GPU_FIELD_RANGES` is required.
+    :data:`GPU_FIELD_RANGES` is required (``intra_node_GBps`` excepted on a PCIe node, which
+    derives it: :func:`pcie_intra_node_GBps`).
 
     Raises
     ------
@@ -237,17 +388,23 @@ def gpu_from_table(name: str, doc: dict, where: str, known: dict, need_source: b
     if base_name is not None and (not isinstance(base_name, str) or base_name not in known):
         raise InputError(where, "base", base_name, "a GPU preset: " + ", ".join(known))
     base = known.get(base_name)
-    allowed = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(_TEXT_KEYS) | {"calibration"}
+    allowed = (set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(GPU_FLAGS) | set(_TEXT_KEYS)
+               | {"calibration"})
     for key in doc:
         if key not in allowed:
             raise InputError(where, key, doc[key], "GPU fields: " + ", ".join(sorted(allowed)))
+    link, link_sources = _link_fields(where, doc, base, need_source)
     values, sources = {}, []
     for key, (lo, hi) in {**GPU_FIELD_RANGES, **OPTIONAL_GPU_FIELD_RANGES}.items():
+        if key in _PCIE_KEYS or (key == "intra_node_GBps" and link["intra_node_link"] == "pcie"):
+            continue                            # the link's, above
         if key in doc:
             values[key], text = _number(where, key, doc[key], lo, hi, need_source)
             sources.append(text)
         elif base is None and key in GPU_FIELD_RANGES:
             raise InputError(where, key, None, "a number (every GPU field, or base = \"<preset>\" to start from one)")
+    values.update(link)
+    sources += link_sources
     cal_doc = doc.get("calibration", {})
     if not isinstance(cal_doc, dict):
         raise InputError(where, "calibration", cal_doc, "a table of calibration values")

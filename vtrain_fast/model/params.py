@@ -20,9 +20,9 @@ HARDWARE_FIELDS = (
     "peak_flops",             # dense fp16/bf16 tensor-core FLOP/s
     "hbm_bytes",              # HBM capacity, bytes
     "hbm_Bps",                # HBM bandwidth, bytes/s
-    "intra_node_Bps",         # NVLink bandwidth per GPU per direction, bytes/s
+    "intra_node_Bps",         # GPU-to-GPU bandwidth per GPU per direction in a node (NVLink, IF, PCIe), bytes/s
     "inter_node_Bps",         # NIC bandwidth per GPU per direction, bytes/s
-    "gpus_per_node",          # GPUs sharing one NVLink/NVSwitch domain
+    "gpus_per_node",          # GPUs sharing one node (NVLink/NVSwitch, Infinity Fabric or PCIe domain)
     "num_sms",                # streaming multiprocessors (GEMM SM occupancy)
     "tdp_W",                  # board power, watts
     "usd_per_gpu_hour",       # price, US dollars per GPU-hour
