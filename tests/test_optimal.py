@@ -309,3 +309,10 @@ def test_memory_margin_leaves_out_tight_plans_and_the_curve_marks_them():
     assert res.feasible < plain.feasible
     with pytest.raises(InputError, match="--memory-margin"):
         optimal(gpus=96, days=2.0, gpu=GPU, memory_margin=1.5, **SMALL)
+
+
+def test_serving_that_eats_the_budget_is_named_in_the_warning():
+    res = optimal(budget_usd=3e5, gpu=GPU, inference_tokens=2e13, **SMALL)
+    assert any("serving" in w and "--inference-tokens" in w for w in res.warnings), res.warnings
+    assert any("--inference-mfu has no effect" in w for w in optimal(budget_usd=3e5, gpu=GPU, inference_mfu=0.6,
+                                                                       **SMALL).warnings)

@@ -221,3 +221,8 @@ def test_where_narrows_the_plans_as_brute_force_does(tiny_sweep, cli):
     assert out.exit_code == 0 and f"gpu=={gpu}" in flat(out.output)
     bad = cli("plan", tiny_sweep, "--deadline-days", days, "--where", "tpp==2")
     assert bad.exit_code == 2 and "tpp" in bad.output and "Traceback" not in bad.output
+
+
+def test_where_that_matches_nothing_exits_2(tiny_sweep, cli):
+    out = cli("plan", tiny_sweep, "--deadline-days", 30, "--where", "tp==3")
+    assert out.exit_code == 2 and "--where" in out.output and "relax" in flat(out.output)

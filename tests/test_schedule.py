@@ -379,3 +379,21 @@ def test_nothing_runnable_is_reported_not_a_traceback(tmp_path):
     assert r.exit_code == 0, r.output
     text = flat(r.output)
     assert "n/a" in text and "1 of 1 jobs not run" in text and (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_memory_margin_leaves_out_the_tight_plans():
+    cap = 80.0
+    loose = job_curves([("gpt3-13b", 512)], GPU, 32)
+    tight = job_curves([("gpt3-13b", 512)], GPU, 32, memory_margin=0.4)
+    assert tight.feasible < loose.feasible
+    ok = np.isfinite(tight.step_s)
+    assert (tight.step_s[ok] == loose.step_s[ok]).all() and ok.sum() < np.isfinite(loose.step_s).sum()
+    for k, f, n in np.argwhere(ok)[:5]:
+        assert tight.row(int(k), int(f), int(n))["memory_per_gpu_GiB"] <= 0.6 * cap + 1e-9
+
+
+def test_a_comma_list_of_policies_says_to_repeat_the_option(tmp_path):
+    path = tmp_path / "t.csv"
+    pl.DataFrame([dict(job_id="a", arrival_hours=0, model="gpt3-1.3b", num_tokens=1e9)]).write_csv(path)
+    r = runner.invoke(app, ["schedule", str(path), "--cluster", f"{GPU}:16", "--policy", "plan-aware,fifo"])
+    assert r.exit_code == 2 and "repeat the option" in flat(r.output)

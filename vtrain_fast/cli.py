@@ -1112,6 +1112,8 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
              output: Optional[Path] = typer.Option(None, "-o", "--output-dir", help="results folder: jobs.parquet, "
                                                    "segments.parquet, summary.parquet, gantt-<policy>.png"),
              overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty -o folder"),
+             memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose "
+                                                           "memory headroom is below this fraction of the GPU's HBM"),
              calibration: Optional[Path] = CalibrationOpt,
              gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
                                                       "(\\[gpus.<name>] tables, as `--gpus` of sweep)")):
@@ -1125,7 +1127,8 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
     if output is not None:
         check_output_folder(output, overwrite, "schedule results")
     res = run(trace_file, cluster, policy or POLICY_ORDER, restart_s,
-              dict(parse_setting(t) for t in settings or ()), _calibration(calibration), _gpus(gpus_file))
+              dict(parse_setting(t) for t in settings or ()), _calibration(calibration), _gpus(gpus_file),
+              memory_margin)
     print_frame(res.summary(), f"{trace_file}: {res.trace.height} jobs on {res.num_gpus:,} x {res.gpu} "
                 f"(restart {res.restart_s:g} s)", None, console, keep=("policy", "deadlines_met", "mean_jct_hours"))
     cmp = comparison(res)

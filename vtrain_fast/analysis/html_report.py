@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from ..io.errors import InputError
-from .query import (BREAKDOWN_COLUMNS, DEFAULT_MEMORY_MARGIN, feasible_plans, feasible_sample, pareto,
+from .query import (BREAKDOWN_COLUMNS, DEFAULT_MEMORY_MARGIN, feasible_plans, feasible_sample, pareto, with_memory_headroom,
                     varying_job_columns)
 from .report import _fmt, _plan_label, frontier_figure, save_figure
 
@@ -216,7 +216,10 @@ def _build(folder: Path, out: Path, study, where=(), memory_margin=None) -> None
                           f"are labelled tp / pp / dp / micro-batch / GPU. {front.height:,} frontier plans.</p>"
                           + _png_tag(out / "frontier.png", "Pareto frontier")))
     # (b) MFU heatmap
-    plans = feasible_plans(folder, where=where).select(["tp", "pp", "micro_batch_size", "mfu"]).collect()
+    plans = feasible_plans(folder, where=where)
+    if memory_margin:                     # the heatmap leaves out what the frontier leaves out
+        plans = with_memory_headroom(plans, manifest, memory_margin).filter(~pl.col("memory_tight"))
+    plans = plans.select(["tp", "pp", "micro_batch_size", "mfu"]).collect()
     mbs, tps, pps, grid = mfu_grid(plans)
     save_figure(mfu_figure(mbs, tps, pps, grid, str(folder)), out / "mfu.png")
     parts.append(_section("mfu", f"MFU over tp x pp (micro-batch {mbs})",

@@ -189,7 +189,8 @@ def _positive(key: str, value, lo: float = 0.0, hi: float = 1e30, whole: bool = 
           and lo < value <= hi and (not whole or float(value).is_integer()))
     if not ok:
         what = "a whole number" if whole else "a number"
-        raise InputError("command line", key, value, f"{what} above {lo:g} and at most {hi:g}")
+        raise InputError("command line", key, value, f"{what} above {lo:g} and at most {hi:g}",
+                         f"give {key} a value in that range (see vtrain-fast optimal --help)")
     return int(value) if whole else float(value)
 
 
@@ -571,7 +572,10 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
                          f"no plan of the {num_models} shapes searched is feasible on {gpu}" + (f" with at most {limit_gpus:,} GPUs" if limit_gpus else "")
                          + (" (out of memory or too few GPUs): lower --min-params, raise "
                             + ("--gpus" if kind == "cluster" else "--max-gpus") + " or --max-pp"
-                            if not keep_tokens.size else ": raise the budget or lower --min-params"))
+                            + (f", or lower --memory-margin ({memory_margin:g} of the HBM left free)"
+                               if memory_margin else "")
+                            if not keep_tokens.size else ": raise the budget or lower --min-params"
+                            + (" or --inference-tokens (serving is paid from the budget)" if inference_tokens else "")))
     rows = [pl.from_arrow(evaluate_chunk(grid, int(i), 1)) for i in keep_index[good]]
     curve = pl.concat(rows, how="vertical_relaxed")
     steps = keep_tokens[good] / curve["global_batch_size"].to_numpy()
@@ -624,6 +628,8 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
 
     from ..plan.spec import spec_caveats
     warnings, notes = [], list(spec.notes) + spec_caveats(spec)   # the sweep's caveats (calibration, not validated)
+    if not inference_tokens and inference_mfu != DEFAULT_INFERENCE_MFU:
+        warnings.append("--inference-mfu has no effect without --inference-tokens (the tokens the model will serve)")
     if inference_tokens:
         notes.append(f"inference-aware (Sardana et al. 2024): serving {inference_tokens:.3g} tokens at 2 N FLOPs each "
                      f"on {gpu} at {inference_mfu:.0%} of its bf16 peak (--inference-mfu, an assumption) costs the "
@@ -641,9 +647,18 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         warnings.append(f"the optimum is the largest model searched ({best['num_parameters']:.3g} parameters, "
                         f"--max-params {max_params:.3g}): the best size may be larger; raise --max-params")
     elif names[k + 1:] and best["model"] == curve["model"][-1]:
-        warnings.append(f"the optimum is the largest model with a feasible plan ({best['num_parameters']:.3g} "
-                        f"parameters; the {len(shapes) - 1 - k} larger shapes searched have none on "
-                        f"{gpu}): raise " + ("--gpus" if kind == "cluster" else "--max-gpus") + " or --max-pp")
+        serve_next = float(serve_s_per_param[0]) * family[k + 1]
+        if inference_tokens and serve_next >= float(budget_gpu_s[0]) * 0.5:
+            warnings.append(f"the optimum is the largest model with a feasible plan ({best['num_parameters']:.3g} "
+                            f"parameters): serving {inference_tokens:.3g} tokens with the next shape searched "
+                            f"({family[k + 1]:.3g} parameters) takes {serve_next / 3600:,.0f} of the budget's "
+                            f"{float(budget_gpu_s[0]) / 3600:,.0f} GPU-h, leaving the larger shapes too little to "
+                            "train: raise the budget or --inference-mfu, or lower --inference-tokens")
+        else:
+            warnings.append(f"the optimum is the largest model with a feasible plan ({best['num_parameters']:.3g} "
+                            f"parameters; the {len(shapes) - 1 - k} larger shapes searched have none on "
+                            f"{gpu}" + (f" within --memory-margin {memory_margin:g}" if memory_margin else "")
+                            + "): raise " + ("--gpus" if kind == "cluster" else "--max-gpus") + " or --max-pp")
     if best["pp"] == max(pps) and len(pps) > 1:
         warnings.append(f"the optimum's pipeline size is the largest searched (pp = {best['pp']}): raise --max-pp")
     if kind != "cluster":

@@ -145,6 +145,9 @@ def plan_to_deadline(folder: str | Path, deadline_days: float, max_gpus: int | N
     need = list(dict.fromkeys(jobs + family + ["num_gpus", "dp", "micro_batch_size", "global_batch_size", "recompute",
                                               "train_days", "cost_usd", "memory_per_gpu_GiB", "status"]))
     rows = with_memory_headroom(lf.select([row] + need), manifest, margin).collect()
+    if conditions and rows.height == 0:
+        raise InputError(where, "--where", conditions, "conditions some plan of the folder meets (ok or out of memory)",
+                         "relax --where: no row of the folder meets all of them")
     fits = (pl.col("status").cast(pl.String) == "ok") & (~pl.col("memory_tight").fill_null(True) if memory_margin
                                                         else pl.lit(True))
     within = pl.col("num_gpus") <= max_gpus if max_gpus is not None else pl.lit(True)

@@ -158,7 +158,7 @@ def curve_spec_text(models, batches, gpu: str, gpus_per_node: int, num_nodes: in
 
 
 def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, calibration: dict | None = None,
-               gpu_presets: dict | None = None) -> JobCurves:
+               gpu_presets: dict | None = None, memory_margin: float | None = None) -> JobCurves:
     """Price every job kind on every number of whole nodes of the cluster, in one sweep.
 
     Parameters
@@ -173,6 +173,9 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
         ``[training]`` settings on top of :data:`~vtrain_fast.analysis.optimal.DEFAULT_SETTINGS`.
     calibration, gpu_presets : dict, optional
         As :func:`vtrain_fast.plan.spec.parse_spec`'s.
+    memory_margin : float, optional
+        Leave out plans whose memory headroom is below this fraction of the GPU's HBM (as
+        ``pareto --memory-margin``).
 
     Returns
     -------
@@ -186,7 +189,8 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
     from ..analysis.optimal import DEFAULT_SETTINGS, OWN_TRAINING_KEYS
     from ..engine.chunks import RowBuffers
     from ..hardware.gpus import PRESETS
-    from ..model.params import O_ITER, OK
+    from ..analysis.query import check_memory_margin
+    from ..model.params import O_ITER, O_MEM, OK
     from ..model.sweep import I_GBS, I_MBS, I_MODEL, I_NUM_GPUS, I_PP, I_RECOMPUTE, I_TP, sweep_chunk
     from ..plan.grid import build_grid
     from ..plan.models import MODEL_PRESETS
@@ -201,6 +205,7 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
         raise InputError("command line", "--cluster", f"{gpu}:{num_gpus}", f"a whole number of nodes of {gpn} GPUs, "
                          f"at most {MAX_NODES:,} nodes",
                          f"e.g. {gpu}:{max(gpn, min(num_gpus, MAX_NODES * gpn) // gpn * gpn)}")
+    check_memory_margin("command line", memory_margin)
     merged = dict(DEFAULT_SETTINGS)
     for k, v in (settings or {}).items():
         if k in OWN_TRAINING_KEYS:
@@ -239,6 +244,9 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
         n = min(b.capacity, grid.num_points - start)
         sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
         ok = np.flatnonzero(b.status[:n] == OK)
+        if memory_margin:
+            cap = spec.gpus[0].hbm_GiB
+            ok = ok[cap - b.out[O_MEM, ok] >= memory_margin * cap]
         inp = b.inputs[:, ok]
         gb = np.array([gbs_pos[int(v)] for v in inp[I_GBS]], dtype=np.int64) if ok.size else np.zeros(0, np.int64)
         kind = kind_of[inp[I_MODEL], gb]

@@ -39,7 +39,10 @@ def gantt_figure(rep, num_gpus: int, title: str):
             met = j["deadline_met"]
             ax.plot(j["deadline_hours"], y, "|", color="tab:green" if met else "tab:red", markersize=7, mew=1.5)
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
-    fig.colorbar(sm, ax=ax, label="GPUs", pad=0.01)
+    bar = fig.colorbar(sm, ax=ax, label="GPUs", pad=0.01)
+    ticks = [2 ** k for k in range(0, 24) if norm.vmin <= 2 ** k <= norm.vmax]
+    bar.set_ticks(ticks, labels=[f"{t:,}" for t in ticks])
+    bar.minorticks_off()
     ax.set_yticks(range(len(ids)))
     ax.set_yticklabels(ids if len(ids) <= 64 else [i if k % 4 == 0 else "" for k, i in enumerate(ids)], fontsize=6)
     ax.invert_yaxis()
@@ -51,7 +54,7 @@ def gantt_figure(rep, num_gpus: int, title: str):
     if s["infeasible"]:
         parts.append(f"{s['infeasible']} not run")
     ax.set_title(f"{title}: {rep.policy} ({', '.join(parts)})\ndot: arrival, tick: deadline (green met, red "
-                 "missed), hatched: restart", fontsize=9)
+                 "missed; none: no deadline), hatched: restart (too short to see on long traces)", fontsize=9)
     right = max(float(jobs["finish_hours"].max() or 0.0) if jobs["finish_hours"].is_not_nan().any() else 0.0,
                 float(jobs["deadline_hours"].max() or 0.0), float(jobs["arrival_hours"].max() or 0.0))
     ax.set_xlim(0, max(right, 1e-3) * 1.02)

@@ -78,7 +78,7 @@ class ScheduleResult:
 
 def schedule(trace_path, cluster: str, policies=POLICY_ORDER, restart_s: float = DEFAULT_RESTART_S,
              settings: dict | None = None, calibration: dict | None = None,
-             gpu_presets: dict | None = None) -> ScheduleResult:
+             gpu_presets: dict | None = None, memory_margin: float | None = None) -> ScheduleResult:
     """Replay the trace at ``trace_path`` on ``cluster`` (``GPU:COUNT``) under each policy.
 
     Raises
@@ -96,13 +96,14 @@ def schedule(trace_path, cluster: str, policies=POLICY_ORDER, restart_s: float =
         if p not in POLICIES:
             from ..io.errors import did_you_mean
             raise InputError("command line", "--policy", p, "one of " + ", ".join(POLICIES),
-                             did_you_mean(p, POLICIES, "e.g. --policy plan-aware"))
+                             "repeat the option for several: --policy plan-aware --policy fifo" if "," in p
+                             else did_you_mean(p, POLICIES, "e.g. --policy plan-aware"))
     if not (isinstance(restart_s, (int, float)) and math.isfinite(restart_s) and restart_s >= 0):
         raise InputError("command line", "--restart-s", restart_s, "seconds >= 0", "e.g. --restart-s 300")
     trace = read_trace(trace_path)
     t0 = time.perf_counter()
     kinds = sorted(set(zip(trace["model"].to_list(), trace["global_batch_size"].to_list())))
-    curves = job_curves(kinds, gpu, n, settings, calibration, gpu_presets)
+    curves = job_curves(kinds, gpu, n, settings, calibration, gpu_presets, memory_margin)
     t1 = time.perf_counter()
     price = (gpu_presets or PRESETS)[gpu].usd_per_gpu_hour
     replays = {p: replay(trace, curves, p, restart_s, price) for p in policies}
@@ -121,16 +122,21 @@ def comparison(res: ScheduleResult, base: str = "dp-only", policy: str = "plan-a
     def change(k):
         ok = b[k] and math.isfinite(b[k]) and math.isfinite(a[k])
         return a[k] / b[k] - 1.0 if ok else None
-    return dict(policy=policy, base=base,
+    return dict(policy=policy, base=base, with_deadline=b["with_deadline"],
                 deadlines_met_ratio=a["deadlines_met"] / b["deadlines_met"] if b["deadlines_met"] else None,
                 mean_jct_change=change("mean_jct_hours"), makespan_change=change("makespan_hours"))
 
 
 def comparison_text(cmp: dict) -> str:
     """The comparison as one line (``n/a`` where the base has nothing to compare with)."""
-    ratio = "n/a (dp-only met none)" if cmp["deadlines_met_ratio"] is None else f"{cmp['deadlines_met_ratio']:.2f}x"
+    if cmp.get("with_deadline") == 0:
+        met = "no job has a deadline"
+    elif cmp["deadlines_met_ratio"] is None:
+        met = f"deadlines met n/a ({cmp['base']} met none)"
+    else:
+        met = f"{cmp['deadlines_met_ratio']:.2f}x the deadlines met"
     pct = lambda v: "n/a" if v is None else f"{v:+.1%}"  # noqa: E731
-    return (f"{cmp['policy']} against {cmp['base']}: {ratio} the deadlines met, mean JCT {pct(cmp['mean_jct_change'])}, "
+    return (f"{cmp['policy']} against {cmp['base']}: {met}, mean JCT {pct(cmp['mean_jct_change'])}, "
             f"makespan {pct(cmp['makespan_change'])}")
 
 
