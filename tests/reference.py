@@ -535,9 +535,19 @@ def moment_bytes(hw):
     return STATE_DTYPE_BYTES[int(hw_get(hw, "exp_avg_dtype"))] + STATE_DTYPE_BYTES[int(hw_get(hw, "exp_avg_sq_dtype"))]
 
 
+def offload_share(hw):
+    """Parameters whose optimizer is on the CPU: the fraction, with offload and the precision-aware
+    optimizer it needs both on."""
+    on = hw_get(hw, "optimizer_cpu_offload") and hw_get(hw, "use_precision_aware_optimizer")
+    return hw_get(hw, "optimizer_offload_fraction") if on else 0.0
+
+
 def adam_state_bytes(hw):
-    """Master weight + m + v per parameter: 4 + 8, or the 2-byte remainder + the moments."""
-    return (2.0 if hw_get(hw, "use_precision_aware_optimizer") else 4.0) + moment_bytes(hw)
+    """Master weight + m + v per parameter on the GPU: 4 + 8, or the 2-byte remainder + the
+    moments, of the parameters not offloaded."""
+    if not hw_get(hw, "use_precision_aware_optimizer"):
+        return 12.0
+    return (2.0 + moment_bytes(hw)) * (1.0 - offload_share(hw))
 
 
 def optimizer_s(params, hw):
@@ -545,6 +555,20 @@ def optimizer_s(params, hw):
     write of m and v: 16 of them), 6 launches."""
     bytes_per_param = (2.0 + 4.0) + 4.0 + 4.0 + (12.0 + 2.0 * moment_bytes(hw)) + (4.0 + 2.0)
     return memory_bound_time_s(bytes_per_param * params, 6.0, hw)
+
+
+def optimizer_step_s(params, hw):
+    """The GPU's share through optimizer_s; the offloaded share: fp32 gradient down and fp32
+    parameter up (4 bytes each over the host link), CPU Adam streaming 28 bytes of host memory,
+    summed or (overlapped) the slowest, then the GPU's cast to bf16 (6 bytes, one launch)."""
+    f = offload_share(hw)
+    t = optimizer_s((1.0 - f) * params, hw)
+    if f > 0.0:
+        down = up = 4.0 * f * params / hw_get(hw, "host_link_Bps")
+        cpu = 28.0 * f * params / hw_get(hw, "host_memory_Bps")
+        t += max(down, cpu, up) if hw_get(hw, "overlap_cpu_optimizer_d2h_h2d") else down + cpu + up
+        t += memory_bound_time_s(6.0 * f * params, 1.0, hw)
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1436,7 +1460,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
                                     t * shard, hw)
         hides = zero >= 3 or hw_get(hw, "overlap_grad_reduce") != 0.0
         dp_comm_s += replica - (1.0 if hides else 0.0) * min(replica, backward_window)
-    adam_s = optimizer_s(max(st["params"] for st in stages) / (shard if zero >= 1 else 1.0)
+    adam_s = optimizer_step_s(max(st["params"] for st in stages) / (shard if zero >= 1 else 1.0)
                          + (max(expert_params) / (edg if zero >= 1 else 1.0) if moe_on else 0.0), hw)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     cp_comm_s = m * stages[slow]["cp"]

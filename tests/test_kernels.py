@@ -49,6 +49,7 @@ HW_RANGES = {
     "host_launch_s": (0.0, 5e-5), "iteration_overhead_s": (0.0, 1.0), "p2p_overhead_s": (0.0, 2e-3),
     "flash_attention_efficiency": (0.05, 1.0),
     "peak_fp8_flops": (1e13, 4e15), "fp8_gemm_efficiency": (0.05, 1.0),
+    "host_link_Bps": (5e9, 1e11), "host_memory_Bps": (1e10, 3e11),
     # the training settings: switches 0/1 (overlap_grad_reduce also as a fraction), vpp and
     # zero_stage from a set
     **{s.name: None for s in SETTINGS},
@@ -68,6 +69,7 @@ SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCH
            "moe_token_dispatcher_type": (0.0, 0.0, 1.0),   # alltoall, allgather
            "moe_expert_capacity_factor": (0.0, 0.0, 0.5, 1.0, 1.25), "moe_load_imbalance": (1.0, 1.0, 1.3, 2.0),
            "exp_avg_dtype": (0.0, 1.0, 2.0, 3.0), "exp_avg_sq_dtype": (0.0, 1.0, 2.0, 3.0),   # fp32, fp16, bf16, fp8
+           "optimizer_offload_fraction": (0.0, 0.5, 1.0, 1.0),
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 

@@ -50,6 +50,9 @@ BRIDGE_KEYS = {
     "--overlap-grad-reduce": "ddp.overlap_grad_reduce", "--overlap-param-gather": "ddp.overlap_param_gather",
     "--use-precision-aware-optimizer": "optimizer.use_precision_aware_optimizer",
     "--exp-avg-dtype": "optimizer.exp_avg_dtype", "--exp-avg-sq-dtype": "optimizer.exp_avg_sq_dtype",
+    "--optimizer-cpu-offload": "optimizer.optimizer_cpu_offload",
+    "--optimizer-offload-fraction": "optimizer.optimizer_offload_fraction",
+    "--overlap-cpu-optimizer-d2h-h2d": "optimizer.overlap_cpu_optimizer_d2h_h2d",
     "--use-megatron-fsdp": "ddp.use_megatron_fsdp",
     "--data-parallel-sharding-strategy": "ddp.data_parallel_sharding_strategy",
     "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
@@ -272,6 +275,12 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
         for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
             if g(name) != SETTINGS[name].default:
                 a_ += [SETTINGS[name].megatron, str(g(name))]
+        if bool(g("optimizer_cpu_offload")):
+            a_ += [SETTINGS["optimizer_cpu_offload"].megatron]
+            if float(g("optimizer_offload_fraction")) != 1.0:
+                a_ += [SETTINGS["optimizer_offload_fraction"].megatron, f"{float(g('optimizer_offload_fraction')):g}"]
+            if bool(g("overlap_cpu_optimizer_d2h_h2d")):
+                a_ += [SETTINGS["overlap_cpu_optimizer_d2h_h2d"].megatron]
     if tp > 1 and not bool(g("sequence_parallel")):
         notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core, whose TP linears always overlap "
                      "the backward all-reduce; " + ("priced so" if bool(g("async_tensor_model_parallel_allreduce")) else

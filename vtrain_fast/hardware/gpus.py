@@ -153,6 +153,8 @@ class GPUPreset:
     pcie_gen: int = 0                # a PCIe node's generation and lanes per GPU (0: another link)
     pcie_lanes: int = 0
     pcie_p2p: bool = True            # False: GPU-to-GPU copies bounce through host memory
+    host_link_GBps: float = 0.0      # GPU-to-host bandwidth per GPU per direction (0: host_link_GBps())
+    host_memory_GBps: float = 0.0    # host memory bandwidth per GPU for a CPU optimizer (0: host_memory_GBps())
     pue: float = 1.0
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
@@ -174,6 +176,8 @@ OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
     "usd_per_gpu_hour": (0.0, 1e4),
     "pue": (1.0, 5.0),
     "reserved_GiB": (0.0, 1024.0),
+    "host_link_GBps": (0.0, 1e4),
+    "host_memory_GBps": (0.0, 1e5),
 }
 # Preset fields a GPU file gives (all required), and optional ones, with their allowed range.
 GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
@@ -190,7 +194,7 @@ OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_fp8_tflops": (0.0, 1e6),
     "peak_fp4_tflops": (0.0, 1e6),
     "mxfp8_tensor_cores": (0, 1),
-    **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
+    **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB", "host_link_GBps", "host_memory_GBps")},
     # the intra-node link of a PCIe node (intra_node_link = "pcie"): intra_node_GBps is derived
     "pcie_gen": (3, 5),
     "pcie_lanes": (1, 16),
@@ -241,6 +245,35 @@ def pcie_intra_node_GBps(gen: int, lanes: int = 16, p2p: bool = True) -> float:
         raise ValueError(f"PCIe lanes {lanes!r}: one of {PCIE_LANES}")
     rate = PCIE_LANE_GBps[gen] * lanes * PCIE_P2P_FRACTION
     return rate if p2p else rate * PCIE_HOST_BOUNCE_FACTOR
+
+
+# The host side of a GPU, for an optimizer on the CPU (optimizer_cpu_offload), when its file gives
+# none: a PCIe 4.0 x16 link to the host at the measured P2P fraction (pcie_intra_node_GBps: PCIe
+# copies between GPU and pinned host memory reach the same ~78 % of the lane rate), and a
+# two-socket server's DRAM, 16 channels of DDR4-3200 (JEDEC JESD79-4: 3,200 MT/s x 8 bytes = 25.6
+# GB/s a channel, 409.6 GB/s a node) at HOST_MEMORY_FRACTION, shared by the node's GPUs.
+HOST_LINK_PCIE_GEN = 4
+HOST_NODE_MEMORY_GBps = 16 * 25.6
+HOST_MEMORY_FRACTION = 0.7       # an assumption: a streaming kernel's share of DRAM peak (STREAM-like)
+
+
+def host_link_GBps(g: GPUPreset) -> float:
+    """GPU-to-host bandwidth per GPU per direction, 10^9 bytes/s: the file's ``host_link_GBps``,
+    else PCIe 4.0 x16 (:data:`HOST_LINK_PCIE_GEN`) or the GPU's own PCIe generation,
+    :func:`pcie_intra_node_GBps` with peer-to-peer (a copy to pinned host memory, not bounced)."""
+    if g.host_link_GBps > 0.0:
+        return g.host_link_GBps
+    return pcie_intra_node_GBps(g.pcie_gen if g.intra_node_link == "pcie" else HOST_LINK_PCIE_GEN,
+                                g.pcie_lanes or 16, True)
+
+
+def host_memory_GBps(g: GPUPreset) -> float:
+    """Host memory bandwidth one GPU's CPU optimizer step gets, 10^9 bytes/s: the file's
+    ``host_memory_GBps``, else :data:`HOST_NODE_MEMORY_GBps` x :data:`HOST_MEMORY_FRACTION`
+    over the node's GPUs (an assumption: give the machine's own in its GPU table)."""
+    if g.host_memory_GBps > 0.0:
+        return g.host_memory_GBps
+    return HOST_NODE_MEMORY_GBps * HOST_MEMORY_FRACTION / max(1, g.gpus_per_node)
 
 
 def intra_node_link_label(g: GPUPreset) -> str:
@@ -550,6 +583,8 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "usd_per_gpu_hour": preset.usd_per_gpu_hour,
         "pue": preset.pue,
         "reserved_bytes": preset.reserved_GiB * GiB,
+        "host_link_Bps": host_link_GBps(preset) * 1e9,
+        "host_memory_Bps": host_memory_GBps(preset) * 1e9,
         "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
         "refused_cases": 0.0,   # likewise
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ._jit import jit, jit_inline
 from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_width, context_width, fused_softmax,
-                  mla_latent_width, mla_weights)
+                  mla_latent_width, mla_weights, offloaded_fraction)
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .params import H_DP_SHARD, H_OPT_SHARD, H_PRECISION_AWARE, H_ZERO_STAGE
 
@@ -64,13 +64,15 @@ def optimizer_shards(d, stage):
 
 @jit_inline
 def optimizer_bytes_per_param(hw):
-    """Bytes of optimizer state per parameter before sharding (ZeRO's K): 12 (fp32 master weight,
-    Adam momentum and variance), or under the precision-aware optimizer the 2-byte master
-    remainder (:data:`REMAINDER_MASTER_BYTES_PER_PARAM`) plus the moments in their dtypes
-    (:func:`~vtrain_fast.model.ops.adam_moment_bytes`: 8-bit states give 4)."""
+    """Bytes of optimizer state per parameter on the GPU before sharding (ZeRO's K): 12 (fp32
+    master weight, Adam momentum and variance), or under the precision-aware optimizer the 2-byte
+    master remainder (:data:`REMAINDER_MASTER_BYTES_PER_PARAM`) plus the moments in their dtypes
+    (:func:`~vtrain_fast.model.ops.adam_moment_bytes`: 8-bit states give 4), less the share
+    offloaded to the host (:func:`~vtrain_fast.model.ops.offloaded_fraction`)."""
     if hw[H_PRECISION_AWARE] == 0.0:
         return OPTIMIZER_BYTES_PER_PARAM
-    return REMAINDER_MASTER_BYTES_PER_PARAM + adam_moment_bytes(hw)
+    # the offloaded share's states live in host memory (optimizer_cpu_offload)
+    return (REMAINDER_MASTER_BYTES_PER_PARAM + adam_moment_bytes(hw)) * (1.0 - offloaded_fraction(hw))
 
 
 @jit_inline

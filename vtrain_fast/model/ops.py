@@ -29,6 +29,7 @@ from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HB
 from .params import CP_ALL_GATHER, H_CP_COMM
 from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
 from .params import H_EXP_AVG, H_EXP_AVG_SQ, H_PRECISION_AWARE
+from .params import H_CPU_OFFLOAD, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_OFFLOAD_FRACTION, H_OFFLOAD_OVERLAP
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
@@ -854,6 +855,43 @@ def optimizer_s(params, hw):
     same 4 bytes each way). Multi-tensor-apply launches are charged as 6 kernels.
     """
     return memory_bound_time_s((32.0 + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
+
+
+# The CPU optimizer of offloaded parameters (optimizer_cpu_offload; Megatron-core's
+# HybridDeviceOptimizer with torch's CPU Adam): per parameter, its fp32 gradient to the host and its
+# fp32 parameter back (4 bytes each way over the host link), and on the CPU an fp32 Adam step that
+# streams the gradient (read 4), the master weight, momentum and variance (read and write, 24):
+# 28 bytes of host memory traffic; the GPU then casts the fp32 parameter to bf16 (read 4, write 2).
+OFFLOAD_COPY_BYTES_PER_PARAM = 4.0
+CPU_ADAM_BYTES_PER_PARAM = 28.0
+OFFLOAD_CAST_BYTES_PER_PARAM = 6.0
+
+
+@jit_inline
+def offloaded_fraction(hw):
+    """The share of the parameters whose optimizer runs on the CPU: ``optimizer_offload_fraction``
+    under ``optimizer_cpu_offload`` (with the precision-aware optimizer it needs), else 0."""
+    on = hw[H_CPU_OFFLOAD] != 0.0 and hw[H_PRECISION_AWARE] != 0.0
+    return hw[H_OFFLOAD_FRACTION] if on else 0.0
+
+
+@jit_inline
+def optimizer_step_s(params, hw):
+    """Seconds of one optimizer step over ``params`` parameters on one GPU: :func:`optimizer_s`
+    on the GPU's share, and for the offloaded share ``f`` (:func:`offloaded_fraction`;
+    ZeRO-Offload, Ren et al. 2021, Sec. 4) the gradient copy to the host, the CPU Adam step at
+    the host memory bandwidth and the parameter copy back (:data:`CPU_ADAM_BYTES_PER_PARAM`,
+    :data:`OFFLOAD_COPY_BYTES_PER_PARAM`), their sum, or their slowest with
+    ``overlap_cpu_optimizer_d2h_h2d`` (pipelined over parameter groups), then the GPU's cast."""
+    f = offloaded_fraction(hw)
+    gpu = optimizer_s((1.0 - f) * params, hw)
+    if f <= 0.0:
+        return gpu
+    n = f * params
+    copy = OFFLOAD_COPY_BYTES_PER_PARAM * n / hw[H_HOST_LINK_BPS]
+    cpu = CPU_ADAM_BYTES_PER_PARAM * n / hw[H_HOST_MEM_BPS]
+    host = max(copy, cpu) if hw[H_OFFLOAD_OVERLAP] != 0.0 else 2.0 * copy + cpu
+    return gpu + host + memory_bound_time_s(OFFLOAD_CAST_BYTES_PER_PARAM * n, 1.0, hw)
 
 
 # Context parallelism (Megatron-LM --context-parallel-size, Transformer Engine's attention with

@@ -43,6 +43,8 @@ HARDWARE_FIELDS = (
     "flash_attention_efficiency",  # achievable fraction of peak_flops of the FlashAttention kernels
     "peak_fp8_flops",         # dense fp8 tensor-core FLOP/s (0: no FP8 tensor cores)
     "fp8_gemm_efficiency",    # achievable fraction of peak_fp8_flops for large FP8 GEMMs (0: none)
+    "host_link_Bps",          # GPU-to-host (CPU memory) bandwidth per GPU per direction, bytes/s (PCIe)
+    "host_memory_Bps",        # host memory bandwidth one GPU's CPU optimizer step gets, bytes/s
 )
 HW_FIELDS = (
     *HARDWARE_FIELDS,
@@ -70,7 +72,7 @@ def hw_index(name: str) -> int:
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
  H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF, H_PEAK_FP8_FLOPS,
- H_FP8_GEMM_EFF) = range(len(HARDWARE_FIELDS))
+ H_FP8_GEMM_EFF, H_HOST_LINK_BPS, H_HOST_MEM_BPS) = range(len(HARDWARE_FIELDS))
 # The settings the cost formulas read (a new setting's formula takes its own hw_index)
 H_DP_OVERLAP = hw_index("overlap_grad_reduce")        # 1: DP all-reduce hidden behind backward
 H_OPT_SHARD = hw_index("distributed_optimizer")       # 1: Adam states sharded over DP (ZeRO-1)
@@ -83,6 +85,10 @@ H_DP_SHARD = hw_index("dp_shard")                     # ranks of one shard group
 H_PRECISION_AWARE = hw_index("use_precision_aware_optimizer")  # 1: TE FusedAdam, low-precision states
 H_EXP_AVG = hw_index("exp_avg_dtype")                  # code of Adam's first moment's dtype
 H_EXP_AVG_SQ = hw_index("exp_avg_sq_dtype")            # code of its second moment's dtype
+H_CPU_OFFLOAD = hw_index("optimizer_cpu_offload")      # 1: (part of) the optimizer on the CPU
+H_OFFLOAD_FRACTION = hw_index("optimizer_offload_fraction")  # its share of the parameters, 0-1
+H_OFFLOAD_OVERLAP = hw_index("overlap_cpu_optimizer_d2h_h2d")  # 1: copies overlap the CPU step
+
 H_PRECISION = hw_index("precision")                   # index of the precision among its choices
 PRECISION_FP8 = BY_NAME["precision"].encode("fp8")    # H_PRECISION's value for fp8 (Transformer Engine)
 PRECISION_BF16 = BY_NAME["precision"].encode("bf16")  # H_PRECISION's value for bf16

@@ -314,6 +314,23 @@ SETTINGS: tuple[Setting, ...] = (
             "needs the precision-aware optimizer)",
             "--exp-avg-sq-dtype", requires=(("use_precision_aware_optimizer", True),),
             choices=("fp32", "fp16", "bf16", "fp8")),
+    Setting("optimizer_cpu_offload", bool, False, "optimizer offloaded to the CPU",
+            "true keeps optimizer_offload_fraction of the parameters' optimizer states (master weight, Adam "
+            "moments) in host memory and steps them on the CPU (ZeRO-Offload, Ren et al. 2021; Megatron-core's "
+            "HybridDeviceOptimizer, megatron/core/optimizer/cpu_offloading): their fp32 gradients go to the "
+            "host and their fp32 parameters come back over the GPU's host link every step (Megatron-LM "
+            "--optimizer-cpu-offload; needs the precision-aware optimizer)",
+            "--optimizer-cpu-offload", requires=(("use_precision_aware_optimizer", True),)),
+    Setting("optimizer_offload_fraction", float, 1.0, "share of the optimizer offloaded",
+            "the share of the parameters whose optimizer runs on the CPU under optimizer_cpu_offload, 0-1 "
+            "(Megatron-LM --optimizer-offload-fraction)",
+            "--optimizer-offload-fraction", inert_with=(("optimizer_cpu_offload", False),), int_range=(0.0, 1.0),
+            example="optimizer_offload_fraction = 0.5 or [0.25, 0.5, 1.0]"),
+    Setting("overlap_cpu_optimizer_d2h_h2d", bool, False, "CPU optimizer step overlapped with its copies",
+            "true pipelines the offloaded optimizer's gradient copies to the host, its CPU step and the "
+            "parameter copies back (Megatron-LM --overlap-cpu-optimizer-d2h-h2d): the slowest of the three "
+            "instead of their sum",
+            "--overlap-cpu-optimizer-d2h-h2d", inert_with=(("optimizer_cpu_offload", False),)),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

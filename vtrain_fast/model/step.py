@@ -1150,9 +1150,9 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     if d < d_all:
         replica_s = comm.group_allreduce_s(2.0 * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
     # a sharded optimizer updates only its 1/d of the parameters
-    optimizer_time_s = ops.optimizer_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
+    optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
     if moe:     # + the expert parameters' shard (over the expert-data-parallel ranks)
-        optimizer_time_s = ops.optimizer_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero)
+        optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero)
                                            + max(e_first, e_mid, e_last) / memory.optimizer_shards(edz, zero), hw)
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
