@@ -176,8 +176,6 @@ OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
     "usd_per_gpu_hour": (0.0, 1e4),
     "pue": (1.0, 5.0),
     "reserved_GiB": (0.0, 1024.0),
-    "host_link_GBps": (0.0, 1e4),
-    "host_memory_GBps": (0.0, 1e5),
 }
 # Preset fields a GPU file gives (all required), and optional ones, with their allowed range.
 GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
@@ -194,7 +192,9 @@ OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_fp8_tflops": (0.0, 1e6),
     "peak_fp4_tflops": (0.0, 1e6),
     "mxfp8_tensor_cores": (0, 1),
-    **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB", "host_link_GBps", "host_memory_GBps")},
+    **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
+    "host_link_GBps": (0.0, 1e4),          # 0: host_link_GBps() derives it
+    "host_memory_GBps": (0.0, 1e5),        # 0: host_memory_GBps() derives it
     # the intra-node link of a PCIe node (intra_node_link = "pcie"): intra_node_GBps is derived
     "pcie_gen": (3, 5),
     "pcie_lanes": (1, 16),
