@@ -185,7 +185,8 @@ LADDER: tuple[Technique, ...] = (
               "Ren et al. 2021 (ZeRO-Offload); Megatron-core --optimizer-cpu-offload"),
     Technique("FP8", (("precision", "fp8"),), "Micikevicius et al. 2022 (FP8 formats); Transformer Engine", _fp8),
     Technique("overlapped gradient reduction", (("overlap_grad_reduce", True),), "Megatron-LM; PyTorch DDP buckets"),
-    Technique("overlapped parameter all-gather", (("overlap_param_gather", True),), "Megatron-core distributed optimizer"),
+    Technique("overlapped parameter all-gather", (("overlap_param_gather", True),),
+              "Megatron-core distributed optimizer"),
     Technique("sequence parallelism", (("sequence_parallel", True),), "Korthikanti et al. 2022"),
     *(Technique(f"tensor parallelism {t}" if t > 1 else "no tensor parallelism", (("tp", t),),
                 "Shoeybi et al. 2019 (Megatron-LM); --tensor-model-parallel-size", _within_node) for t in (2, 4, 8, 1)),
@@ -308,7 +309,8 @@ def _check_settings(settings: dict) -> dict:
             ok, what = isinstance(v, bool), "true or false"
         elif st is not None and st.kind is str:
             ok, what = v in st.choices, "one of " + ", ".join(st.choices) + (
-                " (fp32, tf32 and fp16 are not modelled: bf16 is the start)" if k == "precision" else "")
+                " (fp32 and tf32 are not modelled and fp16 is priced as bf16: the start is bf16)"
+                if k == "precision" else "")
         elif st is not None:
             lo, hi = st.int_range
             whole = st.kind is int

@@ -26,7 +26,8 @@ def parse_cluster(text: str, gpu_presets: dict | None = None) -> tuple[str, int]
         Not ``GPU:COUNT``, an unknown GPU, a count that is not a positive whole number.
     """
     from ..hardware.gpus import parse_gpu_count
-    return parse_gpu_count(text, gpu_presets, "--cluster")      # whole nodes, at most curves.MAX_NODES: job_curves checks
+    # whole nodes, at most curves.MAX_NODES: job_curves checks
+    return parse_gpu_count(text, gpu_presets, "--cluster")
 
 
 @dataclass(frozen=True)
