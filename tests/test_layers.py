@@ -23,7 +23,7 @@ LAYERS = [
     ("engine.distributed",),                                                      # chunks on a Dask cluster
     ("engine.run",),                                                              # folders, resume, merge
     ("analysis.query", "analysis.report", "analysis.evaluate", "analysis.nccl", "analysis.export",
-     "analysis.optimal", "analysis.plan", "analysis.show", "analysis.html_report"),                      # reading results, single plans, sizing, deadlines
+     "analysis.optimal", "analysis.plan", "analysis.show", "analysis.html_report", "analysis.advise"),                      # reading results, single plans, sizing, deadlines
     ("analysis.validate", "analysis.calibrate", "analysis.published"),            # measurements
     ("analysis.published_moe",),                                                  # MoE measurements (published's machinery)
     ("schedule.trace", "schedule.policies", "schedule.curves", "schedule.gantt"),  # traces, rules, job curves

@@ -782,6 +782,79 @@ def optimal(ctx: typer.Context,
         console.print(f"wrote {_plural(res.curve.height, 'shape')} (best plan each; optimum marked) to {output}")
 
 
+@app.command()
+@_user_errors
+def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-fast presets) or a model of --models"),
+           gpus: str = typer.Option(..., "--gpus", help="GPU:N, e.g. rtx4090-pcie-24gb:8"),
+           days: Optional[float] = typer.Option(None, "--days", help="a deadline: does the final plan train the "
+                                                "tokens in time?"),
+           budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="a budget in US dollars (the GPU's "
+                                                      "usd_per_gpu_hour): does the final plan cost less?"),
+           tokens: Optional[float] = typer.Option(None, "--tokens", help="tokens to train [20 per parameter]"),
+           global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="sequences per global "
+                                                           "batch [4 Mi tokens of the model's seq_length]"),
+           threshold: float = typer.Option(0.01, "--threshold", help="the least gain in iteration time of a speed "
+                                           "step, a fraction"),
+           memory_margin: Optional[float] = MemoryMarginOpt,
+           settings: Optional[List[str]] = typer.Option(None, "--set", help="KEY=VALUE: a training setting or "
+                                                        "cluster value of the start (repeat), e.g. gpus_per_node=4"),
+           plot: Optional[Path] = typer.Option(None, "--plot", help="bar chart of the steps, .png / .svg / .pdf"),
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="the steps with every evaluate "
+                                                 "column, .parquet or .csv"),
+           calibration: Optional[Path] = CalibrationOpt,
+           gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
+                                                    "(\\[gpus.<name>] tables, as `--gpus` of sweep)"),
+           models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat): "
+                                                       "\\[models.<name>] tables, e.g. written by import-hf")):
+    """Which technique first: from plain data parallelism, one technique at a time (FlashAttention,
+    recomputation, ZeRO, 8-bit optimizer states, FP8, overlap, sequence / tensor / pipeline
+    parallelism, micro-batches), what each buys in speed, memory and cost, which are needed to fit,
+    and the final plan (see README, Which technique first)."""
+    import polars as pl
+
+    from .analysis.advise import advise as run, best_plan_lines, final_plan_lines, plot_advice, steps_display
+    from .analysis.evaluate import check_table_path, write_table_atomic
+    from .analysis.optimal import parse_setting
+    from .analysis.report import check_plot_path, print_frame
+    from .hardware.gpus import parse_gpu_count
+    from .plan.spec import load_models
+    if output is not None:
+        check_table_path(output)
+    if plot is not None:
+        check_plot_path(plot)
+    own_gpus = _gpus(gpus_file)
+    gpu, n = parse_gpu_count(gpus, own_gpus, "--gpus", "rtx4090-pcie-24gb:8")
+    res = run(model, gpu, n, days=days, budget_usd=budget_usd, num_tokens=tokens,
+              settings=dict(parse_setting(t) for t in settings or ()), gpu_presets=own_gpus,
+              calibration=_calibration(calibration), global_batch_size=global_batch_size, threshold=threshold,
+              memory_margin=memory_margin, models=load_models(models) if models else None)
+    print_frame(steps_display(res), f"advise: {model} on {n:,} x {gpu}, {res.num_tokens:.3g} tokens, global batch "
+                f"{res.global_batch_size:,} (a speed step gains >= {res.threshold:.0%})", None, console,
+                keep=("technique", "iteration_time_s", "memory_per_gpu_GiB"))
+    console.print(("final plan (the search's best: the ladder ends out of memory): " if res.final_source == "search"
+                   else "final plan: ") + "\n  ".join(final_plan_lines(res)), markup=False, highlight=False)
+    best = best_plan_lines(res)
+    if best:
+        console.print("\n  ".join(best), markup=False, highlight=False)
+    if res.without.height:
+        shown = res.without.with_columns(pl.when(pl.col("fits")).then(pl.lit("fits")).otherwise(
+            pl.col("status")).alias("status")).drop("fits")
+        print_frame(shown.rename({"technique": "without"}), "the final plan without each of its techniques "
+                    "(set back to the start's value)", None, console)
+    if res.target is not None:
+        console.print(res.target["message"], style="bold green" if res.target["meets"] else "bold yellow",
+                      markup=False, highlight=False)
+    for note in res.notes:
+        console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+    if output is not None:
+        write_table_atomic(res.steps, output)
+        console.print(f"wrote {_plural(res.steps.height, 'step')} (every evaluate column) to {output}",
+                      markup=False, highlight=False)
+    if plot is not None:
+        plot_advice(res, plot)
+        console.print(f"wrote {plot}", markup=False, highlight=False)
+
+
 VALIDATION_SETS = ("vtrain", "published", "moe")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.errors import InputError, check_plain_name
+from ..io.errors import InputError, check_plain_name, did_you_mean
 from ..io.inputs import read_toml
 from ..model.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
 from ..model.settings import SETTINGS, with_registry_fields
@@ -548,6 +548,36 @@ CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
 
 # The shipped presets, by name (sorted): one file each in GPU_DATA_DIR.
 PRESETS: dict[str, GPUPreset] = dict(sorted(load_gpu_files(sorted(GPU_DATA_DIR.glob("*.toml"))).items()))
+
+
+def parse_gpu_count(text: str, gpu_presets: dict | None = None, option: str = "--cluster",
+                    example: str = "a100-sxm4-80gb:1024") -> tuple[str, int]:
+    """``GPU:COUNT`` (``a100-sxm4-80gb:1024``) as ``(gpu, count)``: ``schedule --cluster``,
+    ``trace --cluster`` and ``advise --gpus`` read it.
+
+    Parameters
+    ----------
+    text : str
+        The option's value.
+    gpu_presets : dict, optional
+        GPU name -> GPUPreset the name may give (default: the presets, :data:`PRESETS`).
+    option, example : str
+        The option's name and an example value, for messages.
+
+    Raises
+    ------
+    InputError
+        Not ``GPU:COUNT``, an unknown GPU, a count that is not a positive whole number.
+    """
+    gpu, sep, count = str(text).rpartition(":")
+    if not sep or not gpu or not count.strip().isdigit() or int(count) <= 0:
+        raise InputError("command line", option, text, "GPU:COUNT, a GPU preset and a number of GPUs",
+                         f"e.g. {option} {example}")
+    known = gpu_presets or PRESETS
+    if gpu not in known:
+        raise InputError("command line", option, text, "GPU:COUNT with a GPU preset (vtrain-fast presets)",
+                         did_you_mean(gpu, known, f"e.g. {option} {example}"))
+    return gpu, int(count)
 
 
 def with_overrides(preset: GPUPreset, calibration: Calibration | None = None, **overrides) -> GPUPreset:

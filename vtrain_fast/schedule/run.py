@@ -17,24 +17,17 @@ POLICY_ORDER = tuple(POLICIES)
 
 
 def parse_cluster(text: str, gpu_presets: dict | None = None) -> tuple[str, int]:
-    """``GPU:COUNT`` (``a100-sxm4-80gb:1024``) as ``(gpu, count)``.
+    """``GPU:COUNT`` (``a100-sxm4-80gb:1024``) as ``(gpu, count)``
+    (:func:`vtrain_fast.hardware.gpus.parse_gpu_count` with ``--cluster`` in its messages).
 
     Raises
     ------
     InputError
         Not ``GPU:COUNT``, an unknown GPU, a count that is not a positive whole number.
     """
-    from ..hardware.gpus import PRESETS
-    from ..io.errors import did_you_mean
-    gpu, sep, count = str(text).rpartition(":")
-    if not sep or not gpu or not count.strip().isdigit() or int(count) <= 0:
-        raise InputError("command line", "--cluster", text, "GPU:COUNT, a GPU preset and a number of GPUs",
-                         "e.g. --cluster a100-sxm4-80gb:1024")
-    known = gpu_presets or PRESETS
-    if gpu not in known:
-        raise InputError("command line", "--cluster", text, "GPU:COUNT with a GPU preset (vtrain-fast presets)",
-                         did_you_mean(gpu, known, "e.g. --cluster a100-sxm4-80gb:1024"))
-    return gpu, int(count)      # whole nodes, at most curves.MAX_NODES: job_curves checks
+    from ..hardware.gpus import parse_gpu_count
+    # whole nodes, at most curves.MAX_NODES: job_curves checks
+    return parse_gpu_count(text, gpu_presets, "--cluster")
 
 
 @dataclass(frozen=True)
