@@ -30,8 +30,7 @@ without FP8 tensor cores, FlashAttention without the kernel), where every regist
 sets has no effect on the new plan (:meth:`~vtrain_fast.model.settings.Setting.has_no_effect`:
 sequence parallelism at ``tp = 1``, an overlapped reduction at ``dp = 1``) or where the new plan
 leaves a requirement unmet (:func:`~vtrain_fast.model.settings.unmet_requirements`). A record
-naming a setting the cost model does not have (not in ``BY_NAME``) is left out with a note:
-``optimizer_cpu_offload`` (CPU optimizer offloading) is such a record until the cost model has it.
+naming a setting the cost model does not have (not in ``BY_NAME``) is left out with a note.
 
 The greedy rule
 ---------------
@@ -181,8 +180,9 @@ LADDER: tuple[Technique, ...] = (
     Technique("8-bit optimizer states", (("use_precision_aware_optimizer", True), ("exp_avg_dtype", "fp8"),
                                          ("exp_avg_sq_dtype", "fp8")),
               "Dettmers et al. 2022 (8-bit optimizers); Transformer Engine FusedAdam with 8-bit moments"),
-    Technique("CPU optimizer offload", (("optimizer_cpu_offload", True),),
-              "Ren et al. 2021 (ZeRO-Offload); Megatron-core --optimizer-cpu-offload"),
+    Technique("CPU optimizer offload", (("optimizer_cpu_offload", True), ("overlap_cpu_optimizer_d2h_h2d", True)),
+              "Ren et al. 2021 (ZeRO-Offload); Megatron-core --optimizer-cpu-offload (overlapped copies; it needs "
+              "the precision-aware optimizer, so it follows the 8-bit states)"),
     Technique("FP8", (("precision", "fp8"),), "Micikevicius et al. 2022 (FP8 formats); Transformer Engine", _fp8),
     Technique("overlapped gradient reduction", (("overlap_grad_reduce", True),), "Megatron-LM; PyTorch DDP buckets"),
     Technique("overlapped parameter all-gather", (("overlap_param_gather", True),),
@@ -823,8 +823,8 @@ def _caveats(preset, calibration, gpu, moe: bool) -> list[str]:
         notes.append(f"{gpu} is not calibrated: its efficiencies are published or assumed (its GPU file says "
                      "which) and no iteration time of it was measured here; fit them with vtrain-fast calibrate "
                      "before trusting absolute numbers")
-    notes.append("not in the ladder: host offloading of optimizer states, parameters or activations (not modelled "
-                 "yet), interleaved 1F1B (vpp), context parallelism, TP communication overlap"
+    notes.append("not in the ladder: host offloading of parameters or activations (not modelled yet; the optimizer's "
+                 "is), interleaved 1F1B (vpp), context parallelism, TP communication overlap"
                  + (", expert parallelism (--set ep=N starts from it)" if moe else ""))
     return notes
 
