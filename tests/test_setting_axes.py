@@ -53,6 +53,10 @@ def test_each_flag_takes_a_list_and_every_combination_becomes_a_machine():
             other = BY_NAME[k]
             if other.default == v and other.kind in (int, float):
                 lines[other.table].append(f"{k} = {v + 1}")
+            elif other.default == v and other.kind is bool:     # a switch it needs on (with what that needs)
+                lines[other.table].append(f"{k} = {str(not v).lower()}")
+                for k2, v2 in other.requires:
+                    lines[BY_NAME[k2].table].append(f"{k2} = {str(v2).lower()}")
         text = ONE_POINT_SPEC.format(training="\n".join(lines["training"]))
         text = text.replace("pp = 1", "\n".join(["pp = 1", *lines["parallel"]]))
         spec = parse_spec(text, "s.toml")
@@ -100,7 +104,10 @@ def test_rows_of_a_settings_axis_equal_the_sweeps_that_fix_them():
     assert act["activations_GiB"][1] < act["activations_GiB"][0]
 
 
-# every setting of the registry as an axis (vpp = [1, 2], every switch [false, true])
+# every setting of the registry as an axis (vpp = [1, 2], every switch [false, true]), less the
+# optimizer's storage switches (they change only the optimizer's memory and step; each doubles
+# the machines: tests/test_optimizer_states.py and tests/test_offload.py cover them)
+OPTIMIZER_STORAGE = ("use_precision_aware_optimizer", "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d")
 ALL_SETTINGS_SPEC = """\
 [model]
 presets = ["gpt3-1.3b"]
@@ -109,7 +116,8 @@ num_tokens = 1e11
 global_batch_size = 64
 micro_batch_size = 2
 recompute = ["full", "selective"]
-""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES if st.table == "training") + """\
+""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES if st.table == "training"
+          and st.name not in OPTIMIZER_STORAGE) + """\
 zero_stage = [0, 3]
 [cluster]
 gpu = "a100-sxm4-80gb"
