@@ -524,12 +524,13 @@ def without_earlier_results(plans: pl.DataFrame) -> tuple[pl.DataFrame, list[str
     return plans.drop(old), old
 
 
-def read_csv(path: str | Path) -> pl.DataFrame:
+def read_csv(path: str | Path, as_text: bool = False) -> pl.DataFrame:
     """Read a configurations file: CSV, or Parquet (``.parquet``, ``.pq``, e.g. written by
     ``pareto -o``; categorical columns come back as text).
 
     A CSV's separator is read from its header line (:func:`csv_separator`: comma, semicolon
-    or tab).
+    or tab). ``as_text``: every CSV cell as the text written (no type guessing: ``007`` stays
+    ``007``), for a caller that converts each column itself (a Parquet file keeps its types).
 
     Raises
     ------
@@ -557,7 +558,8 @@ def read_csv(path: str | Path) -> pl.DataFrame:
         raise InputError(str(p), "file", str(p), "an existing, readable CSV or Parquet file",
                          e.strerror or str(e)) from None
     try:
-        return pl.read_csv(p, infer_schema_length=None, separator=separator)
+        return (pl.read_csv(p, infer_schema=False, separator=separator) if as_text
+                else pl.read_csv(p, infer_schema_length=None, separator=separator))
     except Exception as e:  # polars raises several error types for malformed CSV
         raise InputError(str(p), "CSV", str(e).splitlines()[0],
                          f"a {SEPARATOR_NAMES[separator]}-separated file with a header row") from None

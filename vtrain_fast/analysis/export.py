@@ -784,7 +784,9 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
         shard, replicate = group // cp, dp * cp // group
     else:
         shard, replicate = 1, dp
-    assert replicate * shard * cp * tp * pp == world, (replicate, shard, cp, tp, pp, world)
+    if replicate * shard * cp != dp * cp:        # _torchtitan_check refuses such a dp_shard first
+        _titan_refuse(row, "dp_shard", int(g("dp_shard")), f"a divisor of dp x cp = {dp * cp} that cp = {cp} divides",
+                      "sweep a dp_shard that splits dp x cp into whole shard groups")
     P = "config.parallelism."
     body.append(f"{P}tensor_parallel_degree = {tp}")
     if tp > 1:

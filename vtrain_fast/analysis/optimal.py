@@ -341,17 +341,29 @@ def parse_setting(text: str) -> tuple[str, object]:
     return key, value
 
 
-def sweep_text(shapes, gpu: str, sizes, tps, pps, batches, settings: dict) -> str:
-    """The sweep spec (TOML) of the search: one ``[models.<name>]`` table per shape."""
-    where = "optimal settings"
-    lines = ['name = "optimal"', "[model]", "presets = [" + ", ".join(f'"{m.name}"' for m in shapes) + "]",
+def plan_search_text(name: str, models, gpu: str, sizes, tps, pps, batches, settings: dict,
+                     micro_batches=MICRO_BATCH_VALUES, recomputes=RECOMPUTE_SEARCHED) -> str:
+    """A sweep spec (TOML) that prices every plan of ``models`` (preset or ``[models.*]`` names)
+    on ``gpu``: cluster ``sizes`` x ``tps`` x ``pps`` x global ``batches`` x ``micro_batches``
+    x ``recomputes``, the ``[training]`` ``settings`` on every machine, at
+    :data:`PRICED_TOKENS` (the step time does not depend on the tokens). ``optimal``'s search
+    and ``schedule``'s job curves (:mod:`vtrain_fast.schedule.curves`) are such sweeps."""
+    where = f"{name} settings"
+    lines = [f'name = "{name}"', "[model]", "presets = [" + ", ".join(f'"{m}"' for m in models) + "]",
              "[training]", f"num_tokens = {PRICED_TOKENS!r}", "global_batch_size = [" + ", ".join(map(str, batches)) + "]",
-             "micro_batch_size = [" + ", ".join(map(str, MICRO_BATCH_VALUES)) + "]",
-             "recompute = [" + ", ".join(f'"{r}"' for r in RECOMPUTE_SEARCHED) + "]"]
+             "micro_batch_size = [" + ", ".join(map(str, micro_batches)) + "]",
+             "recompute = [" + ", ".join(f'"{r}"' for r in recomputes) + "]"]
     lines += [f"{k} = {_toml_value(where, k, v)}" for k, v in settings.items()]
     lines += ["[cluster]", f"gpu = {_toml_value(where, 'gpu', gpu)}",
               "num_gpus = [" + ", ".join(map(str, sizes)) + "]",
               "[parallel]", "tp = [" + ", ".join(map(str, tps)) + "]", "pp = [" + ", ".join(map(str, pps)) + "]"]
+    return "\n".join(lines) + "\n"
+
+
+def sweep_text(shapes, gpu: str, sizes, tps, pps, batches, settings: dict) -> str:
+    """The sweep spec (TOML) of the search (:func:`plan_search_text`): one ``[models.<name>]``
+    table per shape."""
+    lines = [plan_search_text("optimal", [m.name for m in shapes], gpu, sizes, tps, pps, batches, settings).rstrip("\n")]
     for m in shapes:
         lines += [f'[models."{m.name}"]', f"num_layers = {m.num_layers}", f"hidden_size = {m.hidden_size}",
                   f"num_attention_heads = {m.num_attention_heads}", f"seq_length = {m.seq_length}",

@@ -35,7 +35,6 @@ from ..io.errors import InputError
 TP_VALUES = (1, 2, 4, 8)
 PP_VALUES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MICRO_BATCH_VALUES = (1, 2, 4, 8)
-PRICED_TOKENS = 1e12          # any value: the time of a step does not depend on it
 CHUNK_POINTS = 1 << 17
 # Most nodes of a cluster (the sweep grows with them: 4,096 nodes and six job kinds are ~10^7
 # plans, a few seconds).
@@ -139,22 +138,13 @@ class JobCurves:
 
 def curve_spec_text(models, batches, gpu: str, gpus_per_node: int, num_nodes: int, settings: dict,
                     max_layers: int) -> str:
-    """The sweep spec (TOML) of the curves."""
-    from ..analysis.optimal import _toml_value
+    """The sweep spec (TOML) of the curves
+    (:func:`vtrain_fast.analysis.optimal.plan_search_text` over whole nodes)."""
+    from ..analysis.optimal import plan_search_text
     from ..plan.spec import RECOMPUTE_VALUES
-    where = "schedule settings"
-    tps = [t for t in TP_VALUES if t <= gpus_per_node]
-    pps = [p for p in PP_VALUES if p <= max_layers]
-    lines = ['name = "schedule-curves"', "[model]", "presets = [" + ", ".join(f'"{m}"' for m in models) + "]",
-             "[training]", f"num_tokens = {PRICED_TOKENS!r}",
-             "global_batch_size = [" + ", ".join(map(str, batches)) + "]",
-             "micro_batch_size = [" + ", ".join(map(str, MICRO_BATCH_VALUES)) + "]",
-             "recompute = [" + ", ".join(f'"{r}"' for r in RECOMPUTE_VALUES) + "]"]
-    lines += [f"{k} = {_toml_value(where, k, v)}" for k, v in settings.items()]
-    lines += ["[cluster]", f"gpu = {_toml_value(where, 'gpu', gpu)}",
-              "num_gpus = [" + ", ".join(str(k * gpus_per_node) for k in range(1, num_nodes + 1)) + "]",
-              "[parallel]", "tp = [" + ", ".join(map(str, tps)) + "]", "pp = [" + ", ".join(map(str, pps)) + "]"]
-    return "\n".join(lines) + "\n"
+    return plan_search_text("schedule-curves", models, gpu, [k * gpus_per_node for k in range(1, num_nodes + 1)],
+                            [t for t in TP_VALUES if t <= gpus_per_node], [p for p in PP_VALUES if p <= max_layers],
+                            batches, settings, MICRO_BATCH_VALUES, RECOMPUTE_VALUES)
 
 
 def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, calibration: dict | None = None,

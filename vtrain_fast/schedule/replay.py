@@ -111,6 +111,32 @@ def _plan_text(curves, fam: int, gpus: int) -> str:
     return f"{family_text(curves, fam)} dp {gpus // (tp * pp)} ({gpus} GPUs)"
 
 
+def check_policy(policy: str) -> None:
+    """Refuse a policy that is not a key of :data:`~vtrain_fast.schedule.policies.POLICIES`.
+
+    Raises
+    ------
+    InputError
+        Naming the closest policy, or how to ask for several.
+    """
+    if policy not in POLICIES:
+        from ..io.errors import did_you_mean
+        raise InputError("command line", "--policy", policy, "one of " + ", ".join(POLICIES),
+                         "repeat the option for several: --policy plan-aware --policy fifo" if "," in str(policy)
+                         else did_you_mean(policy, POLICIES, "e.g. --policy plan-aware"))
+
+
+def check_restart_s(restart_s) -> None:
+    """Refuse a restart time that is not a finite number of seconds >= 0.
+
+    Raises
+    ------
+    InputError
+    """
+    if not (isinstance(restart_s, (int, float)) and math.isfinite(restart_s) and restart_s >= 0):
+        raise InputError("command line", "--restart-s", restart_s, "seconds >= 0", "e.g. --restart-s 300")
+
+
 def replay(trace: pl.DataFrame, curves, policy: str, restart_s: float = DEFAULT_RESTART_S,
            usd_per_gpu_hour: float = 0.0) -> Replay:
     """Replay ``trace`` under ``policy``.
@@ -137,12 +163,8 @@ def replay(trace: pl.DataFrame, curves, policy: str, restart_s: float = DEFAULT_
     InputError
         An unknown policy or a negative ``restart_s``.
     """
-    if policy not in POLICIES:
-        from ..io.errors import did_you_mean
-        raise InputError("command line", "--policy", policy, "one of " + ", ".join(POLICIES),
-                         did_you_mean(policy, POLICIES, "e.g. --policy plan-aware"))
-    if not (isinstance(restart_s, (int, float)) and math.isfinite(restart_s) and restart_s >= 0):
-        raise InputError("command line", "--restart-s", restart_s, "seconds >= 0", "e.g. --restart-s 300")
+    check_policy(policy)
+    check_restart_s(restart_s)
     allocate, curve_kind = POLICIES[policy]
     gpn, n_nodes = curves.gpus_per_node, curves.num_nodes
     jobs, infeasible, models = [], [], {}

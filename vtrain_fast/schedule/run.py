@@ -9,9 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
-from ..io.errors import InputError
 from .policies import POLICIES
-from .replay import DEFAULT_RESTART_S, SUMMARY_COLUMNS, Replay, replay
+from .replay import DEFAULT_RESTART_S, SUMMARY_COLUMNS, Replay, check_policy, check_restart_s, replay
 
 POLICY_ORDER = tuple(POLICIES)
 
@@ -85,14 +84,9 @@ def schedule(trace_path, cluster: str, policies=POLICY_ORDER, restart_s: float =
     from .trace import read_trace
     gpu, n = parse_cluster(cluster, gpu_presets)
     policies = list(dict.fromkeys(policies))
-    for p in policies:
-        if p not in POLICIES:
-            from ..io.errors import did_you_mean
-            raise InputError("command line", "--policy", p, "one of " + ", ".join(POLICIES),
-                             "repeat the option for several: --policy plan-aware --policy fifo" if "," in p
-                             else did_you_mean(p, POLICIES, "e.g. --policy plan-aware"))
-    if not (isinstance(restart_s, (int, float)) and math.isfinite(restart_s) and restart_s >= 0):
-        raise InputError("command line", "--restart-s", restart_s, "seconds >= 0", "e.g. --restart-s 300")
+    for p in policies:           # before the sweep: bad options lose no work
+        check_policy(p)
+    check_restart_s(restart_s)
     trace = read_trace(trace_path)
     t0 = time.perf_counter()
     kinds = sorted(set(zip(trace["model"].to_list(), trace["global_batch_size"].to_list())))

@@ -94,14 +94,11 @@ def read_trace(path: str | Path, models: dict | None = None) -> pl.DataFrame:
         Unreadable file; a missing or unknown column; a cell of the wrong type or out of range
         (naming the row, 1 = the first job); a duplicate ``job_id``; an unknown model.
     """
-    from ..analysis.evaluate import csv_separator, read_csv
+    from ..analysis.evaluate import read_csv
     from ..plan.models import MODEL_PRESETS
     models = models if models is not None else MODEL_PRESETS
     where = str(path)
-    raw = read_csv(path)          # checks the file (exists, size, well-formed)
-    if Path(path).suffix.lower() not in (".parquet", ".pq"):
-        # every cell as written (no type guessing: job ids such as 007 stay text)
-        raw = pl.read_csv(path, infer_schema=False, separator=csv_separator(Path(path)))
+    raw = read_csv(path, as_text=True)      # every cell as written: job ids such as 007 stay text
     if raw.height == 0:
         raise InputError(where, "rows", 0, "at least one job", "write one row per job under the header")
     for c in raw.columns:
