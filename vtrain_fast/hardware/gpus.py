@@ -145,6 +145,7 @@ class GPUPreset:
     source: str
     peak_tf32_tflops: float = 0.0    # dense peaks of the other precisions, 10^12 FLOP/s (0: none)
     peak_fp16_tflops: float = 0.0
+    peak_fp32_tflops: float = 0.0    # dense FP32 GEMM peak without TF32 (NVIDIA: CUDA cores; AMD: FP32 matrix)
     peak_fp8_tflops: float = 0.0
     peak_fp4_tflops: float = 0.0
     mxfp8_tensor_cores: int = 0      # 1: block-scaled MXFP8 GEMMs (Blackwell), at the FP8 rate
@@ -189,6 +190,7 @@ GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
 OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     "peak_tf32_tflops": (0.0, 1e6),
     "peak_fp16_tflops": (0.0, 1e6),
+    "peak_fp32_tflops": (0.0, 1e6),
     "peak_fp8_tflops": (0.0, 1e6),
     "peak_fp4_tflops": (0.0, 1e6),
     "mxfp8_tensor_cores": (0, 1),
@@ -603,6 +605,8 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
     values = {
         "peak_flops": preset.peak_tflops * 1e12,
         "peak_fp8_flops": preset.peak_fp8_tflops * 1e12,
+        "peak_tf32_flops": preset.peak_tf32_tflops * 1e12,
+        "peak_fp32_flops": preset.peak_fp32_tflops * 1e12,
         "hbm_bytes": preset.hbm_GiB * GiB,
         "hbm_Bps": preset.hbm_GBps * 1e9,
         "intra_node_Bps": preset.intra_node_GBps * 1e9,

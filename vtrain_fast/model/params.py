@@ -45,6 +45,8 @@ HARDWARE_FIELDS = (
     "fp8_gemm_efficiency",    # achievable fraction of peak_fp8_flops for large FP8 GEMMs (0: none)
     "host_link_Bps",          # GPU-to-host (CPU memory) bandwidth per GPU per direction, bytes/s (PCIe)
     "host_memory_Bps",        # host memory bandwidth one GPU's CPU optimizer step gets, bytes/s
+    "peak_tf32_flops",        # dense TF32 tensor-core FLOP/s (0: no TF32 tensor cores)
+    "peak_fp32_flops",        # dense FP32 GEMM FLOP/s without TF32 (NVIDIA CUDA cores, AMD FP32 matrix; 0: not given)
 )
 HW_FIELDS = (
     *HARDWARE_FIELDS,
@@ -72,7 +74,7 @@ def hw_index(name: str) -> int:
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
  H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF, H_PEAK_FP8_FLOPS,
- H_FP8_GEMM_EFF, H_HOST_LINK_BPS, H_HOST_MEM_BPS) = range(len(HARDWARE_FIELDS))
+ H_FP8_GEMM_EFF, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_PEAK_TF32_FLOPS, H_PEAK_FP32_FLOPS) = range(len(HARDWARE_FIELDS))
 # The settings the cost formulas read (a new setting's formula takes its own hw_index)
 H_DP_OVERLAP = hw_index("overlap_grad_reduce")        # 1: DP all-reduce hidden behind backward
 H_OPT_SHARD = hw_index("distributed_optimizer")       # 1: Adam states sharded over DP (ZeRO-1)
