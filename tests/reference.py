@@ -146,6 +146,32 @@ ADAM_STATE_BYTES_PER_PARAM = 16.0     # ZeRO paper Sec. 3.1: 2 + 2 + 4 + 4 + 4
 GEMM_TILE = 128.0   # output tile edge (128 x 128 tensor-core tiles)
 
 
+def _precision(hw) -> str:
+    """``precision`` by name (its registry choices, in order: bf16, fp8, fp16, fp32, tf32)."""
+    return ("bf16", "fp8", "fp16", "fp32", "tf32")[int(hw_get(hw, "precision"))]
+
+
+def _fp32(hw) -> bool:
+    """No mixed precision: fp32 or tf32 (4-byte weights, activations, gradients)."""
+    return _precision(hw) in ("fp32", "tf32")
+
+
+def elem_bytes(hw) -> float:
+    """Bytes of a weight / activation / gradient element: 4 under fp32 / tf32, else 2."""
+    return 4.0 if _fp32(hw) else BYTES_FP16
+
+
+def act_scale(hw) -> float:
+    """What the 2-byte memory-bound traffic is multiplied by: 2 under fp32 / tf32."""
+    return elem_bytes(hw) / BYTES_FP16
+
+
+def gemm_peak(hw) -> float:
+    """The GEMM peak of the precision: FP32 (no TF32), TF32, else the fp16/bf16 one."""
+    return {"fp32": hw_get(hw, "peak_fp32_flops"), "tf32": hw_get(hw, "peak_tf32_flops")}.get(
+        _precision(hw), hw_get(hw, "peak_flops"))
+
+
 def gemm_time_s(m, n, k, batch, hw):
     """``batch`` GEMMs (m x k) @ (k x n): max(compute, HBM traffic) + one launch.
 
@@ -153,18 +179,18 @@ def gemm_time_s(m, n, k, batch, hw):
     ``tiles`` SMs work, so the achievable FLOP rate is scaled by ``tiles / num_sms``; from one full
     wave up the rate is the full one."""
     flops = 2.0 * m * n * k * batch
-    nbytes = BYTES_FP16 * (m * k + k * n + m * n) * batch        # read A, read B, write C
+    nbytes = elem_bytes(hw) * (m * k + k * n + m * n) * batch        # read A, read B, write C
     sms = hw_get(hw, "num_sms")
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
     busy_fraction = min(1.0, tiles / sms)
-    compute_s = flops / (hw_get(hw, "peak_flops") * hw_get(hw, "gemm_efficiency") * busy_fraction)
+    compute_s = flops / (gemm_peak(hw) * hw_get(hw, "gemm_efficiency") * busy_fraction)
     memory_s = nbytes / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency"))
     return max(compute_s, memory_s) + hw_get(hw, "kernel_overhead_s")
 
 
 def _fp8(hw):
-    """``precision`` = fp8 (the index of "fp8" among the registry's choices bf16, fp8)."""
-    return hw_get(hw, "precision") == 1.0
+    """``precision`` = fp8."""
+    return _precision(hw) == "fp8"
 
 
 def _recipe(hw):
@@ -272,7 +298,7 @@ def _softmax_kernels(b, s, a, t):
 
 
 def _flash_on(hw):
-    return hw_get(hw, "use_flash_attn") != 0.0
+    return hw_get(hw, "use_flash_attn") != 0.0 and not _fp32(hw)     # FlashAttention: 16-bit only
 
 
 def _seq_split(t, hw):
@@ -325,7 +351,7 @@ def _layer_phase_s(gemms, streaming_bytes, memory_launches, flash_s, flash_launc
     GEMMs of the list with ``batch`` None are the linears' (FP8 under precision = fp8)."""
     time_s = sum(linear_gemm_s(m, n, k, hw) if batch is None else gemm_time_s(m, n, k, batch, hw)
                  for m, n, k, batch in gemms) + flash_s
-    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes), memory_launches, hw)
+    gpu_s = time_s + memory_bound_time_s(sum(streaming_bytes) * act_scale(hw), memory_launches, hw)   # 4-byte under fp32
     return phase_s(gpu_s, len(gemms) + memory_launches + flash_launches, hw)
 
 
@@ -477,32 +503,35 @@ def embedding_forward_s(b, s, h, hw, arch=0.0):
     """Word lookup (2 bytes read), a learned position lookup (2 more), sum written (2), dropout
     (5); 3 launches."""
     learned = flags(arch)["position_embedding_type"] == LEARNED
-    return memory_bound_time_s(b * s * h * (2.0 + (2.0 if learned else 0.0) + 2.0 + 5.0), 3.0, hw)
+    return memory_bound_time_s(b * s * h * (2.0 + (2.0 if learned else 0.0) + 2.0 + 5.0) * act_scale(hw), 3.0, hw)
 
 
 def embedding_backward_s(b, s, h, v, t, hw, arch=0.0):
     """Dropout backward (5), the scatter-adds into the word and a learned position table (6 + 6)
     per token element, and zeroing the ``v/t x h`` fp16 word-embedding gradient; 4 launches."""
     learned = flags(arch)["position_embedding_type"] == LEARNED
-    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + (6.0 if learned else 0.0)) + BYTES_FP16 * v * h / t, 4.0, hw)
+    return memory_bound_time_s((b * s * h * (5.0 + 6.0 + (6.0 if learned else 0.0)) + BYTES_FP16 * v * h / t)
+                               * act_scale(hw), 4.0, hw)
 
 
 def head_forward_s(b, s, h, v, t, hw):
     """Final LN (1 launch), LM head GEMM onto v/t logits, vocab-parallel cross-entropy
     (2 + 4 + 4 bytes per logit, 4 launches)."""
     tokens = b * s
-    return (memory_bound_time_s((2.0 + 2.0) * tokens * h, 1.0, hw)
+    e = elem_bytes(hw)
+    return (memory_bound_time_s((e + e) * tokens * h, 1.0, hw)
             + gemm_time_s(tokens, v / t, h, 1.0, hw)
-            + memory_bound_time_s(tokens * v / t * (2.0 + 4.0 + 4.0), 4.0, hw))
+            + memory_bound_time_s(tokens * v / t * (e + 4.0 + 4.0), 4.0, hw))
 
 
 def head_backward_s(b, s, h, v, t, hw):
     """Cross-entropy gradient (4 + 2 bytes per logit, 2 launches), LM head dX and dW GEMMs,
     final LN backward (6 bytes per element, 2 launches)."""
     tokens = b * s
-    return (memory_bound_time_s(tokens * v / t * (4.0 + 2.0), 2.0, hw)
+    e = elem_bytes(hw)
+    return (memory_bound_time_s(tokens * v / t * (4.0 + e), 2.0, hw)
             + gemm_time_s(tokens, h, v / t, 1.0, hw) + gemm_time_s(h, v / t, tokens, 1.0, hw)
-            + memory_bound_time_s(6.0 * tokens * h, 2.0, hw))
+            + memory_bound_time_s((e + e + e) * tokens * h, 2.0, hw))
 
 
 EMBEDDING_LAUNCHES = 3.0 + 4.0          # forward + backward memory-bound kernels
@@ -544,7 +573,9 @@ def offload_share(hw):
 
 def adam_state_bytes(hw):
     """Master weight + m + v per parameter on the GPU: 4 + 8, or the 2-byte remainder + the
-    moments, of the parameters not offloaded."""
+    moments, of the parameters not offloaded; fp32 / tf32 keep no master copy (m + v only)."""
+    if _fp32(hw):
+        return moment_bytes(hw) * (1.0 - offload_share(hw))
     if not hw_get(hw, "use_precision_aware_optimizer"):
         return 12.0
     return (2.0 + moment_bytes(hw)) * (1.0 - offload_share(hw))
@@ -552,8 +583,13 @@ def adam_state_bytes(hw):
 
 def optimizer_s(params, hw):
     """Megatron fp16 optimizer + fused Adam: 48 bytes per parameter with fp32 moments (read and
-    write of m and v: 16 of them), 6 launches."""
-    bytes_per_param = (2.0 + 4.0) + 4.0 + 4.0 + (12.0 + 2.0 * moment_bytes(hw)) + (4.0 + 2.0)
+    write of m and v: 16 of them), 6 launches; fp16 also rewrites the unscaled main grads (4);
+    fp32 / tf32 (FP32Optimizer): grad norm (4) + Adam only."""
+    if _fp32(hw):
+        bytes_per_param = 4.0 + (12.0 + 2.0 * moment_bytes(hw))
+    else:
+        unscale = 4.0 if _precision(hw) == "fp16" else 0.0
+        bytes_per_param = (2.0 + 4.0) + 4.0 + unscale + 4.0 + (12.0 + 2.0 * moment_bytes(hw)) + (4.0 + 2.0)
     return memory_bound_time_s(bytes_per_param * params, 6.0, hw)
 
 
@@ -567,7 +603,8 @@ def optimizer_step_s(params, hw):
         down = up = 4.0 * f * params / hw_get(hw, "host_link_Bps")
         cpu = 28.0 * f * params / hw_get(hw, "host_memory_Bps")
         t += max(down, cpu, up) if hw_get(hw, "overlap_cpu_optimizer_d2h_h2d") else down + cpu + up
-        t += memory_bound_time_s(6.0 * f * params, 1.0, hw)
+        if not _fp32(hw):       # the cast of the fp32 parameter to the 16-bit weight
+            t += memory_bound_time_s(6.0 * f * params, 1.0, hw)
     return t
 
 
@@ -709,22 +746,23 @@ def model_params(num_layers, h, a, g, f, v, s, arch=0.0):
     return num_layers * layer_params(h, a, g, f, arch) + v * h + position_params(s, h, arch) + _norm(h, arch) + head
 
 
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=None, latent=0.0):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=None, latent=0.0, e=2.0):
     """Korthikanti et al. 2022 Sec. 4.1, generalised to GQA and any FFN width:
     sbh(10 + (4 + 4g/a + 4f/h)/t) + 5 a s^2 b / t; with sequence parallelism (Sec. 4.2.2) the
     10 sbh outside the TP regions is divided by t as well; with FlashAttention the s^2 term
     (softmax out, dropout mask and out) becomes an fp32 log-sum-exp per query row. Heads of
-    kv_channels d (``qw = a d``): Q and the context 2 s b qw bytes each, K and V 2 s b qw g / a each."""
+    kv_channels d (``qw = a d``): Q and the context 2 s b qw bytes each, K and V 2 s b qw g / a each.
+    ``e`` bytes per element (4 under fp32 / tf32); the dropout masks stay 1 byte."""
     qw = h if qw is None else qw
-    qkv_and_context = 2.0 * 2.0 * qw + 2.0 * 2.0 * qw * g / a   # Q + context, K + V (bytes per token)
-    tp_split = qkv_and_context / h + (2.0 * (1.0 + gated) + 2.0) * f / h   # FC1 out (gate, up) + act out
-    outside = 10.0 / t if sp else 10.0
-    # softmax output (fp16, or fp32 from PyTorch's unfused softmax), dropout mask, dropout output
-    softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
-    attention_core = 4.0 * b * (a / t) * s if flash else (softmax_out + 1.0 + 2.0) * a * s * s * b / t
-    # MLA (latent = q_lora_rank + kv_lora_rank): the q and kv norms' inputs and outputs, 2 bytes
+    qkv_and_context = 2.0 * e * qw + 2.0 * e * qw * g / a   # Q + context, K + V (bytes per token)
+    tp_split = qkv_and_context / h + (e * (1.0 + gated) + e) * f / h   # FC1 out (gate, up) + act out
+    # LN1 and LN2 inputs, QKV's and FC1's inputs (the LN outputs), two 1-byte dropout masks
+    kept = 4.0 * e + 2.0
+    outside = kept / t if sp else kept
+    attention_core = attention_core_bytes(b, s, a, t, flash, e)
+    # MLA (latent = q_lora_rank + kv_lora_rank): the q and kv norms' inputs and outputs, e bytes
     # each, on the rows the down projections ran on
-    mla_norms = (2.0 + 2.0) * s * b * latent / (t if sp else 1.0)
+    mla_norms = (e + e) * s * b * latent / (t if sp else 1.0)
     return s * b * h * (outside + tp_split / t) + attention_core + mla_norms
 
 
@@ -749,29 +787,30 @@ def linear_weights(h, a, g, f, t, gated=0.0, qw=None, arch=0.0):
     return (h * _qkv_cols(qw, a, g) + qw * h + (2.0 + gated) * h * f) / t
 
 
-def attention_core_bytes(b, s, a, t, flash):
-    """What only the attention core keeps: softmax output (fp16, fp32 when unfused), dropout mask
-    and dropout output per score element; with FlashAttention the fp32 log-sum-exp per row."""
+def attention_core_bytes(b, s, a, t, flash, e=2.0):
+    """What only the attention core keeps: softmax output (fp16, fp32 when unfused or under fp32),
+    dropout mask (1 byte) and dropout output (e) per score element; with FlashAttention the fp32
+    log-sum-exp per row."""
     if flash:
         return 4.0 * b * (a / t) * s
-    softmax_out = 2.0 if softmax_fused(b, s, a, t) else 4.0
-    return (softmax_out + 1.0 + 2.0) * a * s * s * b / t
+    softmax_out = e if softmax_fused(b, s, a, t) else 4.0
+    return (softmax_out + 1.0 + e) * a * s * s * b / t
 
 
 def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, recompute, flash, sp, gated=0.0,
-                           fp8=False, mxfp8=False, qw=None, cw=None, latent=0.0):
+                           fp8=False, mxfp8=False, qw=None, cw=None, latent=0.0, e=2.0):
     """A stage holding ``in_flight`` micro-batches; full recompute (code 1) keeps each layer's
     fp16 input (its 1/t slice with sequence parallelism) plus one layer rebuilt at a time;
     selective recompute (code 2) keeps everything but the attention core's tensors; FP8 layers
     keep their linears' inputs in FP8 (:func:`fp8_saved_bytes_fewer`)."""
-    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated, qw, latent)
+    per_layer = layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated, qw, latent, e)
     if fp8:
         per_layer -= fp8_saved_bytes_fewer(b, s, h, f, t, flash, sp, mxfp8, qw if cw is None else cw, latent)
     if recompute == 2:
-        core = attention_core_bytes(b, s, a, t, flash)   # rebuilt for one layer at a time in backward
+        core = attention_core_bytes(b, s, a, t, flash, e)   # rebuilt for one layer at a time in backward
         return in_flight * layers_on_stage * (per_layer - core) + core
     if recompute == 1:
-        kept_input = BYTES_FP16 * s * b * h / (t if sp else 1.0)
+        kept_input = e * s * b * h / (t if sp else 1.0)
         return in_flight * layers_on_stage * kept_input + per_layer
     return in_flight * layers_on_stage * per_layer
 
@@ -994,6 +1033,7 @@ def moe_layer(b, s, h, f, t, hw, fl):
     permute = 4.0 * (1.0 + k) * routed * h
     if _allgather_dispatcher(hw):       # the permutation reads all gathered tokens, the unpermutation
         permute += (2.0 + 4.0) * (ep * etp - 1.0) * routed * h      # writes them all back in fp32
+    permute *= act_scale(hw)            # 4-byte rows under fp32 / tf32
     router_mem = memory_bound_time_s(8.0 * routed * e + permute, 4.0, hw)
     fwd = gemm_time_s(routed, e, h, 1.0, hw) + router_mem
     bwd = gemm_time_s(routed, h, e, 1.0, hw) + gemm_time_s(h, e, routed, 1.0, hw) + router_mem
@@ -1021,8 +1061,9 @@ def moe_layer(b, s, h, f, t, hw, fl):
         bwd_bytes += (6.0 + 4.0 * gated) * tokens * fs
         stored += (4.0 + 2.0 * gated) * tokens * fs
         launches = 1.0
-    return (fwd + memory_bound_time_s(fwd_bytes, launches, hw), bwd + memory_bound_time_s(bwd_bytes, launches, hw),
-            stored)
+    sc = act_scale(hw)                  # under fp32 / tf32 every part doubles (the fp32 logits too)
+    return (fwd + memory_bound_time_s(sc * fwd_bytes, launches, hw), bwd + memory_bound_time_s(sc * bwd_bytes, launches, hw),
+            sc * stored)
 
 
 def all_to_all_s(nbytes, n, stride, hw):
@@ -1070,13 +1111,13 @@ def ep_exchange(b, s, h, t, hw, fl):
         n = ep * etp
         if n <= 1:
             return 0.0, 0.0
-        per_rank = b * s / t
+        per_rank = b * s / t * act_scale(hw)
         e = fl["num_experts"]
 
         def one(nbytes_per_token):     # one all-gather or reduce-scatter of the gathered buffer
             return group_reduce_scatter_allgather_s(n * per_rank * nbytes_per_token, n, 1.0, hw) / 2.0
         return one(2.0 * h + 5.0 * e) + one(4.0 * h), one(4.0 * h) + one(2.0 * h + 4.0 * e)
-    nbytes = 2.0 * fl["moe_router_topk"] * h * b * s / t * busiest_share(ep, hw)     # the busiest rank's receive
+    nbytes = 2.0 * fl["moe_router_topk"] * h * b * s / t * busiest_share(ep, hw) * act_scale(hw)   # the busiest rank's receive
     x = 2.0 * all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1:
         x += 2.0 * group_reduce_scatter_allgather_s(nbytes * etp, etp, 1.0, hw) / 2.0
@@ -1180,9 +1221,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = context_parallel_attention(b, s, qw, a, g, t, cp, hw)
     fwd = layer_forward_s(b, s, h, a, g, f, t, hw, arch) + cp_fwd
     bwd = layer_backward_s(b, s, h, a, g, f, t, hw, arch) + cp_bwd
-    allreduce_act = group_allreduce_s(BYTES_FP16 * b * s * h, t, 1.0, hw)   # TP group, stride 1
+    eb = elem_bytes(hw)           # 2, or 4 under fp32 / tf32: activations, weights, gradients
+    allreduce_act = group_allreduce_s(eb * b * s * h, t, 1.0, hw)   # TP group, stride 1
     if hw_get(hw, "sequence_parallel") != 0.0:       # reduce-scatter + all-gather instead
-        allreduce_act = group_reduce_scatter_allgather_s(BYTES_FP16 * b * s * h, t, 1.0, hw)
+        allreduce_act = group_reduce_scatter_allgather_s(eb * b * s * h, t, 1.0, hw)
     allreduce_ce = group_allreduce_s(4.0 * b * s, t, 1.0, hw)              # fp32 per token
     core_again = attention_core_forward_s(b, s, qw, a, g, t, hw) + cp_fwd if selective else 0.0
     # the ring's (or all-gather's) exposed exchange of every forward of a layer (recomputed too,
@@ -1270,8 +1312,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     pp_per_mb = 0.0
     if p_stages > 1:
         crosses_node = t * cp * d * p > hw_get(hw, "gpus_per_node")
-        send = p2p_s(BYTES_FP16 * sbh / t, crosses_node, hw)
-        gather = intra_allgather_s(BYTES_FP16 * sbh, t, hw)
+        send = p2p_s(eb * sbh / t, crosses_node, hw)
+        gather = intra_allgather_s(eb * sbh, t, hw)
         if hw_get(hw, "sequence_parallel") != 0.0:
             gather = 0.0                           # the activation stays split over the TP ranks
         pp_per_mb = chunks * 2.0 * (send + gather)  # every model chunk sends and receives
@@ -1310,15 +1352,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, shard, t, hw)
 
     # the largest stage's exchange (one stage holds everything at p = 1)
-    stage_exchange = max(dp_group_exchange(BYTES_FP16 * stage_params(i)) for i in range(p_stages))
+    stage_exchange = max(dp_group_exchange(eb * stage_params(i)) for i in range(p_stages))
     expert_params = [moe_layers[i] * moe_expert_params if moe_on else 0.0 for i in range(p_stages)]
     if moe_on and edg > 1:
         # the experts' gradients: over the expert-data-parallel ranks (etp ep apart), after the dense ones
         stage_exchange += (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(
-            BYTES_FP16 * max(expert_params), edg, etp_size * ep_size, hw)
+            eb * max(expert_params), edg, etp_size * ep_size, hw)
 
     def all_gather(n_params):
-        return group_reduce_scatter_allgather_s(BYTES_FP16 * n_params, shard, t, hw) / 2.0
+        return group_reduce_scatter_allgather_s(eb * n_params, shard, t, hw) / 2.0
 
     # --- every stage: time per micro-batch, parameters, activations
     stages = []
@@ -1352,11 +1394,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             reduce_scatter = stage_exchange / 2.0
             dp = reduce_scatter - hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
         seq_par = hw_get(hw, "sequence_parallel") != 0.0
-        flash = hw_get(hw, "use_flash_attn") != 0.0
+        flash = _flash_on(hw)
         if chunks == 1:
             in_flight = min(p - i, m)              # 1F1B: stage i holds min(p - i, m) micro-batches
             act = stage_activation_bytes(n, in_flight, b, s, h, a, g, f, t, recompute, flash,
-                                         seq_par, gated, _fp8(hw), _mxfp8(hw), qw, cw, latent)
+                                         seq_par, gated, _fp8(hw), _mxfp8(hw), qw, cw, latent, eb)
             chunks_in_flight = in_flight
         else:
             # interleaved: device i runs 2(p - i - 1) + (vpp - 1) p warm-up chunk forwards, then
@@ -1364,7 +1406,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             held = min(m * chunks, 2.0 * (p - i - 1) + (chunks - 1) * p + 1.0)
             in_flight = held / chunks              # in micro-batches' worth of the whole stage
             act = stage_activation_bytes(n / chunks, held, b, s, h, a, g, f, t, recompute,
-                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw), qw, cw, latent)
+                                         flash, seq_par, gated, _fp8(hw), _mxfp8(hw), qw, cw, latent, eb)
             chunks_in_flight = in_flight       # a device's bf16 layers: in one chunk, counted so
         if n16 > 0:
             # bf16 layers save their linears' inputs in bf16 (the FP8 saving they lack); with full
@@ -1376,23 +1418,24 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # recomputation one rebuilt layer holds them
             act += moe_stored if recompute == 1 else chunks_in_flight * nm * moe_stored
         sbh_rank = sbh / _seq_split(t, hw)         # outside the TP regions
+        ce = eb / 2.0                              # (these terms written for 2-byte elements)
         if first:
-            act += in_flight * sbh_rank            # embedding output per in-flight micro-batch
+            act += ce * in_flight * sbh_rank       # embedding output per in-flight micro-batch
         if last:
-            act += 2.0 * sbh_rank + 6.0 * s * b * v / t  # final LN in/out + fp16 logits + fp32 softmax
+            act += ce * 2.0 * sbh_rank + (eb + 4.0) * s * b * v / t  # final LN in/out + logits + fp32 softmax
         # fp16 weight 2, fp16 gradient 2, fp32 master + Adam m, v 12 bytes per parameter, over d
         # ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered (weight + gradient)
-        weight = 2.0 / (shard if zero >= 3 else 1.0)
-        grad = 2.0 / (shard if zero >= 2 else 1.0)
+        weight = eb / (shard if zero >= 3 else 1.0)
+        grad = eb / (shard if zero >= 2 else 1.0)
         adam = adam_state_bytes(hw) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
         if moe_on:
             # the local experts' states, sharded (ZeRO) over the expert-data-parallel ranks
             eshard = edg
-            states += expert_params[i] * (2.0 / (eshard if zero >= 3 else 1.0) + 2.0 / (eshard if zero >= 2 else 1.0)
+            states += expert_params[i] * (eb / (eshard if zero >= 3 else 1.0) + eb / (eshard if zero >= 2 else 1.0)
                                           + adam_state_bytes(hw) / (eshard if zero >= 1 else 1.0))
         if zero >= 3 and shard > 1:
-            states += 2.0 * layer_on_rank * 4.0
+            states += 2.0 * layer_on_rank * 2.0 * eb
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
             # cast once per iteration (read 2, write 1 + 1; one kernel per linear), spread over m.
@@ -1410,7 +1453,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # from the second micro-batch on, autograd adds each weight gradient into .grad (into
         # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
         # per parameter of the stage (averaged per micro-batch)
-        compute += ((m - 1.0) / m * 6.0 * (params + expert_params[i])
+        compute += ((m - 1.0) / m * 3.0 * eb * (params + expert_params[i])
                     / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency")) / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
         epx = nm * moe_ep
@@ -1452,11 +1495,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if tied and p_stages > 1:
         # the first and the last stage each hold the shared word embedding and all-reduce its
         # gradient after the backward (2 ranks, (p - 1) pipeline strides apart), exposed
-        dp_comm_s += group_allreduce_s(BYTES_FP16 * v * h / t, 2, (p - 1) * t * cp * d, hw)
+        dp_comm_s += group_allreduce_s(eb * v * h / t, 2, (p - 1) * t * cp * d, hw)
     if shard < dg:
         # hybrid sharding: the dg / shard replicas of each shard group all-reduce its gradient shard
         # (the largest stage's), under the last backward with overlapped reduction (FSDP always)
-        replica = group_allreduce_s(BYTES_FP16 * max(st["params"] for st in stages) / shard, dg / shard,
+        replica = group_allreduce_s(eb * max(st["params"] for st in stages) / shard, dg / shard,
                                     t * shard, hw)
         hides = zero >= 3 or hw_get(hw, "overlap_grad_reduce") != 0.0
         dp_comm_s += replica - (1.0 if hides else 0.0) * min(replica, backward_window)
@@ -1490,6 +1533,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         hardware_flops += tokens_per_iter * L * 4.0 * s * h
     peak = hw_get(hw, "peak_flops")
     steps = math.ceil(num_tokens / tokens_per_iter)
+    if _precision(hw) == "fp16":
+        # dynamic loss scaling skips the overflowing steps: 17 at the start (2^32 down to 2^16 with
+        # hysteresis 2), then 2 per 1,000 clean steps (assumptions restated from model.step)
+        steps += 17 + math.ceil(2.0 * (num_tokens / tokens_per_iter) / 1000.0)
     train_s = steps * iteration
     gpu_hours = num_gpus * train_s / 3600.0
     out = {

@@ -36,10 +36,10 @@ PLANS = pl.DataFrame({
 
 def test_precision_is_one_registry_setting_of_kind_str():
     st = BY_NAME["precision"]
-    assert st.kind is str and st.default == "bf16" and st.choices == ("bf16", "fp8")
+    assert st.kind is str and st.default == "bf16" and st.choices[:2] == ("bf16", "fp8")
     assert st.encode("fp8") == PRECISION_FP8 == 1.0 and st.decode(0.0) == "bf16"
     assert FP8[HW_FIELDS.index("precision")] == 1.0 and BF16[HW_FIELDS.index("precision")] == 0.0
-    assert "`precision` [bf16 | fp8]" in rules_markdown()
+    assert "`precision` [bf16 | fp8 | fp16 | fp32 | tf32]" in rules_markdown()
 
 
 def test_linear_gemms_run_at_the_fp8_rate_and_attention_stays_bf16():
@@ -143,8 +143,7 @@ def test_fp8_is_refused_on_gpus_without_fp8_tensor_cores():
 def test_spec_parsing_lists_the_allowed_values():
     with pytest.raises(InputError, match='"bf16", "fp8"'):
         parse_spec(ONE_POINT_SPEC.format(training='precision = "fp4"').replace("a100-sxm4-80gb", "h100-sxm-80gb"), "s.toml")
-    with pytest.raises(InputError, match="fp16 and bf16 cost the same"):
-        parse_spec(ONE_POINT_SPEC.format(training='precision = "fp16"'), "s.toml")
+    assert parse_spec(ONE_POINT_SPEC.format(training='precision = "fp16"'), "s.toml").gpus[0].precision == "fp16"
     with pytest.raises(InputError, match="precision"):
         parse_spec(ONE_POINT_SPEC.format(training="precision = true"), "s.toml")
 
@@ -174,6 +173,10 @@ def test_evaluate_round_trip_keeps_the_precision_as_given():
                       PLANS[:1].with_columns(precision=pl.lit("fp8"))])
     out = evaluate_frame(rows)
     assert out["precision"].to_list() == ["fp16", "bf16", "fp8"]
-    assert out["iteration_time_s"][0] == out["iteration_time_s"][1] != out["iteration_time_s"][2]
+    # fp16 costs bf16's iteration and its loss scaler's unscale (4 bytes per parameter more in the
+    # optimizer step), and the skipped steps
+    assert out["iteration_time_s"][1] < out["iteration_time_s"][0] < 1.01 * out["iteration_time_s"][1]
+    assert out["iteration_time_s"][2] != out["iteration_time_s"][1]
+    assert out["num_steps"][0] > out["num_steps"][1]
     again = evaluate_frame(out.select([c for c in rows.columns]))
     assert again["iteration_time_s"].to_list() == out["iteration_time_s"].to_list()

@@ -14,7 +14,7 @@ from conftest import check_step_against_twin
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model import step
 from vtrain_fast.model.arch import DEFAULT_ARCH
-from vtrain_fast.model.settings import BY_NAME, rules_markdown
+from vtrain_fast.model.settings import NOT_FP8, BY_NAME, rules_markdown
 
 H100 = replace(PRESETS["h100-sxm-80gb"], use_flash_attn=True)
 LLAMA = DEFAULT_ARCH._replace(gated_mlp=1.0)
@@ -38,7 +38,7 @@ def test_the_counts_are_registry_settings_with_megatron_names_and_no_effect_in_b
                        ("num_layers_at_end_in_bf16", "--num-layers-at-end-in-bf16")):
         st = BY_NAME[name]
         assert st.kind is int and st.default == 0 and st.megatron == flag
-        assert st.inert_with == (("precision", "bf16"),)
+        assert st.inert_with == NOT_FP8
         assert f"`{name}` ({flag}): no effect with precision = bf16" in rules_markdown()
     # in bf16 the counts change nothing
     for p in (1, 4):

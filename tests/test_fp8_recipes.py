@@ -16,7 +16,7 @@ from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import memory, ops, step
 from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.model.params import FP8_MXFP8, FP8_TENSORWISE, HW_FIELDS
-from vtrain_fast.model.settings import BY_NAME, rules_markdown
+from vtrain_fast.model.settings import NOT_FP8, BY_NAME, rules_markdown
 from vtrain_fast.plan.spec import has_mxfp8, parse_spec
 
 H100 = PRESETS["h100-sxm-80gb"]
@@ -33,7 +33,7 @@ def _hw(preset, recipe, **kw):
 def test_fp8_recipe_is_a_registry_choice_inert_at_bf16():
     st = BY_NAME["fp8_recipe"]
     assert st.kind is str and st.default == "delayed" and st.choices == ("delayed", "tensorwise", "mxfp8")
-    assert st.megatron == "--fp8-recipe" and st.inert_with == (("precision", "bf16"),)
+    assert st.megatron == "--fp8-recipe" and st.inert_with == NOT_FP8
     assert st.encode("tensorwise") == FP8_TENSORWISE == 1.0 and st.encode("mxfp8") == FP8_MXFP8 == 2.0
     assert _hw(H100, "tensorwise")[HW_FIELDS.index("fp8_recipe")] == 1.0
     assert "`fp8_recipe` [delayed | tensorwise | mxfp8] (--fp8-recipe): no effect with precision = bf16" in rules_markdown()

@@ -60,7 +60,7 @@ HW_RANGES = {
 GPUS_PER_NODE = (1.0, 2.0, 4.0, 8.0, 16.0, 72.0)
 SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCHES},
            "vpp": (1.0, 1.0, 2.0, 3.0, 4.0), "zero_stage": (0.0, 0.0, 1.0, 2.0, 3.0),
-           "precision": (0.0, 1.0),     # bf16, fp8
+           "precision": (0.0, 0.0, 1.0, 1.0, 2.0, 3.0, 4.0),     # bf16, fp8, fp16, fp32, tf32
            "cp_comm_type": (0.0, 1.0),  # p2p, all_gather
            "fp8_recipe": (0.0, 1.0, 2.0),   # delayed, tensorwise, mxfp8
            "first_pipeline_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 5.0), "dp_shard": (0.0, 0.0, 0.0, 2.0, 4.0, 8.0),
@@ -663,13 +663,17 @@ def test_utilisation_is_at_most_one():
     configs = valid_configs(np.random.default_rng(11), 300)
     status, out = run_rows(configs)
     mfu, hfu = out[step.O_MFU], out[step.O_HFU]
-    # utilisation is against the bf16 peak; FP8 GEMMs may run up to the FP8 peak
+    # utilisation is against the bf16 peak; FP8 GEMMs may run up to the FP8 peak, TF32 and FP32
+    # ones up to theirs (the sampled ones may exceed the bf16 peak)
     hw = np.array([c[14] for c in configs])
-    fp8 = hw[:, HW_FIELDS.index("precision")] != 0.0
-    ceiling = np.where(fp8, np.maximum(1.0, hw[:, HW_FIELDS.index("peak_fp8_flops")] / hw[:, HW_FIELDS.index("peak_flops")]),
-                       1.0)
+    prec = hw[:, HW_FIELDS.index("precision")]
+    own_peak = {1.0: "peak_fp8_flops", 3.0: "peak_fp32_flops", 4.0: "peak_tf32_flops"}
+    ceiling = np.ones(len(configs))
+    for code, field in own_peak.items():
+        ratio = np.maximum(1.0, hw[:, HW_FIELDS.index(field)] / hw[:, HW_FIELDS.index("peak_flops")])
+        ceiling = np.where(prec == code, ratio, ceiling)
     assert (mfu > 0).all() and (mfu <= hfu).all() and (hfu <= ceiling).all()
-    assert (~fp8).sum() > 100
+    assert (prec == 0.0).sum() > 50 and (prec == 3.0).sum() >= 3
     rc = np.array([c[12] for c in configs])
     assert (hfu[rc == 1] > mfu[rc == 1]).all() and (hfu[rc == 0] == mfu[rc == 0]).all()
 

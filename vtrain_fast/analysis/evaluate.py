@@ -26,7 +26,7 @@ from ..model.settings import BY_NAME, CHOICES, FLOAT_SETTINGS, INT_SETTINGS, LAY
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
-                   check_fp8, check_mxfp8, check_reserved)
+                   check_precision, check_mxfp8, check_reserved)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
@@ -93,10 +93,8 @@ CSV_INT_RANGES = {**SPEC_INT_RANGES, "dp": (1, 100_000_000), "gpus_per_node": OV
                   **{name: (0, 100_000) for name in MOE_NAMES},
                   "moe_router_topk": (1, 100_000), "moe_layer_step": (1, 100_000),
                   "multi_latent_attention": (0, 1), **{name: (0, 1_000_000) for name in MLA_FIELDS}}
-# The precision column: the registry's choices, plus fp16, priced as bf16 (the same tensor-core peak
-# on every preset that has both, and 2-byte operands; loss scaling is not modelled) and written
-# back as given.
-PRECISIONS = ("fp16", *BY_NAME["precision"].choices)
+# The precision column: the registry's choices (bf16, fp8, fp16, fp32, tf32).
+PRECISIONS = BY_NAME["precision"].choices
 DEFAULT_NUM_TOKENS = 300e9
 
 
@@ -370,7 +368,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         # the settings in one spelling (zero_stage 1 is the distributed optimizer)
         row_settings = canonical_values({**{k: int(v[i]) for k, v in int_settings.items()},
                                          **{k: float(v[i]) for k, v in float_settings.items()}, **row_flags})
-        row_precision = "bf16" if precision[i] == "fp16" else precision[i]
+        row_precision = precision[i]
         row_choices = {k: v[i] for k, v in choice_settings.items()}
         key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), row_precision, *row_choices.values())
         if key not in cache:
@@ -378,7 +376,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                       **row_choices)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
-            check_fp8(preset, where, f"row {i + 2}, column precision")
+            check_precision(preset, where, f"row {i + 2}, column precision")
             check_mxfp8(preset, where, f"row {i + 2}, column fp8_recipe")
             check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
@@ -435,7 +433,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                 recompute=recompute)
     for col in SETTING_COLUMNS:
         used[col] = setting_values(col, hw_rows[:, HW_FIELDS.index(col)])
-    used["precision"] = precision           # as given: fp16 is priced as bf16
+    used["precision"] = precision
     # a cluster column the file gives shows the value used in every row (an empty cell: the preset's)
     given = {c: pl.Series(c, [getattr(p, c) for p in row_presets], dtype=pl.Float64 if c != "gpus_per_node" else pl.Int64)
              for c in CLUSTER_COLUMNS if c in df.columns}

@@ -62,11 +62,11 @@ BRIDGE_KEYS = {
     "--decoder-first-pipeline-num-layers": "model.num_layers_in_first_pipeline_stage",
     "--decoder-last-pipeline-num-layers": "model.num_layers_in_last_pipeline_stage",
     "--tokenizer-type": None, "--max-position-embeddings": None, "--group-query-attention": None,
-    "--bf16": None, "--fp8-format": None, "--fp8-recipe": None,      # the mixed_precision recipe says them
+    "--bf16": None, "--fp16": None, "--fp8-format": None, "--fp8-recipe": None,   # the mixed_precision recipe says them
 }
 # The Megatron-Bridge mixed-precision recipe (training/mixed_precision.py, registered by name) of a
 # plan's precision and FP8 recipe.
-BRIDGE_PRECISION = {("bf16", None): "bf16_mixed", ("fp8", "delayed"): "bf16_with_fp8_delayed_scaling_mixed",
+BRIDGE_PRECISION = {("bf16", None): "bf16_mixed", ("fp16", None): "fp16_mixed", ("fp8", "delayed"): "bf16_with_fp8_delayed_scaling_mixed",
                     ("fp8", "tensorwise"): "bf16_with_fp8_current_scaling_mixed",
                     ("fp8", "mxfp8"): "bf16_with_mxfp8_mixed"}
 
@@ -241,9 +241,23 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     a_ += ["--micro-batch-size", str(int(row["micro_batch_size"])), "--global-batch-size", str(int(row["global_batch_size"]))]
     if steps is not None and not (isinstance(steps, float) and math.isnan(steps)):
         a_ += ["--train-iters", str(int(steps))]
-    # precision
-    a_ += ["--bf16"]
-    if g("precision") == "fp8":
+    # precision: Megatron-LM trains in fp32 without --bf16 / --fp16 (args.params_dtype = torch.float)
+    prec = str(g("precision"))
+    if prec in ("bf16", "fp8"):
+        a_ += ["--bf16"]
+    elif prec == "fp16":
+        a_ += ["--fp16"]
+        notes.append("precision fp16: Megatron-LM's dynamic loss scaler with its defaults (--initial-loss-scale 2^32, "
+                     "--loss-scale-window 1000, --hysteresis 2); the price assumes 17 skipped steps at the start and "
+                     "2 per 1,000 after, counted in --train-iters")
+    elif prec == "fp32":
+        notes.append("precision fp32: no --bf16 / --fp16 (fp32 weights); priced without TF32, PyTorch's default since "
+                     "1.12: NVIDIA's PyTorch containers turn TF32 on (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), so set "
+                     "NVIDIA_TF32_OVERRIDE=0 there")
+    else:
+        notes.append("precision tf32: fp32 weights with TF32 GEMMs; Megatron-LM has no flag for it: run in NVIDIA's "
+                     "PyTorch containers (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) or export that variable")
+    if prec == "fp8":
         a_ += [SETTINGS["precision"].megatron, "hybrid", SETTINGS["fp8_recipe"].megatron, str(g("fp8_recipe"))]
         start, end = int(g("num_layers_at_start_in_bf16")), int(g("num_layers_at_end_in_bf16"))
         if start or end:
@@ -251,7 +265,9 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
                    SETTINGS["num_layers_at_end_in_bf16"].megatron, str(end)]
     # attention kernel: TE's FlashAttention, or Megatron-core's own attention (the unfused path the
     # cost model times without use_flash_attn)
-    a_ += ["--attention-backend", "flash" if bool(g("use_flash_attn")) else "local"]
+    # (FlashAttention takes 16-bit tensors only: under fp32 / tf32 the plan was priced unfused)
+    flash = bool(g("use_flash_attn")) and prec not in ("fp32", "tf32")
+    a_ += ["--attention-backend", "flash" if flash else "local"]
     # recomputation
     rc = str(row.get("recompute", "none"))
     if rc == "full":
@@ -340,8 +356,14 @@ def bridge_overrides(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
             key = BRIDGE_KEYS.get(flag, "model." + flag[2:].replace("-", "_"))
             if key is not None:
                 out.append(f"{key}={'true' if value is None else _bridge_value(value)}")
-    fp8 = _get(row, "precision") == "fp8"
-    out.append("mixed_precision=" + BRIDGE_PRECISION[("fp8", str(_get(row, "fp8_recipe"))) if fp8 else ("bf16", None)])
+    prec = str(_get(row, "precision"))
+    if prec not in ("bf16", "fp8", "fp16"):
+        raise InputError("plan", "precision", prec, "bf16, fp16 or fp8 for --to bridge (Megatron-Bridge ships "
+                         "mixed-precision recipes only, training/mixed_precision.py)",
+                         "export this plan with --to megatron (Megatron-LM trains in fp32 without --bf16), or sweep "
+                         "precision = \"bf16\"")
+    fp8 = prec == "fp8"
+    out.append("mixed_precision=" + BRIDGE_PRECISION[("fp8", str(_get(row, "fp8_recipe"))) if fp8 else (prec, None)])
     notes = [f"vtrain-fast export: the plan as Megatron-Bridge / NeMo 2 ConfigContainer overrides (NVIDIA-NeMo/"
              f"Megatron-Bridge {MEGATRON_BRIDGE_COMMIT[:8]}); start from your model's recipe and add these"]
     notes += [n for n in m.notes if not n.startswith("vtrain-fast export")]
@@ -522,6 +544,10 @@ def _torchtitan_check(row: dict) -> None:
                       "its only low-precision states, bf16 moments with optimizer.implementation = "
                       "'fused_opt_states_bf16', docs/bf16_optimizer_states.md, are not mapped yet)",
                       "export it with --to megatron or --to bridge, or sweep without the precision-aware optimizer")
+    if str(g("precision")) not in ("bf16", "fp8"):
+        _titan_refuse(row, "precision", g("precision"), "bf16 or fp8 (torchtitan trains in bf16 mixed precision, "
+                      "training.mixed_precision_param; its fp16 has no loss scaler and its fp32 / tf32 runs are not "
+                      "mapped yet)", "export it with --to megatron, or sweep precision = \"bf16\"")
     if int(g("num_experts")):
         _titan_refuse(row, "num_experts", int(g("num_experts")), "0, a dense model (torchtitan's MoE models, "
                       "qwen3, deepseek_v3, gpt_oss, are not mapped yet)", "export it with --to megatron or --to bridge")

@@ -340,6 +340,8 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
     regather = zero >= 3.0 and dz > 1.0
     sl = s / float(lay.cp)
     hs = h / ops.sequence_split(t, hw)
+    eb = ops.element_bytes(hw)          # bytes of an activation element (4 under fp32 / tf32)
+    ce = eb * 0.5
     rebuilt = sel * mb[k.M_CORE_ACT]
     full = mb[k.M_ACT_LAYER] - rebuilt
     edz = split[k.S_EDZ]
@@ -360,15 +362,15 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
             chunks = min(float(m * vs), 2.0 * (p - 1.0 - i) + (vs - 1.0) * p + 1.0)
             n_in = chunks / vs
         layer_act = memory.stage_activation_bytes_from_layer(layers[i] / (vs if p > 1 else 1), chunks, b, sl, hs,
-                                                            full, rc)
+                                                            full, rc, eb)
         extras = rebuilt + memory.bf16_layers_extra_bytes(n16[i], n_in, mb[k.M_BF16_ACT], rc) \
             + memory.bf16_layers_extra_bytes(nm[i], n_in, mb[k.M_MOE_ACT], rc)
         if p == 1:
-            extras += sl * b * hs * 3.0 + mb[k.M_LOGITS]
+            extras += ce * sl * b * hs * 3.0 + mb[k.M_LOGITS]
         elif i == 0:
-            extras += n_in * sl * b * hs
+            extras += ce * n_in * sl * b * hs
         elif i == p - 1:
-            extras += 2.0 * sl * b * hs + mb[k.M_LOGITS]
+            extras += ce * 2.0 * sl * b * hs + mb[k.M_LOGITS]
         if i == 0:
             params, experts = split[k.S_P_FIRST], split[k.S_E_FIRST]
         elif i == p - 1:

@@ -9,12 +9,18 @@ Large Transformer Models", Sec. 4 (tensor parallelism without sequence paralleli
 attention and any ``ffn_hidden_size`` (the ``24/t`` term is ``(4 + 4g/a + 4f/h)/t``) and heads of
 ``kv_channels`` channels (attention width ``qw = a d``: the ``4 + 4g/a`` of Q, K, V and the context
 scale by ``qw / h``).
+
+Under ``precision`` fp32 or tf32 (no mixed precision) every weight, gradient and activation
+element is 4 bytes (:func:`~vtrain_fast.model.ops.element_bytes`) and the weights are their own
+master copy: ``4 + 4 + 8 = 16`` bytes per parameter with fp32 Adam moments (ZeRO's Sec. 3.1 counts
+the same 16 for fp32 training), the activations Korthikanti's with 4-byte elements and 1-byte
+dropout masks (:func:`layer_activation_bytes`).
 """
 from __future__ import annotations
 
 from ._jit import jit, jit_inline
-from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_width, context_width, fused_softmax,
-                  mla_latent_width, mla_weights, offloaded_fraction)
+from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_width, context_width, element_bytes,
+                  full_precision, fused_softmax, mla_latent_width, mla_weights, offloaded_fraction)
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .params import H_DP_SHARD, H_OPT_SHARD, H_PRECISION_AWARE, H_ZERO_STAGE
 
@@ -68,7 +74,10 @@ def optimizer_bytes_per_param(hw):
     master weight, Adam momentum and variance), or under the precision-aware optimizer the 2-byte
     master remainder (:data:`REMAINDER_MASTER_BYTES_PER_PARAM`) plus the moments in their dtypes
     (:func:`~vtrain_fast.model.ops.adam_moment_bytes`: 8-bit states give 4), less the share
-    offloaded to the host (:func:`~vtrain_fast.model.ops.offloaded_fraction`)."""
+    offloaded to the host (:func:`~vtrain_fast.model.ops.offloaded_fraction`). Under fp32 or tf32
+    (:func:`~vtrain_fast.model.ops.full_precision`) no master weight: the moments' bytes only (8)."""
+    if full_precision(hw):          # fp32 / tf32: the weights are the master weights, Adam's moments only
+        return adam_moment_bytes(hw) * (1.0 - offloaded_fraction(hw))
     if hw[H_PRECISION_AWARE] == 0.0:
         return OPTIMIZER_BYTES_PER_PARAM
     # the offloaded share's states live in host memory (optimizer_cpu_offload)
@@ -91,21 +100,24 @@ def model_state_bytes(params, d, stage, hw):
 @jit_inline
 def state_bytes_per_param(d, stage, hw):
     """:func:`model_state_bytes` per parameter by part: ``(weight, gradient, optimizer)`` bytes one
-    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (fp16 weight, fp16 gradient, the
-    optimizer's :func:`optimizer_bytes_per_param`)."""
-    w = WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
-    g = GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
+    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (16-bit weight and gradient, 4-byte
+    under fp32 / tf32, :func:`~vtrain_fast.model.ops.element_bytes`; the optimizer's
+    :func:`optimizer_bytes_per_param`)."""
+    e = element_bytes(hw) * (1.0 / WEIGHT_BYTES_PER_PARAM)
+    w = e * WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
+    g = e * GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
     return w, g, optimizer_bytes_per_param(hw) / optimizer_shards(d, stage)
 
 
 @jit
-def zero3_gathered_bytes(layer_params_on_rank, d, stage):
+def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0):
     """Bytes ZeRO-3 / FSDP holds unsharded at a time: :data:`ZERO3_GATHERED_LAYERS` layers of
-    ``layer_params_on_rank`` parameters, fp16 weight and gradient each (0 below stage 3 or at
-    ``d = 1``, where nothing is sharded)."""
+    ``layer_params_on_rank`` parameters, weight and gradient of ``e`` bytes each (2: 16-bit; 4
+    under fp32, :func:`~vtrain_fast.model.ops.element_bytes`) (0 below stage 3 or at ``d = 1``,
+    where nothing is sharded)."""
     if stage < 3.0 or d <= 1.0:
         return 0.0
-    return ZERO3_GATHERED_LAYERS * layer_params_on_rank * (WEIGHT_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
+    return ZERO3_GATHERED_LAYERS * layer_params_on_rank * 2.0 * e
 
 
 @jit
@@ -208,7 +220,7 @@ def model_params(num_layers, h, a, g, f, v, s, arch=DEFAULT_ARCH):
 
 
 @jit
-def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0, latent=0.0):
+def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0, latent=0.0, e=2.0):
     """Activation bytes one layer stores for backward, one micro-batch, no recomputation
     (Korthikanti et al. 2022, Sec. 4.1, generalised; see module docstring).
 
@@ -240,41 +252,50 @@ def layer_activation_bytes(b, s, h, a, g, f, t, flash, sp, gated=0.0, qw=0.0, la
     and outputs (the up projections' inputs), ``2 + 2`` bytes per channel per token, on the ``s b
     / t`` rows they run on with sequence parallelism (TE saves the local input and gathers it again
     for the weight gradient). The up projections' outputs are not kept beyond the assembled Q, K, V
-    (their backward needs only their inputs); the rotary kernels keep nothing."""
-    outside = 10.0 / t if sp != 0.0 else 10.0
+    (their backward needs only their inputs); the rotary kernels keep nothing.
+
+    ``e`` is the bytes of an activation element (2; 4 under fp32 / tf32,
+    :func:`~vtrain_fast.model.ops.element_bytes`): every term above scales by ``e / 2`` except the
+    two 1-byte dropout masks of the ``10`` (``10 = 4 e + 2`` at ``e = 2``) and the score dropout
+    mask (:func:`attention_core_activation_bytes`)."""
+    c = e * 0.5
+    kept = 4.0 * e + 2.0                                   # Korthikanti's 10 at e = 2 (2 one-byte masks)
+    outside = kept / t if sp != 0.0 else kept
     r = qw / h if qw > 0.0 else 1.0
-    base = s * b * h * (outside + (4.0 * r + 4.0 * r * g / a + (4.0 + 2.0 * gated) * f / h) / t)
-    core = base + attention_core_activation_bytes(b, s, a, t, flash)
+    base = s * b * h * (outside + c * (4.0 * r + 4.0 * r * g / a + (4.0 + 2.0 * gated) * f / h) / t)
+    core = base + attention_core_activation_bytes(b, s, a, t, flash, e)
     if latent > 0.0:
-        return core + 4.0 * s * b * latent / (t if sp != 0.0 else 1.0)
+        return core + 2.0 * e * s * b * latent / (t if sp != 0.0 else 1.0)
     return core
 
 
 @jit
-def attention_core_activation_bytes(b, s, a, t, flash):
+def attention_core_activation_bytes(b, s, a, t, flash, e=2.0):
     """Bytes of one layer's stored activations that only the attention core needs, one
     micro-batch: softmax output (2 bytes per score element, 4 when the softmax runs unfused in
     fp32, :func:`~vtrain_fast.model.ops.fused_softmax`), dropout mask (1) and dropout output (2)
     over ``b (a/t) s^2`` elements; with FlashAttention (``flash`` non-zero) the fp32
     log-sum-exp per query row, ``4 b (a/t) s``. Selective recomputation drops exactly these; a
-    GPT layer then keeps ``sbh (10 + 24/t)`` (Korthikanti et al. 2022, Sec. 5, Table 2)."""
+    GPT layer then keeps ``sbh (10 + 24/t)`` (Korthikanti et al. 2022, Sec. 5, Table 2). With ``e``
+    bytes per activation element (4 under fp32 / tf32) the softmax output and the dropout output
+    are ``e`` bytes each (the mask stays 1)."""
     if flash != 0.0:
         return 4.0 * b * a / t * s
-    softmax_out = 2.0 if fused_softmax(b, s, a, t) != 0.0 else 4.0
-    return (softmax_out + 3.0) * a * s * s * b / t
+    softmax_out = e if fused_softmax(b, s, a, t) != 0.0 or e > 2.0 else 4.0
+    return (softmax_out + 1.0 + e) * a * s * s * b / t
 
 
 @jit
-def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full, recompute):
+def stage_activation_bytes_from_layer(layers_on_stage, in_flight, b, s, h, full, recompute, e=2.0):
     """Activation bytes of one pipeline stage holding ``in_flight`` micro-batches (or chunks)
     of ``layers_on_stage`` layers, given ``full``, the bytes of one layer
     (:func:`layer_activation_bytes`), so that callers can reuse it across stages.
 
-    With full recomputation each layer keeps only its 2-byte input (``2 s b h``; ``h`` is the
-    hidden size a rank keeps, ``h / t`` with sequence parallelism) and one layer's full
-    activations are rebuilt at a time during backward."""
+    With full recomputation each layer keeps only its input (``e s b h``, ``e`` the bytes of an
+    element: 2, 4 under fp32 / tf32; ``h`` is the hidden size a rank keeps, ``h / t`` with sequence
+    parallelism) and one layer's full activations are rebuilt at a time during backward."""
     if recompute:
-        return in_flight * layers_on_stage * 2.0 * s * b * h + full
+        return in_flight * layers_on_stage * e * s * b * h + full
     return in_flight * layers_on_stage * full
 
 

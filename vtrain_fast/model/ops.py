@@ -3,7 +3,8 @@
 All functions are scalar, ``float64`` in and out, and compiled with :func:`vtrain_fast.model._jit.jit`.
 Symbols (Megatron-LM names): ``b`` micro_batch_size, ``s`` seq_length, ``h`` hidden_size,
 ``a`` num_attention_heads, ``g`` num_query_groups, ``f`` ffn_hidden_size, ``v`` vocab_size,
-``t`` tensor-parallel size. Activations are 2-byte (fp16/bf16).
+``t`` tensor-parallel size. Activations are 2-byte (fp16/bf16), 4-byte under ``precision`` fp32 or
+tf32 (:func:`element_bytes`).
 
 Time model: roofline (Williams, Waterman, Patterson 2009, "Roofline", CACM 52(4)) with achievable
 fractions of peak, plus a per-kernel overhead:
@@ -26,12 +27,14 @@ from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, ROPE
 from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF,
                      H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
                      H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
+from .params import H_PEAK_FP32_FLOPS, H_PEAK_TF32_FLOPS, PRECISION_FP16, PRECISION_FP32, PRECISION_TF32
 from .params import CP_ALL_GATHER, H_CP_COMM
 from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
 from .params import H_EXP_AVG, H_EXP_AVG_SQ, H_PRECISION_AWARE
 from .params import H_CPU_OFFLOAD, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_OFFLOAD_FRACTION, H_OFFLOAD_OVERLAP
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
+FP32_BYTES_PER_ELEMENT = 4.0  # fp32 activations and weights (precision fp32 or tf32)
 GEMM_TILE = 128.0        # output tile edge of a tensor-core GEMM (CUTLASS/cuBLAS 128x128 tiles)
 # Kernels launched per phase, as modelled below (GEMMs + memory-bound kernels).
 # Forward memory-bound: LN1, scale-mask-softmax, dropout, permute copy, bias-dropout-add, LN2,
@@ -255,6 +258,51 @@ def mla_memory_costs(tokens, a, t, sp, backward, arch):
 
 
 @jit
+def full_precision(hw):
+    """Whether the machine vector trains without mixed precision (``precision`` fp32 or tf32):
+    fp32 weights, activations, gradients and communication."""
+    return hw[H_PRECISION] == PRECISION_FP32 or hw[H_PRECISION] == PRECISION_TF32
+
+
+@jit
+def element_bytes(hw):
+    """Bytes of one element of the weights, activations, gradients and the tensors the
+    collectives move: :data:`BYTES_PER_ELEMENT` (2: bf16, fp16, and fp8's bf16 tensors), or
+    :data:`FP32_BYTES_PER_ELEMENT` (4) under ``precision`` fp32 or tf32 (:func:`full_precision`)."""
+    return FP32_BYTES_PER_ELEMENT if full_precision(hw) else BYTES_PER_ELEMENT
+
+
+@jit
+def activation_scale(hw):
+    """What the bytes of the memory-bound kernels of the layers, embeddings and head (written here
+    for 2-byte elements) are multiplied by: :func:`element_bytes` / 2, so 2.0 under fp32 or tf32.
+    Their 1-byte dropout masks and fp32 statistics are scaled with them (an overcount of at most
+    1/7 of a kernel's bytes, under fp32 only)."""
+    return element_bytes(hw) * (1.0 / BYTES_PER_ELEMENT)
+
+
+@jit
+def gemm_peak_flops(hw):
+    """The dense peak FLOP/s of the GEMMs of ``precision``: ``peak_flops`` (fp16/bf16 tensor
+    cores; also fp8's GEMMs that stay in bf16), ``peak_tf32_flops`` under tf32 and
+    ``peak_fp32_flops`` (CUDA cores on NVIDIA, FP32 matrix cores on AMD) under fp32; a sweep
+    refuses the precision on a GPU without that peak (``plan.spec``)."""
+    if hw[H_PRECISION] == PRECISION_FP32:
+        return hw[H_PEAK_FP32_FLOPS]
+    if hw[H_PRECISION] == PRECISION_TF32:
+        return hw[H_PEAK_TF32_FLOPS]
+    return hw[H_PEAK_FLOPS]
+
+
+@jit
+def flash_on(hw):
+    """Whether the attention core runs as FlashAttention: ``use_flash_attn`` set and 16-bit
+    tensors (FlashAttention-2 takes fp16 / bf16 only; under fp32 or tf32 Transformer Engine's
+    DotProductAttention falls back to its unfused backend)."""
+    return hw[H_FLASH_ATTN] != 0.0 and not full_precision(hw)
+
+
+@jit
 def phase_s(gpu_s, num_kernels, hw):
     """Seconds of a phase of ``num_kernels`` kernels whose GPU time is ``gpu_s``: eager
     PyTorch launches asynchronously, so the phase takes the larger of the GPU time and the host
@@ -264,7 +312,7 @@ def phase_s(gpu_s, num_kernels, hw):
 
 @jit
 def gemm_time_s(m, n, k, batch, hw):
-    """Seconds for ``batch`` GEMMs of ``(m x k) @ (k x n)`` in fp16/bf16.
+    """Seconds for ``batch`` GEMMs of ``(m x k) @ (k x n)`` in the training precision.
 
     Parameters
     ----------
@@ -276,17 +324,19 @@ def gemm_time_s(m, n, k, batch, hw):
     Returns
     -------
     float
-        Seconds: roofline of ``2*m*n*k*batch`` FLOPs at ``peak_flops * gemm_efficiency``
-        times the SM utilisation ``min(1, tiles / num_sms)`` of ``ceil(m/128) * ceil(n/128) *
-        batch`` output tiles, and ``2*(m*k + k*n + m*n)*batch`` bytes at
-        ``hbm_Bps * hbm_efficiency``, plus one kernel overhead.
+        Seconds: roofline of ``2*m*n*k*batch`` FLOPs at the precision's peak
+        (:func:`gemm_peak_flops`: the fp16/bf16, TF32 or FP32 one) ``* gemm_efficiency`` times the
+        SM utilisation ``min(1, tiles / num_sms)`` of ``ceil(m/128) * ceil(n/128) * batch`` output
+        tiles, and ``e*(m*k + k*n + m*n)*batch`` bytes (``e`` :func:`element_bytes`) at ``hbm_Bps *
+        hbm_efficiency``, plus one kernel overhead. The one ``gemm_efficiency`` (fitted on bf16
+        GEMMs) is taken for every precision: an assumption for the TF32 and FP32 GEMMs.
     """
     flops = 2.0 * m * n * k * batch
-    nbytes = BYTES_PER_ELEMENT * (m * k + k * n + m * n) * batch
+    nbytes = element_bytes(hw) * (m * k + k * n + m * n) * batch
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
     # flops / (peak * efficiency * sm_util) with sm_util = min(1, tiles / num_sms); the
     # reciprocal rate is shared by every GEMM of a caller
-    t_compute = flops * (1.0 / (hw[H_PEAK_FLOPS] * hw[H_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
+    t_compute = flops * (1.0 / (gemm_peak_flops(hw) * hw[H_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
     t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
     return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
 
@@ -605,12 +655,14 @@ def layer_forward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
         + 2.0 * 7.0 * tokens * h / sp   # two bias-dropout-adds: x, residual, out, mask
         + (4.0 + 2.0 * gated) * tokens * f / t   # bias-GeLU (SwiGLU: reads 2f, writes f)
     ) + cast_bytes
-    if hw[H_FLASH_ATTN] != 0.0:
+    nbytes *= activation_scale(hw)      # 4-byte elements under fp32 / tf32
+    if flash_on(hw):
         time += flash_attention_forward_s(b, s, qw, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_FORWARD_MEMORY_KERNELS + cast_kernels, hw),
                        FLASH_LAYER_FORWARD_KERNELS + cast_kernels + gemm_kernels, hw)
     core_s, core_bytes, extra = attention_scores_forward(b, s, qw, a, t, hw)
-    memory_s = memory_bound_time_s(nbytes + core_bytes, LAYER_FORWARD_MEMORY_KERNELS + extra + cast_kernels, hw)
+    memory_s = memory_bound_time_s(nbytes + core_bytes * activation_scale(hw),
+                                   LAYER_FORWARD_MEMORY_KERNELS + extra + cast_kernels, hw)
     return phase_s(time + core_s + memory_s, LAYER_FORWARD_KERNELS + extra + cast_kernels + gemm_kernels, hw)
 
 
@@ -669,7 +721,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
         + 2.0 * 6.0 * tokens * h / sp   # two residual-gradient accumulations
         + (6.0 + 4.0 * gated) * tokens * f / t   # bias-GeLU backward: x, dy -> dx (SwiGLU: 2f, f -> 2f)
     ) + cast_bytes                      # (+ 2 bias-gradient reductions: launches, bytes negligible)
-    if hw[H_FLASH_ATTN] != 0.0:
+    if flash_on(hw):
         time += flash_attention_backward_s(b, s, qw, a, g, t, hw)
         return phase_s(time + memory_bound_time_s(nbytes, FLASH_LAYER_BACKWARD_MEMORY_KERNELS + cast_kernels, hw),
                        FLASH_LAYER_BACKWARD_KERNELS + cast_kernels + gemm_kernels, hw)
@@ -678,6 +730,7 @@ def layer_backward_s(b, s, h, a, g, f, t, hw, arch=DEFAULT_ARCH):
     _, softmax_bwd, extra = softmax_costs(b, s, a, t)
     nbytes += (softmax_bwd * score_elems  # softmax backward (fused: y, dy -> dx)
                + 5.0 * score_elems)       # dropout backward: dy, mask -> dx
+    nbytes *= activation_scale(hw)      # 4-byte elements under fp32 / tf32
     return phase_s(time + memory_bound_time_s(nbytes, LAYER_BACKWARD_MEMORY_KERNELS + extra + cast_kernels, hw),
                    LAYER_BACKWARD_KERNELS + extra + cast_kernels + gemm_kernels, hw)
 
@@ -700,10 +753,11 @@ def attention_core_forward_s(b, s, h, a, g, t, hw):
     float
         Seconds.
     """
-    if hw[H_FLASH_ATTN] != 0.0:
+    if flash_on(hw):
         return phase_s(flash_attention_forward_s(b, s, h, a, g, t, hw), FLASH_FORWARD_KERNELS, hw)
     time, nbytes, extra = attention_scores_forward(b, s, h, a, t, hw)
     nbytes += 4.0 * b * s * h / t                            # context permute copy
+    nbytes *= activation_scale(hw)
     return phase_s(time + memory_bound_time_s(nbytes, ATTENTION_CORE_MEMORY_KERNELS + extra, hw),
                    2.0 + ATTENTION_CORE_MEMORY_KERNELS + extra, hw)
 
@@ -776,7 +830,8 @@ def embedding_forward_s(b, s, h, hw, arch=DEFAULT_ARCH):
     """Forward seconds of the word embedding lookup (read and write 2 bytes per element), the
     position lookup and add (2 + 2 more, with a learned position table: :func:`learned_positions`)
     and dropout (first stage)."""
-    return memory_bound_time_s(b * s * h * (2.0 + 2.0 * learned_positions(arch) + 2.0 + 5.0), 3.0, hw)
+    return memory_bound_time_s(b * s * h * (2.0 + 2.0 * learned_positions(arch) + 2.0 + 5.0) * activation_scale(hw),
+                               3.0, hw)
 
 
 @jit
@@ -798,7 +853,8 @@ def embedding_backward_s(b, s, h, v, t, hw, arch=DEFAULT_ARCH):
     """Backward seconds of the embeddings: dropout backward and scatter-add of gradients into
     the (vocab-parallel) word embedding table and, when learned (:func:`learned_positions`), the
     position table, including zeroing the dense ``v/t x h`` gradient table."""
-    return memory_bound_time_s(b * s * h * (5.0 + 6.0 + 6.0 * learned_positions(arch)) + 2.0 * v * h / t, 4.0, hw)
+    return memory_bound_time_s((b * s * h * (5.0 + 6.0 + 6.0 * learned_positions(arch)) + 2.0 * v * h / t)
+                               * activation_scale(hw), 4.0, hw)
 
 
 @jit
@@ -806,9 +862,10 @@ def head_forward_s(b, s, h, v, t, hw):
     """Forward seconds on the last stage: final layer norm, LM-head GEMM onto ``v/t`` logits,
     and vocab-parallel cross-entropy (fp16 logits read, fp32 softmax written)."""
     tokens = b * s
-    time = memory_bound_time_s(4.0 * tokens * h, 1.0, hw)
+    e = element_bytes(hw)               # the logits' bytes (the softmax is fp32 in any precision)
+    time = memory_bound_time_s(2.0 * e * tokens * h, 1.0, hw)
     time += gemm_time_s(tokens, v / t, h, 1.0, hw)
-    time += memory_bound_time_s(tokens * v / t * (2.0 + 4.0 + 4.0), 4.0, hw)
+    time += memory_bound_time_s(tokens * v / t * (e + 4.0 + 4.0), 4.0, hw)
     return time
 
 
@@ -817,9 +874,10 @@ def head_backward_s(b, s, h, v, t, hw):
     """Backward seconds on the last stage: cross-entropy gradient, LM-head data and weight
     gradients, final layer-norm backward."""
     tokens = b * s
-    time = memory_bound_time_s(tokens * v / t * (4.0 + 2.0), 2.0, hw)
+    e = element_bytes(hw)
+    time = memory_bound_time_s(tokens * v / t * (4.0 + e), 2.0, hw)
     time += gemm_time_s(tokens, h, v / t, 1.0, hw) + gemm_time_s(h, v / t, tokens, 1.0, hw)
-    time += memory_bound_time_s(6.0 * tokens * h, 2.0, hw)
+    time += memory_bound_time_s(3.0 * e * tokens * h, 2.0, hw)
     return time
 
 
@@ -845,16 +903,34 @@ def adam_moment_bytes(hw):
 
 @jit
 def optimizer_s(params, hw):
-    """Seconds of one mixed-precision Adam step over ``params`` parameters on one GPU.
+    """Seconds of one Adam step over ``params`` parameters on one GPU.
 
-    Bytes per parameter (Megatron-LM fp16 optimizer): copy fp16 grads to fp32 main grads
-    (2 + 4), inf/nan check (4), gradient-norm for clipping (4), fused Adam (read param and
-    grad, 8, read and write the two moments, 2 x :func:`adam_moment_bytes` = 16 in fp32, write
-    param 4: 28 in fp32), copy fp32 params to fp16 model params (4 + 2): 48 bytes with fp32
-    moments (the precision-aware optimizer's master weight as bf16 + 16-bit remainder moves the
-    same 4 bytes each way). Multi-tensor-apply launches are charged as 6 kernels.
+    Bytes per parameter (Megatron-LM's mixed-precision optimizer, megatron/core/optimizer/
+    optimizer.py): copy 16-bit grads to fp32 main grads (2 + 4), inf/nan check (4), gradient-norm
+    for clipping (4), fused Adam (read param and grad, 8, read and write the two moments, 2 x
+    :func:`adam_moment_bytes` = 16 in fp32, write param 4: 28 in fp32), copy fp32 params to 16-bit
+    model params (4 + 2): 48 bytes with fp32 moments (the precision-aware optimizer's master weight
+    as bf16 + 16-bit remainder moves the same 4 bytes each way). The inf/nan check is charged
+    under bf16 too (Megatron-DeepSpeed's fp16 runs, on which the shipped calibration was fitted,
+    do it; Megatron-LM's bf16 optimizer has no grad scaler and skips it). Under fp16 the dynamic
+    loss scaler's unscale rewrites the main grads in place (``_amp_foreach_non_finite_check_and_
+    unscale_``: 4 bytes more, :data:`FP16_UNSCALE_BYTES_PER_PARAM`). Under fp32 or tf32
+    (Megatron-LM's FP32Optimizer: the parameters are the master weights) neither copy nor check:
+    gradient norm 4 + Adam, 16 + 2 x the moments (32 with fp32 moments). Multi-tensor-apply
+    launches are charged as 6 kernels.
     """
-    return memory_bound_time_s((32.0 + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
+    if full_precision(hw):
+        return memory_bound_time_s((FP32_ADAM_BYTES_PER_PARAM + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
+    extra = FP16_UNSCALE_BYTES_PER_PARAM if hw[H_PRECISION] == PRECISION_FP16 else 0.0
+    return memory_bound_time_s((MIXED_ADAM_BYTES_PER_PARAM + extra + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
+
+
+# Bytes per parameter of an Adam step beyond its moments' (optimizer_s): mixed precision's grad
+# copy, inf/nan check, norm, Adam's param and grad reads and param write, and the cast back; fp32's
+# norm and Adam's; what fp16's loss-scaler unscale adds (the in-place write of the main grads).
+MIXED_ADAM_BYTES_PER_PARAM = 32.0
+FP32_ADAM_BYTES_PER_PARAM = 16.0
+FP16_UNSCALE_BYTES_PER_PARAM = 4.0
 
 
 # The CPU optimizer of offloaded parameters (optimizer_cpu_offload; Megatron-core's
@@ -891,6 +967,8 @@ def optimizer_step_s(params, hw):
     copy = OFFLOAD_COPY_BYTES_PER_PARAM * n / hw[H_HOST_LINK_BPS]
     cpu = CPU_ADAM_BYTES_PER_PARAM * n / hw[H_HOST_MEM_BPS]
     host = max(copy, cpu) if hw[H_OFFLOAD_OVERLAP] != 0.0 else 2.0 * copy + cpu
+    if full_precision(hw):          # fp32 weights: the parameter copied back is the weight, no cast
+        return gpu + host
     return gpu + host + memory_bound_time_s(OFFLOAD_CAST_BYTES_PER_PARAM * n, 1.0, hw)
 
 

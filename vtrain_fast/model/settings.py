@@ -120,6 +120,9 @@ class Setting:
 # What a setting that is a modelling assumption, not a framework's argument, gives as its flag.
 NO_FLAG = "no framework flag: an assumption"
 
+# The precisions other than fp8, at which the FP8 settings change no cost.
+NOT_FP8 = tuple(("precision", p) for p in ("bf16", "fp16", "fp32", "tf32"))
+
 # In the order of the sweep's machine axis (the last setting varies fastest): this order decides
 # the row order of every sweep, so a new setting goes at the end.
 SETTINGS: tuple[Setting, ...] = (
@@ -133,8 +136,10 @@ SETTINGS: tuple[Setting, ...] = (
             "--use-distributed-optimizer", inert_at=("dp",),
             inert_with=(("zero_stage", 1), ("zero_stage", 2), ("zero_stage", 3))),
     Setting("use_flash_attn", bool, False, "FlashAttention",
-            "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn)",
-            "--use-flash-attn"),
+            "true runs the attention core as fused FlashAttention-2 kernels (Megatron --use-flash-attn); they take "
+            "fp16 / bf16 only: under precision fp32 or tf32 the core runs unfused (Transformer Engine's "
+            "DotProductAttention falls back to its unfused backend)",
+            "--use-flash-attn", inert_with=(("precision", "fp32"), ("precision", "tf32"))),
     Setting("sequence_parallel", bool, False, "sequence parallelism",
             "true splits layer norms and dropouts over the tensor-parallel ranks (Megatron --sequence-parallel)",
             "--sequence-parallel", inert_at=("tp",), off_at=("tp",)),
@@ -198,11 +203,18 @@ SETTINGS: tuple[Setting, ...] = (
             "(num_layers + 2) / pp each, one fewer on the first and last stage: BLOOM's 70 layers over 12 stages)",
             "--account-for-loss-in-pipeline-split", inert_at=("pp",), table="parallel",
             requires=(("first_pipeline_num_layers", 0), ("last_pipeline_num_layers", 0))),
-    Setting("precision", str, "bf16", "FP8 training (Transformer Engine)",
-            "bf16 (16-bit mixed precision), or fp8: the linear layers' GEMMs in FP8 through Transformer "
-            "Engine (hybrid E4M3/E5M2, scaled per fp8_recipe, default delayed), attention core, embeddings and LM head in bf16 "
-            "(Megatron-LM --bf16 --fp8-format hybrid; needs a GPU with FP8 tensor cores)",
-            "--fp8-format", choices=("bf16", "fp8")),
+    Setting("precision", str, "bf16", "training precision",
+            "the number format of the weights, activations and GEMMs: bf16 (16-bit mixed precision: bf16 weights, "
+            "activations and tensor-core GEMMs, fp32 master weights and optimizer; Megatron-LM --bf16), fp8 (bf16 "
+            "mixed precision with the linear layers' GEMMs in FP8 through Transformer Engine, hybrid E4M3/E5M2, "
+            "scaled per fp8_recipe; attention core, embeddings and LM head in bf16; --bf16 --fp8-format hybrid; "
+            "needs a GPU with FP8 tensor cores), fp16 (as bf16 in fp16, with dynamic loss scaling: the gradients "
+            "unscaled and checked for inf/nan every step and the steps that overflow skipped; --fp16), fp32 (no "
+            "mixed precision: fp32 weights, activations, gradients and communication, GEMMs at the GPU's FP32 "
+            "peak without TF32, PyTorch's default since 1.12; Megatron-LM without --bf16 / --fp16) or tf32 (fp32 "
+            "training whose GEMMs run on TF32 tensor cores: torch.backends.cuda.matmul.allow_tf32 = True or "
+            "NVIDIA's containers' TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1)",
+            "--fp8-format", choices=("bf16", "fp8", "fp16", "fp32", "tf32")),
     Setting("cp_comm_type", str, "p2p", "context-parallel all-gather attention",
             "how context parallelism exchanges keys and values: p2p, ring attention (K/V blocks passed to the "
             "next rank of the cp group over cp - 1 steps, each overlapped with the attention block of the step; "
@@ -217,18 +229,18 @@ SETTINGS: tuple[Setting, ...] = (
             "two more kernels per cast), or mxfp8 (Blackwell block scaling: one E8M0 scale per 32 elements, "
             "rowwise and columnwise copies, no amax pass; needs a GPU with MXFP8 tensor cores) (Megatron-LM "
             "--fp8-recipe; TE DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)",
-            "--fp8-recipe", inert_with=(("precision", "bf16"),), choices=("delayed", "tensorwise", "mxfp8")),
+            "--fp8-recipe", inert_with=NOT_FP8, choices=("delayed", "tensorwise", "mxfp8")),
     Setting("num_layers_at_start_in_bf16", int, 0, "first transformer layers kept in bf16",
             "under precision = fp8, this many of the first transformer layers (global layer index) run their "
             "linears in bf16: no FP8 casts or weight copies there, bf16 GEMMs and saved inputs (Megatron-core "
             "--first-last-layers-bf16 --num-layers-at-start-in-bf16, fp8_utils.is_first_last_bf16_layer; 0 = "
             "the flag off)",
-            "--num-layers-at-start-in-bf16", inert_with=(("precision", "bf16"),), int_range=(0, 100_000),
+            "--num-layers-at-start-in-bf16", inert_with=NOT_FP8, int_range=(0, 100_000),
             example="num_layers_at_start_in_bf16 = 1 or [0, 1, 2] (0 = every layer in FP8)"),
     Setting("num_layers_at_end_in_bf16", int, 0, "last transformer layers kept in bf16",
             "under precision = fp8, this many of the last transformer layers run their linears in bf16 "
             "(Megatron-core --first-last-layers-bf16 --num-layers-at-end-in-bf16; 0 = the flag off)",
-            "--num-layers-at-end-in-bf16", inert_with=(("precision", "bf16"),), int_range=(0, 100_000),
+            "--num-layers-at-end-in-bf16", inert_with=NOT_FP8, int_range=(0, 100_000),
             example="num_layers_at_end_in_bf16 = 1 or [0, 1, 4] (0 = every layer in FP8)"),
     Setting("overlap_p2p_comm", bool, False, "overlapped pipeline sends (interleaved 1F1B)",
             "true overlaps the interleaved schedule's pipeline sends and receives with the neighbouring "

@@ -24,7 +24,7 @@ from ._jit import jit, jit_inline
 from . import comm, memory, ops
 from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
-from .params import H_PRECISION, PRECISION_BF16, hw_index
+from .params import H_PRECISION, PRECISION_BF16, PRECISION_FP16, hw_index
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
 from .settings import BY_NAME as SETTING_BY_NAME
 
@@ -490,8 +490,8 @@ def refused_context_parallel(lay, hw):
     """Whether Megatron-LM refuses context parallelism on this machine: ``cp > 1`` needs
     Transformer Engine's fused (flash) attention (Megatron-core's local ``DotProductAttention``
     asserts ``context_parallel_size == 1``; TE's unfused attention has no context-parallel path),
-    i.e. ``use_flash_attn`` here."""
-    return lay.cp > 1 and hw[H_FLASH_ATTN] == 0.0
+    i.e. ``use_flash_attn`` here, in 16-bit precision (:func:`~vtrain_fast.model.ops.flash_on`)."""
+    return lay.cp > 1 and not ops.flash_on(hw)
 
 
 @jit
@@ -626,7 +626,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         cross-entropy statistics (``4bs`` bytes), embedding and head seconds (forward plus
         backward), the pipeline NVLink all-gather of one activation, one pipeline send of
         ``1/t`` of it inside a node and across nodes, activation bytes of one layer, and the
-        last stage's logits bytes (fp16 logits + fp32 softmax, ``6 s b v / t``), and the attention
+        last stage's logits bytes (16-bit logits + fp32 softmax, ``6 s b v / t``; ``8`` under fp32), and the attention
         core's forward seconds and stored bytes of one layer (what selective recomputation
         reruns and drops), and the TP exchange seconds that asynchronous communication hides
         (:func:`tp_backward_hidden_s`, 0 unless ``async_tensor_model_parallel_allreduce`` or
@@ -647,7 +647,9 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         both 0.0 at ``cp = 1``.
     """
     s = s / cp                          # context parallelism: this rank's tokens of each sequence
-    sbh2 = 2.0 * b * s * h
+    eb = ops.element_bytes(hw)          # bytes of an activation element: 2, 4 under fp32 / tf32
+    sbh2 = eb * b * s * h
+    flash = 1.0 if ops.flash_on(hw) else 0.0
     gated = arch.gated_mlp
     fp8 = 1.0 if ops.fp8_on(hw) else 0.0
     mxfp8 = 1.0 if ops.mxfp8_on(hw) else 0.0        # MXFP8 block scaling: the scales' bytes
@@ -668,7 +670,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     layer_fwd = ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch)
     layer_bwd = ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch)
     tp_hidden = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated, qw, arch)
-    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], fp8, mxfp8, cw,
+    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, flash, hw[H_SEQ_PAR], fp8, mxfp8, cw,
                                                     latent)
     # a layer kept in bf16 under FP8 (num_layers_at_start/end_in_bf16): what it costs beyond an FP8 one
     fwd16 = bwd16 = hidden16 = 0.0
@@ -701,11 +703,11 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             gather,
             comm.p2p_s(sbh2 / t, False, hw),
             comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, hw[H_FLASH_ATTN], hw[H_SEQ_PAR], gated, qw, latent)
+            memory.layer_activation_bytes(b, s, h, a, g, f, t, flash, hw[H_SEQ_PAR], gated, qw, latent, eb)
             - act_saving,
-            s * b * v / t * 6.0,
+            s * b * v / t * (eb + 4.0),
             ops.attention_core_forward_s(b, s, qw, a, g, t, hw) + cp_fwd,
-            memory.attention_core_activation_bytes(b, s, a, t, hw[H_FLASH_ATTN]),
+            memory.attention_core_activation_bytes(b, s, a, t, flash, eb),
             tp_hidden,
             fp8_weight_cast_s(h, a, g, f, t, hw, gated, qw, arch),
             memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8, qw, arch),
@@ -805,6 +807,7 @@ def moe_router_s(b, s, h, t, hw, arch):
     if hw[H_DISPATCHER] == DISPATCHER_ALLGATHER:
         ep, etp = expert_sizes(t, hw)
         permute += 6.0 * (ep * etp - 1.0) * routed * h
+    permute *= ops.activation_scale(hw)     # 4-byte rows under fp32 / tf32
     mem = ops.memory_bound_time_s(MOE_ROUTER_BYTES_PER_LOGIT * routed * e + permute,
                                   MOE_ROUTER_KERNELS + MOE_PERMUTE_KERNELS, hw)
     fwd = ops.gemm_time_s(routed, e, h, 1.0, hw) + mem
@@ -859,9 +862,10 @@ def moe_layer_extra(b, s, h, f, t, hw, arch):
         act_bwd += (6.0 + 4.0 * gated) * tokens * fs
         kernels = 1.0
         stored += (4.0 + 2.0 * gated) * tokens * fs
-    fwd += ops.memory_bound_time_s(act_fwd, kernels, hw)
-    bwd += ops.memory_bound_time_s(act_bwd, kernels, hw)
-    return fwd, bwd, stored
+    sc = ops.activation_scale(hw)       # fp32 / tf32: 4-byte elements (the fp32 logits scaled too: an overcount)
+    fwd += ops.memory_bound_time_s(act_fwd * sc, kernels, hw)
+    bwd += ops.memory_bound_time_s(act_bwd * sc, kernels, hw)
+    return fwd, bwd, stored * sc
 
 
 @jit
@@ -899,14 +903,14 @@ def ep_exchange_s(b, s, h, t, hw, arch):
         n = ep * etp
         if n <= 1.0:
             return 0.0, 0.0
-        gathered = n * b * s / t
+        gathered = n * b * s / t * ops.activation_scale(hw)     # (fp32 / tf32: every part scaled, an overcount)
         e = arch.num_experts
         fwd = (comm.group_allgather_s(gathered * (2.0 * h + 5.0 * e), n, 1.0, hw)
                + comm.group_allgather_s(gathered * 4.0 * h, n, 1.0, hw))
         bwd = (comm.group_allgather_s(gathered * 4.0 * h, n, 1.0, hw)
                + comm.group_allgather_s(gathered * (2.0 * h + 4.0 * e), n, 1.0, hw))
         return fwd, bwd
-    nbytes = dispatch_bytes(b, s, h, t, arch) * moe_busiest_share(ep, hw)
+    nbytes = dispatch_bytes(b, s, h, t, arch) * moe_busiest_share(ep, hw) * ops.activation_scale(hw)
     x = 2.0 * comm.all_to_all_s(nbytes, ep, etp, hw)
     if etp > 1.0:
         x += 2.0 * comm.group_allgather_s(nbytes * etp, etp, 1.0, hw)
@@ -1084,6 +1088,7 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         ``pp = 1`` or when untied).
     """
     t, p = float(lay.tp), float(lay.pp)
+    eb = ops.element_bytes(hw)             # bytes of a weight or gradient element moved: 2, 4 under fp32 / tf32
     d_all = float(dp_cp_size(lay))         # gradients are reduced (and sharded) over dp x cp ranks
     dp_apart = float(dp_cp_stride(lay))    # ranks between their neighbours (tp)
     zero = memory.sharding_stage(hw)
@@ -1124,31 +1129,31 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         p_last = p_first
     elif untied == 0.0:
         # Megatron-LM keeps the tied table on both ends and all-reduces its gradient between them
-        emb_sync_s = comm.group_allreduce_s(2.0 * v * h / t, 2.0, (p - 1.0) * float(pp_stride(lay)), hw)
+        emb_sync_s = comm.group_allreduce_s(eb * v * h / t, 2.0, (p - 1.0) * float(pp_stride(lay)), hw)
     if zero >= 1.0:
         # ZeRO: gradient reduce-scatter + parameter all-gather (per iteration at stage 1, the
         # reduce-scatter per micro-batch at stage 2, per layer at stage 3: see schedule)
-        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(2.0 * p_first, d, dp_apart, hw),
-                        comm.group_reduce_scatter_allgather_s(2.0 * p_last, d, dp_apart, hw))
+        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(eb * p_first, d, dp_apart, hw),
+                        comm.group_reduce_scatter_allgather_s(eb * p_last, d, dp_apart, hw))
         if p_mid > p_first and p_mid > p_last:      # uneven stages: a middle stage may hold more
-            dp_comm_s = max(dp_comm_s, comm.group_reduce_scatter_allgather_s(2.0 * p_mid, d, dp_apart, hw))
+            dp_comm_s = max(dp_comm_s, comm.group_reduce_scatter_allgather_s(eb * p_mid, d, dp_apart, hw))
     else:
-        dp_comm_s = max(comm.group_allreduce_s(2.0 * p_first, d, dp_apart, hw),
-                        comm.group_allreduce_s(2.0 * p_last, d, dp_apart, hw))
+        dp_comm_s = max(comm.group_allreduce_s(eb * p_first, d, dp_apart, hw),
+                        comm.group_allreduce_s(eb * p_last, d, dp_apart, hw))
         if p_mid > p_first and p_mid > p_last:
-            dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(2.0 * p_mid, d, dp_apart, hw))
+            dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(eb * p_mid, d, dp_apart, hw))
     if moe and edz > 1.0:
         # the experts' gradients: reduced (reduce-scatter + all-gather with ZeRO) over their own
         # expert-data-parallel group, after the dense ones
         e_max = max(e_first, e_mid, e_last)
         if zero >= 1.0:
-            dp_comm_s += comm.group_reduce_scatter_allgather_s(2.0 * e_max, edz, etp * ep, hw)
+            dp_comm_s += comm.group_reduce_scatter_allgather_s(eb * e_max, edz, etp * ep, hw)
         else:
-            dp_comm_s += comm.group_allreduce_s(2.0 * e_max, edz, etp * ep, hw)
+            dp_comm_s += comm.group_allreduce_s(eb * e_max, edz, etp * ep, hw)
     # hybrid sharding: the replicas of a shard group all-reduce their 1/d gradient shards
     replica_s = 0.0
     if d < d_all:
-        replica_s = comm.group_allreduce_s(2.0 * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
+        replica_s = comm.group_allreduce_s(eb * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
     # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
     if moe:     # + the expert parameters' shard (over the expert-data-parallel ranks)
@@ -1157,21 +1162,21 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
-    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM * ops.activation_scale(hw) / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
     if zero >= 2.0:
         per_param = per_param / d
     ag_layer = ag_emb = ag_head = 0.0
     if zero >= 3.0:
         # ZeRO-3 / FSDP: one all-gather of a layer's (embedding's, head's) fp16 parameters
-        ag_layer = comm.group_allgather_s(2.0 * p_layer, d, dp_apart, hw)
-        ag_emb = comm.group_allgather_s(2.0 * p_emb, d, dp_apart, hw)
-        ag_head = comm.group_allgather_s(2.0 * p_head, d, dp_apart, hw)
+        ag_layer = comm.group_allgather_s(eb * p_layer, d, dp_apart, hw)
+        ag_emb = comm.group_allgather_s(eb * p_emb, d, dp_apart, hw)
+        ag_head = comm.group_allgather_s(eb * p_head, d, dp_apart, hw)
     # one stage with a tied head: the shared table is accumulated once (with the embedding's)
     acc_head = p_head - (1.0 - untied) * v * h / t if p == 1.0 else p_head
     n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min = bf16_layer_counts(L, p, hw)
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * (p_mid + e_mid),
             per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
-            memory.zero3_gathered_bytes(p_layer, d, zero), l_first, l_mid, l_last, p_mid,
+            memory.zero3_gathered_bytes(p_layer, d, zero, eb), l_first, l_mid, l_last, p_mid,
             per_param * (p_body + e_first), per_param * (p_body_last + e_last), emb_sync_s, replica_s,
             n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min,
             e_first, e_mid, e_last, edz, nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max)
@@ -1537,6 +1542,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
     rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
+    eb = ops.element_bytes(hw)          # bytes of an activation element: 2, 4 under fp32 / tf32
+    ce = eb * 0.5                       # the stage's extra terms below are written for 2-byte elements
     x16_act = mb[M_BF16_ACT]            # a bf16 layer under FP8 saves its linears' inputs in bf16
     n16_second = split[S_BF16_SECOND]
     # the second stage may be the fullest with more layers than the first (uneven stages), or
@@ -1547,25 +1554,25 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     check_mid = p > 2.0 and (l_mid > l_first or n16_first > 0.0 or nm_mid > nm_first)
     act_mid = 0.0
     if p == 1.0:
-        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, sl, hs, full, rc)
-                     + sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
+        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, sl, hs, full, rc, eb)
+                     + ce * sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
                      + memory.bf16_layers_extra_bytes(n16_first, 1.0, x16_act, rc)
                      + memory.bf16_layers_extra_bytes(nm_first, 1.0, xm_act, rc))
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
-        act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, sl, hs, full, rc)
-                     + in_flight * sl * b * hs + rebuilt
+        act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, sl, hs, full, rc, eb)
+                     + ce * in_flight * sl * b * hs + rebuilt
                      + memory.bf16_layers_extra_bytes(n16_first, in_flight, x16_act, rc)
                      + memory.bf16_layers_extra_bytes(nm_first, in_flight, xm_act, rc))
-        act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc)
-                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
+        act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc, eb)
+                    + ce * 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
                     + memory.bf16_layers_extra_bytes(n16_last, 1.0, x16_act, rc)
                     + memory.bf16_layers_extra_bytes(nm_last, 1.0, xm_act, rc))
         # the second stage holds min(p - 1, m) micro-batches of l_mid layers: fuller than the first
         # only with more layers than it (uneven stages) or bf16 layers on the first, never when even
         if check_mid:
-            act_mid = (memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc) + rebuilt
+            act_mid = (memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc, eb) + rebuilt
                        + memory.bf16_layers_extra_bytes(n16_second, min(p - 1.0, m), x16_act, rc)
                        + memory.bf16_layers_extra_bytes(nm_mid, min(p - 1.0, m), xm_act, rc))
     else:
@@ -1575,17 +1582,17 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
         chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
         # (a device's bf16 layers sit in one chunk: counted at chunks / vs micro-batches in flight)
-        act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, sl, hs, full, rc)
-                     + chunks_first / vs * sl * b * hs + rebuilt
+        act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, sl, hs, full, rc, eb)
+                     + ce * chunks_first / vs * sl * b * hs + rebuilt
                      + memory.bf16_layers_extra_bytes(n16_first, chunks_first / vs, x16_act, rc)
                      + memory.bf16_layers_extra_bytes(nm_first, chunks_first / vs, xm_act, rc))
-        act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc)
-                    + 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
+        act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc, eb)
+                    + ce * 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
                     + memory.bf16_layers_extra_bytes(n16_last, chunks_last / vs, x16_act, rc)
                     + memory.bf16_layers_extra_bytes(nm_last, chunks_last / vs, xm_act, rc))
         if check_mid:
             chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
-            act_mid = (memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc) + rebuilt
+            act_mid = (memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc, eb) + rebuilt
                        + memory.bf16_layers_extra_bytes(n16_second, chunks_mid / vs, x16_act, rc)
                        + memory.bf16_layers_extra_bytes(nm_mid, chunks_mid / vs, xm_act, rc))
     p_first = split[S_P_FIRST]
@@ -1620,7 +1627,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     model_flops = 3.0 * tokens_iter * fwd_flops
     hw_flops = (model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
                 + sel * tokens_iter * L * ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
-    steps = math.ceil(num_tokens / tokens_iter)
+    steps = math.ceil(num_tokens / tokens_iter) + loss_scale_skipped_steps(num_tokens / tokens_iter, hw)
     train_s = steps * iteration
     gpu_hours = num_gpus * train_s * (1.0 / 3600.0)
     # rates multiply by reciprocals instead of dividing (a few ulp from tests/reference.py)
@@ -1653,6 +1660,30 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     out[O_CP, i] = cp_comm_s
     out[O_EP, i] = ep_comm_s
     return status
+
+
+# fp16's dynamic loss scaling (Megatron-LM DynamicGradScaler, megatron/core/optimizer/grad_scaler.py,
+# with its defaults: --initial-loss-scale 2^32, --loss-scale-window 1000, --hysteresis 2, backoff 0.5,
+# growth 2): a step whose gradients overflow is skipped. Assumed here: the scale settles at 2^16,
+# so the start skips the 16 halvings from 2^32 plus the first overflow that the hysteresis absorbs
+# (17 steps); after that every growth (one per window of clean steps) overflows once more and
+# the scale is halved back at the second overflow (hysteresis 2): 2 skipped steps per 1,000.
+# Assumptions to check against a run's logs ("skipped iterations"); the iterations still read
+# their batch, so the run takes that many more iterations for the same updates.
+FP16_INITIAL_SKIPPED_STEPS = 17.0
+FP16_SKIPPED_PER_WINDOW = 2.0
+FP16_LOSS_SCALE_WINDOW = 1000.0
+
+
+@jit
+def loss_scale_skipped_steps(updates, hw):
+    """Iterations fp16's dynamic loss scaling skips in a run of ``updates`` optimizer steps:
+    :data:`FP16_INITIAL_SKIPPED_STEPS` plus :data:`FP16_SKIPPED_PER_WINDOW` per
+    :data:`FP16_LOSS_SCALE_WINDOW` clean steps (rounded up), under ``precision`` fp16; 0
+    otherwise (bf16, fp8 and fp32 need no loss scaling)."""
+    if hw[H_PRECISION] != PRECISION_FP16:
+        return 0.0
+    return FP16_INITIAL_SKIPPED_STEPS + math.ceil(FP16_SKIPPED_PER_WINDOW * updates / FP16_LOSS_SCALE_WINDOW)
 
 
 @jit

@@ -255,8 +255,6 @@ def _choices(where, st, value):
         if not isinstance(v, str) or v.strip().lower() not in st.choices:
             fix = did_you_mean(str(v), st.choices, f"write {st.name} = \"{st.default}\" or a list, e.g. "
                                f"{st.name} = [" + ", ".join(f'"{c}"' for c in st.choices) + "]")
-            if st.name == "precision" and str(v).strip().lower() == "fp16":
-                fix = "write precision = \"bf16\": fp16 and bf16 cost the same here (same tensor-core peak, 2-byte operands)"
             raise InputError(where, key, v, f"one of {allowed}, or a list of them ({st.doc})", fix)
         out.append(v.strip().lower())
     return tuple(dict.fromkeys(out))
@@ -328,7 +326,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
     InputError
         ``use_flash_attn = true`` (only) for a GPU without FlashAttention kernels
         (:func:`check_flash_attention`); ``precision = "fp8"`` (only) for a GPU without FP8
-        tensor cores (:func:`check_fp8`; with another precision in the list, its fp8 machines are
+        tensor cores (:func:`check_precision`; with another precision in the list, its fp8 machines are
         left out with a note); ``fp8_recipe = "mxfp8"`` (only, with ``precision = "fp8"`` only)
         for a GPU without MXFP8 tensor cores (:func:`check_mxfp8`; with another recipe or
         precision in the lists, its fp8 mxfp8 machines are left out with a note).
@@ -349,11 +347,11 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                     skipped.append(name)
                 continue
             check_flash_attention(g, where, "training.use_flash_attn")
-            if g.precision == "fp8" and len(settings["precision"]) > 1 and not has_fp8(g):
-                if name not in skipped_fp8:
-                    skipped_fp8.append(name)
+            if len(settings["precision"]) > 1 and not has_precision(g):
+                if (name, g.precision) not in skipped_fp8:
+                    skipped_fp8.append((name, g.precision))
                 continue
-            check_fp8(g, where, "training.precision")
+            check_precision(g, where, "training.precision")
             if (g.precision == "fp8" and g.fp8_recipe == "mxfp8" and not has_mxfp8(g)
                     and (len(settings["fp8_recipe"]) > 1 or len(settings["precision"]) > 1)):
                 if name not in skipped_mxfp8:
@@ -364,8 +362,9 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                 presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
-    notes += tuple(f"{name} has no FP8 tensor cores (peak_fp8_tflops or fp8_gemm_efficiency 0): its precision = "
-                   "fp8 machines are left out" for name in skipped_fp8)
+    notes += tuple(f"{name} has no {PRECISION_PEAKS[prec][1]} ({PRECISION_PEAKS[prec][0]} 0"
+                   + (" or fp8_gemm_efficiency 0" if prec == "fp8" else "") + f"): its precision = {prec} "
+                   "machines are left out" for name, prec in skipped_fp8)
     notes += tuple(f"{name} has no MXFP8 tensor cores (mxfp8_tensor_cores 0; MXFP8 needs a Blackwell GPU): its "
                    "precision = fp8, fp8_recipe = mxfp8 machines are left out" for name in skipped_mxfp8)
     notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
@@ -532,28 +531,57 @@ def check_flash_attention(preset, where: str, key: str) -> None:
                          "{ flash_attention_efficiency = 0.5 }, or a calibration file for a preset)")
 
 
+# The GPU peak each precision's GEMMs need (the preset field, what it is): a GPU without it
+# cannot train in that precision (model.ops.gemm_peak_flops reads the same fields).
+PRECISION_PEAKS = {
+    "bf16": ("peak_tflops", "bf16 tensor cores"),
+    "fp16": ("peak_tflops", "fp16 tensor cores"),
+    "fp8": ("peak_fp8_tflops", "FP8 tensor cores"),
+    "tf32": ("peak_tf32_tflops", "TF32 tensor cores"),
+    "fp32": ("peak_fp32_tflops", "FP32 GEMM peak"),
+}
+
+
+def has_precision(preset, precision: str | None = None) -> bool:
+    """Whether ``preset`` can train in ``precision`` (default: its own ``precision``): a positive
+    peak of that precision (:data:`PRECISION_PEAKS`); FP8 also needs an FP8 GEMM efficiency
+    (``fp8_gemm_efficiency > 0``). The A100 and V100 have no FP8 (it arrived with Hopper and Ada),
+    the V100 and AMD's CDNA 2 no TF32."""
+    precision = precision or preset.precision
+    if getattr(preset, PRECISION_PEAKS[precision][0]) <= 0.0:
+        return False
+    return precision != "fp8" or preset.calibration.fp8_gemm_efficiency > 0.0
+
+
 def has_fp8(preset) -> bool:
-    """Whether ``preset`` can train in FP8: FP8 tensor cores (``peak_fp8_tflops > 0``) and an FP8
-    GEMM efficiency (``fp8_gemm_efficiency > 0``). The A100 and V100 have neither (FP8 tensor
-    cores arrived with Hopper and Ada)."""
-    return preset.peak_fp8_tflops > 0.0 and preset.calibration.fp8_gemm_efficiency > 0.0
+    """Whether ``preset`` can train in FP8 (:func:`has_precision` of fp8)."""
+    return has_precision(preset, "fp8")
 
 
-def check_fp8(preset, where: str, key: str) -> None:
-    """Refuse ``precision = fp8`` for a GPU preset without FP8 tensor cores (:func:`has_fp8`).
+def check_precision(preset, where: str, key: str) -> None:
+    """Refuse a ``precision`` the GPU preset has no peak for (:func:`has_precision`): fp8 without FP8
+    tensor cores, tf32 without TF32 tensor cores, fp32 without a stated FP32 peak.
 
     Raises
     ------
     InputError
         Naming ``where``, ``key``, the GPU and the fix.
     """
-    if preset.precision == "fp8" and not has_fp8(preset):
-        raise InputError(where, key, "fp8", f"bf16 for {preset.name}, which has no FP8 tensor cores "
-                         f"(peak_fp8_tflops {preset.peak_fp8_tflops:g}, fp8_gemm_efficiency "
-                         f"{preset.calibration.fp8_gemm_efficiency:g}; Transformer Engine's FP8 needs a Hopper, "
-                         "Ada or newer GPU)",
-                         f"drop {preset.name} or set precision = \"bf16\", or give {preset.name} a positive "
-                         "peak_fp8_tflops and calibration fp8_gemm_efficiency (a [gpus." + preset.name + "] table)")
+    prec = preset.precision
+    if has_precision(preset):
+        return
+    field, what = PRECISION_PEAKS[prec]
+    others = [p for p in PRECISION_PEAKS if p != prec and has_precision(preset, p)]
+    if prec == "fp8":
+        why = (f"which has no FP8 tensor cores (peak_fp8_tflops {preset.peak_fp8_tflops:g}, fp8_gemm_efficiency "
+               f"{preset.calibration.fp8_gemm_efficiency:g}; Transformer Engine's FP8 needs a Hopper, Ada or newer GPU)")
+        give = "peak_fp8_tflops and calibration fp8_gemm_efficiency"
+    else:
+        why = f"which has no {what} ({field} {getattr(preset, field):g})"
+        give = field
+    raise InputError(where, key, prec, f"{' or '.join(others)} for {preset.name}, {why}",
+                     f"drop {preset.name} or set precision = \"bf16\", or give {preset.name} a positive "
+                     f"{give} (a [gpus.{preset.name}] table)")
 
 
 def has_mxfp8(preset) -> bool:
