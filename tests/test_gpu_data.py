@@ -189,6 +189,73 @@ def test_a_spec_calibration_and_a_calibration_file_for_one_gpu_are_refused(tmp_p
         parse_spec(text, "s.toml", load_calibration(cal))
 
 
+# ---------------------------------------------------------------- per-precision GEMM peaks
+# name -> (SMs or CUs, dense FP32 GEMM FLOP per clock per SM / CU without TF32, boost GHz): NVIDIA
+# CUDA cores x 2 (an FMA) -- 64 FP32 lanes per SM on Volta and GA100, 128 on GH100, GA10x, Ada and
+# Blackwell (the architecture whitepapers) -- and on AMD CDNA 2-4 the FP32 matrix (MFMA) rate, 256
+# per CU (AMD datasheets: MI210 45.3, MI300X 163.4, MI355X 157.3 TFLOPS). Boost clocks as the
+# presets' bf16 derivations use them. Blackwell data-center parts are left out: NVIDIA publishes no
+# boost clock for them.
+FP32_DERIVATION = {
+    "a100-sxm4-40gb": (108, 128, 1.41), "a100-sxm4-80gb": (108, 128, 1.41), "v100-sxm2-32gb": (80, 128, 1.53),
+    "h100-sxm-80gb": (132, 256, 1.98), "h200-sxm-141gb": (132, 256, 1.98), "h800-sxm-80gb": (132, 256, 1.98),
+    "l4-pcie-24gb": (58, 256, 2.04), "l40s-pcie-48gb": (142, 256, 2.52), "a10g-pcie-24gb": (80, 256, 1.71),
+    "rtx4090-pcie-24gb": (128, 256, 2.52), "rtx5090-pcie-32gb": (170, 256, 2.407),
+    "rtx6000ada-pcie-48gb": (142, 256, 2.505), "rtxa6000-pcie-48gb": (84, 256, 1.80),
+    "mi210-pcie-64gb": (104, 256, 1.70), "mi300x-oam-192gb": (304, 256, 2.1), "mi325x-oam-256gb": (304, 256, 2.1),
+    "mi355x-oam-288gb": (256, 256, 2.4),
+}
+# Parts without TF32 tensor / matrix hardware: Volta, CDNA 2, CDNA 4 (gfx950 emulates it with BF16).
+NO_TF32 = ("v100-sxm2-32gb", "mi210-pcie-64gb", "mi355x-oam-288gb")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_gives_its_fp32_and_tf32_peaks_in_order(name):
+    from vtrain_fast.model.params import H_PEAK_FLOPS, H_PEAK_FP32_FLOPS, H_PEAK_TF32_FLOPS
+    g = PRESETS[name]
+    doc = tomllib.loads((GPU_DATA_DIR / f"{name}.toml").read_text())
+    fp32, tf32, bf16 = g.peak_fp32_tflops, g.peak_tf32_tflops, g.peak_tflops
+    assert "peak_fp32_tflops" in doc and "peak_tf32_tflops" in doc      # both given, a 0 with its reason
+    assert 0.0 < fp32 <= 0.505 * bf16, (fp32, bf16)      # a CUDA-core / FP32-matrix rate, not a tensor one
+    assert (tf32 == 0.0) == (name in NO_TF32), tf32
+    if tf32 > 0.0:
+        assert fp32 <= tf32 <= bf16, (fp32, tf32, bf16)      # fp32 = tf32 on GeForce and the A10G
+    text = doc["peak_fp32_tflops"]["source"].lower()
+    assert ("non-tensor" in text) if g.vendor == "nvidia" else ("matrix" in text and "mfma" in text), text
+    if name in FP32_DERIVATION:                          # the datasheet figure is lanes x 2 x boost clock
+        units, per_clock, ghz = FP32_DERIVATION[name]
+        assert units == g.num_sms and fp32 == pytest.approx(units * per_clock * ghz / 1e3, rel=0.02)
+    hw = machine_vector(g)
+    assert (hw[H_PEAK_FP32_FLOPS], hw[H_PEAK_TF32_FLOPS]) == (fp32 * 1e12, tf32 * 1e12)
+    assert hw[H_PEAK_FLOPS] == bf16 * 1e12
+
+
+def test_geforce_tf32_is_the_dense_fp32_accumulate_rate():
+    for name in ("rtx4090-pcie-24gb", "rtx5090-pcie-32gb"):
+        g = PRESETS[name]
+        text = tomllib.loads((GPU_DATA_DIR / f"{name}.toml").read_text())["peak_tf32_tflops"]["source"]
+        assert "dense" in text and "accumulates in FP32" in text, text
+        assert g.peak_tf32_tflops == pytest.approx(g.peak_tflops / 2, rel=0.01)   # halved like BF16
+    pro = PRESETS["rtx6000ada-pcie-48gb"]                # the same AD102 SM at the full rate
+    assert pro.peak_tf32_tflops == pytest.approx(pro.peak_tflops / 2, rel=0.01)
+    assert pro.peak_tf32_tflops > 2 * PRESETS["rtx4090-pcie-24gb"].peak_tf32_tflops
+
+
+@pytest.mark.parametrize("value", ["-67.0", "6.7e7", "nan", '"fast"'])
+def test_a_gpu_file_with_a_bad_fp32_peak_names_the_key(value, tmp_path):
+    text = (GPU_DATA_DIR / "h100-sxm-80gb.toml").read_text()
+    bad = text.replace("peak_fp32_tflops = { value = 67.0,", f"peak_fp32_tflops = {{ value = {value},")
+    assert bad != text
+    path = tmp_path / "h100.toml"
+    path.write_text(bad)
+    with pytest.raises(InputError) as e:
+        load_gpu_files([path], PRESETS)
+    message = str(e.value)
+    assert "h100.toml" in message and "peak_fp32_tflops" in message and "from 0 to 1e+06" in message, message
+    with pytest.raises(InputError, match="peak_fp32_tflops"):          # and in a spec's own GPU table
+        parse_spec(_spec(f'[gpus.labgpu]\nbase = "h100-sxm-80gb"\npeak_fp32_tflops = {value}\n', "labgpu"))
+
+
 # ---------------------------------------------------------------- model presets as data
 def test_every_model_preset_comes_from_the_data_file_with_its_source():
     from vtrain_fast.plan.models import MODEL_PRESETS, MODELS_FILE
