@@ -595,13 +595,16 @@ def optimizer_s(params, hw):
 
 def optimizer_step_s(params, hw):
     """The GPU's share through optimizer_s; the offloaded share: fp32 gradient down and fp32
-    parameter up (4 bytes each over the host link), CPU Adam streaming 28 bytes of host memory,
-    summed or (overlapped) the slowest, then the GPU's cast to bf16 (6 bytes, one launch)."""
+    parameter up (4 bytes each over the host link), CPU Adam streaming 28 bytes of host memory or
+    stepping at the per-core rate on the GPU's host cores (the slower), summed or (overlapped) the
+    slowest, then the GPU's cast to bf16 (6 bytes, one launch)."""
     f = offload_share(hw)
     t = optimizer_s((1.0 - f) * params, hw)
     if f > 0.0:
         down = up = 4.0 * f * params / hw_get(hw, "host_link_Bps")
-        cpu = 28.0 * f * params / hw_get(hw, "host_memory_Bps")
+        cpu = max(28.0 * f * params / hw_get(hw, "host_memory_Bps"),      # host memory traffic, or
+                  f * params / (hw_get(hw, "cpu_adam_params_per_s_per_core")  # the host's cores
+                                * hw_get(hw, "host_cores_per_gpu")))
         t += max(down, cpu, up) if hw_get(hw, "overlap_cpu_optimizer_d2h_h2d") else down + cpu + up
         if not _fp32(hw):       # the cast of the fp32 parameter to the 16-bit weight
             t += memory_bound_time_s(6.0 * f * params, 1.0, hw)

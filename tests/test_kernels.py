@@ -51,6 +51,7 @@ HW_RANGES = {
     "peak_fp8_flops": (1e13, 4e15), "fp8_gemm_efficiency": (0.05, 1.0),
     "host_link_Bps": (5e9, 1e11), "host_memory_Bps": (1e10, 3e11),
     "peak_tf32_flops": (1e13, 1e15), "peak_fp32_flops": (1e13, 2e14),
+    "host_cores_per_gpu": (1.0, 64.0), "cpu_adam_params_per_s_per_core": (1e7, 5e8),
     # the training settings: switches 0/1 (overlap_grad_reduce also as a fraction), vpp and
     # zero_stage from a set
     **{s.name: None for s in SETTINGS},

@@ -8,7 +8,8 @@ import pytest
 
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.analysis.export import megatron_args
-from vtrain_fast.hardware.gpus import PRESETS, host_link_GBps, host_memory_GBps
+from vtrain_fast.hardware.gpus import (PRESETS, cpu_adam_params_per_s_per_core, host_cores_per_gpu, host_link_GBps,
+                                       host_memory_GBps, load_gpu_files)
 from vtrain_fast.io.errors import InputError
 
 GiB = 1024.0 ** 3
@@ -17,8 +18,8 @@ PLAN = dict(model="gpt3-13b", gpu="a100-sxm4-80gb", global_batch_size=16, micro_
 OFF = dict(optimizer_cpu_offload=True)
 
 
-def _rows(*variants):
-    return evaluate_frame(pl.DataFrame([{**PLAN, **v} for v in variants]), "x").rows(named=True)
+def _rows(*variants, gpus=None):
+    return evaluate_frame(pl.DataFrame([{**PLAN, **v} for v in variants]), "x", gpus=gpus).rows(named=True)
 
 
 def test_offload_frees_the_optimizer_states_and_adds_the_host_traffic_by_hand():
@@ -31,7 +32,12 @@ def test_offload_frees_the_optimizer_states_and_adds_the_host_traffic_by_hand():
     g = PRESETS["a100-sxm4-80gb"]
     link, mem = host_link_GBps(g) * 1e9, host_memory_GBps(g) * 1e9
     assert link == pytest.approx(1.969 * 16 * 0.78 * 1e9) and mem == pytest.approx(409.6e9 * 0.7 / 8)
-    copy, cpu = 4 * n / link, 28 * n / mem                    # one way over PCIe; CPU Adam's host traffic
+    # CPU Adam per core: ZeRO-Offload Table 4's least-squares slope (50.34 s per 185e9 parameters) over
+    # 48 cores; the default host: 2 x 64 cores over the node's 8 GPUs
+    rate, cores = cpu_adam_params_per_s_per_core(g), host_cores_per_gpu(g)
+    assert rate == pytest.approx(185e18 / 50.34e9 / 48) and cores == 16
+    assert n / (rate * cores) > 28 * n / mem                  # 16 cores step slower than memory streams
+    copy, cpu = 4 * n / link, n / (rate * cores)              # one way over PCIe; CPU Adam on the cores
     # the GPU's own step is gone, the host's added (the cast back to bf16 is small: within 5 %)
     assert off["optimizer_s"] == pytest.approx(2 * copy + cpu, rel=0.05)
     assert lap["optimizer_s"] == pytest.approx(max(copy, cpu), rel=0.1)
@@ -40,6 +46,26 @@ def test_offload_frees_the_optimizer_states_and_adds_the_host_traffic_by_hand():
     for r in (off, lap, half):                                # the rest of the step is untouched
         assert r["iteration_time_s"] - r["optimizer_s"] == pytest.approx(on["iteration_time_s"] - on["optimizer_s"],
                                                                          rel=1e-9)
+
+
+def _box(tmp_path, cores):
+    """The A100 preset with a host of ``cores`` physical cores per GPU (its 35.84 GB/s of memory)."""
+    f = tmp_path / "g.toml"
+    f.write_text(f'[gpus.box]\nbase = "a100-sxm4-80gb"\nhost_cores_per_gpu = {cores}\n')
+    return load_gpu_files([f], PRESETS, need_source=False)
+
+
+@pytest.mark.parametrize("cores, bound", [(2.0, "cores"), (64.0, "memory")])
+def test_the_cpu_step_is_the_slower_of_the_host_memory_and_the_host_cores(tmp_path, cores, bound):
+    gpus = _box(tmp_path, cores)
+    base, off = _rows({"gpu": "box"}, {"gpu": "box", **OFF}, gpus=gpus)
+    n = base["model_states_GiB"] * GiB / (2 + 2 + 2 + 8)
+    link, mem = 1.969 * 16 * 0.78 * 1e9, 409.6e9 * 0.7 / 8    # the A100's host link and memory
+    rate = 185e18 / 50.34e9 / 48                              # CPU Adam, parameters/s per core
+    by_cores, by_memory = n / (rate * cores), 28 * n / mem
+    # 2 cores: 2.6 times the memory's time; 64 cores: a quarter of it, so memory bounds
+    assert (by_cores > by_memory) == (bound == "cores")
+    assert off["optimizer_s"] == pytest.approx(2 * 4 * n / link + max(by_cores, by_memory), rel=0.05)
 
 
 def test_offload_makes_a_plan_fit_that_does_not():
@@ -54,12 +80,26 @@ def test_offload_needs_the_precision_aware_optimizer_and_a_fraction_in_range():
         _rows({**OFF, "optimizer_offload_fraction": 1.5})
 
 
-def test_a_gpu_file_gives_its_own_host_bandwidths(tmp_path):
-    from vtrain_fast.hardware.gpus import load_gpu_files
+def test_a_gpu_file_gives_its_own_host_side(tmp_path):
     f = tmp_path / "g.toml"
-    f.write_text('[gpus.box]\nbase = "rtx4090-pcie-24gb"\nhost_memory_GBps = 20.0\nhost_link_GBps = 12.0\n')
+    f.write_text('[gpus.box]\nbase = "rtx4090-pcie-24gb"\nhost_memory_GBps = 20.0\nhost_link_GBps = 12.0\n'
+                 'host_cores_per_gpu = 6\ncpu_adam_params_per_s_per_core = 1.5e8\n')
     box = load_gpu_files([f], PRESETS, need_source=False)["box"]
     assert host_memory_GBps(box) == 20.0 and host_link_GBps(box) == 12.0
+    assert host_cores_per_gpu(box) == 6.0 and cpu_adam_params_per_s_per_core(box) == 1.5e8
+    f.write_text('[gpus.box]\nbase = "rtx4090-pcie-24gb"\nhost_cores_per_gpu = -1\n')
+    with pytest.raises(InputError, match="host_cores_per_gpu"):
+        load_gpu_files([f], PRESETS, need_source=False)
+
+
+def test_the_pcie_presets_give_their_hosts_own_side():
+    """Each workstation / PCIe preset's file gives its host's memory and cores per GPU (a box of its
+    class, with its source), in the range of a workstation's or a cloud server's share."""
+    for name in ("rtx4090-pcie-24gb", "rtx5090-pcie-32gb", "rtx6000ada-pcie-48gb", "rtxa6000-pcie-48gb",
+                 "l4-pcie-24gb", "l40s-pcie-48gb", "a10g-pcie-24gb", "mi210-pcie-64gb"):
+        g = PRESETS[name]
+        assert 10.0 <= g.host_memory_GBps <= 300.0 and 4.0 <= g.host_cores_per_gpu <= 64.0, name
+        assert "host_cores_per_gpu: " in g.source and "host_memory_GBps: " in g.source, name
 
 
 def test_the_export_names_megatrons_flags():

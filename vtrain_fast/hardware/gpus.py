@@ -156,6 +156,8 @@ class GPUPreset:
     pcie_p2p: bool = True            # False: GPU-to-GPU copies bounce through host memory
     host_link_GBps: float = 0.0      # GPU-to-host bandwidth per GPU per direction (0: host_link_GBps())
     host_memory_GBps: float = 0.0    # host memory bandwidth per GPU for a CPU optimizer (0: host_memory_GBps())
+    host_cores_per_gpu: float = 0.0  # physical CPU cores per GPU for a CPU optimizer (0: host_cores_per_gpu())
+    cpu_adam_params_per_s_per_core: float = 0.0  # CPU Adam rate per core (0: cpu_adam_params_per_s_per_core())
     pue: float = 1.0
     reserved_GiB: float = 1.5
     calibration: Calibration = field(default_factory=Calibration)
@@ -197,6 +199,8 @@ OPTIONAL_GPU_FIELD_RANGES: dict[str, tuple[float, float]] = {
     **{k: OVERRIDE_RANGES[k] for k in ("pue", "reserved_GiB")},
     "host_link_GBps": (0.0, 1e4),          # 0: host_link_GBps() derives it
     "host_memory_GBps": (0.0, 1e5),        # 0: host_memory_GBps() derives it
+    "host_cores_per_gpu": (0.0, 1e4),      # 0: host_cores_per_gpu() derives it
+    "cpu_adam_params_per_s_per_core": (0.0, 1e11),  # 0: cpu_adam_params_per_s_per_core() derives it
     # the intra-node link of a PCIe node (intra_node_link = "pcie"): intra_node_GBps is derived
     "pcie_gen": (3, 5),
     "pcie_lanes": (1, 16),
@@ -276,6 +280,48 @@ def host_memory_GBps(g: GPUPreset) -> float:
     if g.host_memory_GBps > 0.0:
         return g.host_memory_GBps
     return HOST_NODE_MEMORY_GBps * HOST_MEMORY_FRACTION / max(1, g.gpus_per_node)
+
+
+# The host's cores, for the same CPU optimizer, when the GPU's file gives none: the two-socket
+# server of HOST_NODE_MEMORY_GBps, 2 x 64-core AMD EPYC 7742 (8 channels of DDR4-3200 each: the
+# DGX A100's host, 128 cores; "2xDGX-A100-SXM4-40GB, 2xAMD EPYC 7742 64-Core Processor",
+# deepspeedai/DeepSpeed blogs/zenflow-corebinding/README.md, 2025), shared by the node's GPUs.
+HOST_NODE_CORES = 128
+# CPU Adam's measured step time, seconds, over (parameters) on one DGX-2 (ZeRO-Offload, Ren et al.,
+# USENIX ATC 2021, arXiv:2101.06840, Table 4, column CPU-Adam: DeepSpeed's AVX512 + OpenMP Adam,
+# fp32 master weight, gradient and moments in host memory), and that machine's physical cores (Table
+# 2: 2 Intel Xeon Platinum 8168, 1.5 TB DDR4-2666; 24 cores each, Azure HC-series docs: "2 * 24-core
+# Intel Xeon Platinum 8168 ... 48 physical cores", six DRAM channels a socket).
+CPU_ADAM_MEASURED_S = ((1e9, 0.22), (2e9, 0.51), (4e9, 1.03), (8e9, 2.41), (10e9, 2.57))
+CPU_ADAM_MEASURED_CORES = 48     # an assumption: the step ran on all 48 physical cores (the paper does not say)
+
+
+def cpu_adam_params_per_s_per_core(g: GPUPreset | None = None) -> float:
+    """Parameters one CPU core steps through Adam per second: the file's
+    ``cpu_adam_params_per_s_per_core``, else ZeRO-Offload's measured CPU-Adam
+    (:data:`CPU_ADAM_MEASURED_S`) over its machine's cores (:data:`CPU_ADAM_MEASURED_CORES`).
+
+    The rate is the least-squares slope through the origin of Table 4's five rows,
+    ``sum(n^2) / sum(n t)`` = 185e18 / 50.34e9 = 3.675e9 parameters/s, over 48 cores:
+    7.66e7 parameters/s per core. It is an effective rate of the whole step as measured, on one
+    2017 Skylake-SP CPU: at it the DGX-2 moved 28 x 3.675e9 = 103 GB/s, 40 % of its 256 GB/s of
+    DDR4-2666, so memory did not bound it. An assumption on another CPU (a newer core, AVX2
+    instead of AVX-512, torch's fused CPU AdamW rather than DeepSpeed's): give the machine's own.
+    """
+    if g is not None and g.cpu_adam_params_per_s_per_core > 0.0:
+        return g.cpu_adam_params_per_s_per_core
+    seconds_per_param = (sum(n * t for n, t in CPU_ADAM_MEASURED_S)
+                         / sum(n * n for n, _ in CPU_ADAM_MEASURED_S))
+    return 1.0 / (seconds_per_param * CPU_ADAM_MEASURED_CORES)
+
+
+def host_cores_per_gpu(g: GPUPreset) -> float:
+    """Physical CPU cores one GPU's CPU optimizer step gets: the file's ``host_cores_per_gpu``,
+    else :data:`HOST_NODE_CORES` over the node's GPUs (an assumption: give the machine's own in
+    its GPU table)."""
+    if g.host_cores_per_gpu > 0.0:
+        return g.host_cores_per_gpu
+    return HOST_NODE_CORES / max(1, g.gpus_per_node)
 
 
 def intra_node_link_label(g: GPUPreset) -> str:
@@ -619,6 +665,8 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
         "reserved_bytes": preset.reserved_GiB * GiB,
         "host_link_Bps": host_link_GBps(preset) * 1e9,
         "host_memory_Bps": host_memory_GBps(preset) * 1e9,
+        "host_cores_per_gpu": host_cores_per_gpu(preset),
+        "cpu_adam_params_per_s_per_core": cpu_adam_params_per_s_per_core(preset),
         "repeat_cases": 0.0,    # set by grid.build_grid for the machines of a sweep
         "refused_cases": 0.0,   # likewise
     }

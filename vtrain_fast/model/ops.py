@@ -32,6 +32,7 @@ from .params import CP_ALL_GATHER, H_CP_COMM
 from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
 from .params import H_EXP_AVG, H_EXP_AVG_SQ, H_PRECISION_AWARE
 from .params import H_CPU_OFFLOAD, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_OFFLOAD_FRACTION, H_OFFLOAD_OVERLAP
+from .params import H_CPU_ADAM_RATE, H_HOST_CORES
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 FP32_BYTES_PER_ELEMENT = 4.0  # fp32 activations and weights (precision fp32 or tf32)
@@ -952,12 +953,31 @@ def offloaded_fraction(hw):
 
 
 @jit_inline
+def cpu_adam_s(params, hw):
+    """Seconds of the CPU's fp32 Adam step over ``params`` offloaded parameters of one GPU: the
+    slower of its host memory traffic (:data:`CPU_ADAM_BYTES_PER_PARAM` bytes per parameter at
+    ``host_memory_Bps``) and its arithmetic on the GPU's share of the host's cores
+    (``params / (cpu_adam_params_per_s_per_core x host_cores_per_gpu)``).
+
+    The per-core rate is ZeRO-Offload's measured CPU-Adam (Ren et al., USENIX ATC 2021, Table 4:
+    AVX512 + OpenMP, 1-10 billion parameters on a DGX-2's 2 x 24-core Xeon Platinum 8168) over
+    that machine's cores (:data:`vtrain_fast.hardware.gpus.CPU_ADAM_PARAMS_PER_S_PER_CORE`).
+    Megatron-core's HybridDeviceOptimizer steps the CPU share with ``torch.optim.AdamW(fused=True)``
+    (megatron/core/optimizer/__init__.py), whose CPU kernel vectorises and threads the same loop
+    (aten/src/ATen/native/cpu/FusedAdamKernel.cpp): the same rate is assumed for it.
+    """
+    memory = CPU_ADAM_BYTES_PER_PARAM * params / hw[H_HOST_MEM_BPS]
+    compute = params / (hw[H_CPU_ADAM_RATE] * hw[H_HOST_CORES])
+    return max(memory, compute)
+
+
+@jit_inline
 def optimizer_step_s(params, hw):
     """Seconds of one optimizer step over ``params`` parameters on one GPU: :func:`optimizer_s`
     on the GPU's share, and for the offloaded share ``f`` (:func:`offloaded_fraction`;
-    ZeRO-Offload, Ren et al. 2021, Sec. 4) the gradient copy to the host, the CPU Adam step at
-    the host memory bandwidth and the parameter copy back (:data:`CPU_ADAM_BYTES_PER_PARAM`,
-    :data:`OFFLOAD_COPY_BYTES_PER_PARAM`), their sum, or their slowest with
+    ZeRO-Offload, Ren et al. 2021, Sec. 4) the gradient copy to the host, the CPU Adam step
+    (:func:`cpu_adam_s`: host memory or host cores, the slower) and the parameter copy back
+    (:data:`OFFLOAD_COPY_BYTES_PER_PARAM`), their sum, or their slowest with
     ``overlap_cpu_optimizer_d2h_h2d`` (pipelined over parameter groups), then the GPU's cast."""
     f = offloaded_fraction(hw)
     gpu = optimizer_s((1.0 - f) * params, hw)
@@ -965,7 +985,7 @@ def optimizer_step_s(params, hw):
         return gpu
     n = f * params
     copy = OFFLOAD_COPY_BYTES_PER_PARAM * n / hw[H_HOST_LINK_BPS]
-    cpu = CPU_ADAM_BYTES_PER_PARAM * n / hw[H_HOST_MEM_BPS]
+    cpu = cpu_adam_s(n, hw)
     host = max(copy, cpu) if hw[H_OFFLOAD_OVERLAP] != 0.0 else 2.0 * copy + cpu
     if full_precision(hw):          # fp32 weights: the parameter copied back is the weight, no cast
         return gpu + host

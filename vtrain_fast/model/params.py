@@ -47,6 +47,8 @@ HARDWARE_FIELDS = (
     "host_memory_Bps",        # host memory bandwidth one GPU's CPU optimizer step gets, bytes/s
     "peak_tf32_flops",        # dense TF32 tensor-core FLOP/s (0: no TF32 tensor cores)
     "peak_fp32_flops",        # dense FP32 GEMM FLOP/s without TF32 (NVIDIA CUDA cores, AMD FP32 matrix; 0: not given)
+    "host_cores_per_gpu",     # physical CPU cores one GPU's CPU optimizer step gets
+    "cpu_adam_params_per_s_per_core",  # parameters one CPU core steps through CPU Adam per second
 )
 HW_FIELDS = (
     *HARDWARE_FIELDS,
@@ -74,7 +76,8 @@ def hw_index(name: str) -> int:
  H_TDP_W, H_USD_PER_GPU_HOUR, H_PUE, H_GEMM_EFF, H_HBM_EFF, H_KERNEL_OVERHEAD_S, H_INTRA_EFF,
  H_INTER_EFF, H_INTRA_LAT_S, H_INTER_LAT_S, H_RESERVED_BYTES, H_INTRA_STEP_S, H_INTER_STEP_S,
  H_HOST_LAUNCH_S, H_ITER_OVERHEAD_S, H_P2P_OVERHEAD_S, H_FLASH_EFF, H_PEAK_FP8_FLOPS,
- H_FP8_GEMM_EFF, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_PEAK_TF32_FLOPS, H_PEAK_FP32_FLOPS) = range(len(HARDWARE_FIELDS))
+ H_FP8_GEMM_EFF, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_PEAK_TF32_FLOPS, H_PEAK_FP32_FLOPS, H_HOST_CORES,
+ H_CPU_ADAM_RATE) = range(len(HARDWARE_FIELDS))
 # The settings the cost formulas read (a new setting's formula takes its own hw_index)
 H_DP_OVERLAP = hw_index("overlap_grad_reduce")        # 1: DP all-reduce hidden behind backward
 H_OPT_SHARD = hw_index("distributed_optimizer")       # 1: Adam states sharded over DP (ZeRO-1)
