@@ -122,7 +122,7 @@ OUTPUT_NAMES = (
     "memory_per_gpu_GiB", "model_states_GiB", "activations_GiB",
     "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "overhead_s",
     "num_parameters", "num_micro_batches", "num_steps",
-    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss", "cp_comm_s", "ep_comm_s",
+    "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss", "cp_comm_s", "ep_comm_s", "offload_s",
 )
 INPUT_NAMES = (
     "model_index", "gpu_index", "num_layers", "hidden_size", "num_attention_heads",
@@ -571,6 +571,43 @@ def offload_share(hw):
     return hw_get(hw, "optimizer_offload_fraction") if on else 0.0
 
 
+def param_offload(hw):
+    """FSDP2's CPUOffloadPolicy: param_cpu_offload, acting only with zero_stage 3."""
+    return hw_get(hw, "param_cpu_offload") != 0.0 and hw_get(hw, "zero_stage") >= 3
+
+
+def offload_stall_forward(k, n, copy_s, compute_s):
+    """Event simulation of Transformer Engine's activation offload in forward (cpu_offload.py,
+    OffloadSynchronizer): layer i < k's copy to the host is queued on one copy stream after its
+    forward and must end before the forward of layer n - k + i starts; returns the compute
+    stream's total wait."""
+    t, free, done = 0.0, 0.0, {}
+    for j in range(int(n)):
+        for i in range(int(k)):
+            if int(n) - int(k) + i == j:
+                t = max(t, done[i])
+        t += compute_s
+        if j < k:
+            done[j] = max(t, free) + copy_s
+            free = done[j]
+    return t - n * compute_s
+
+
+def offload_stall_backward(k, n, copy_s, compute_s):
+    """The backward's twin: layers n - 1 .. 0; at the start of layer j's backward the copy back of
+    layer i = j - (n - 1 - k) (if i < k) is queued, and layer j < k's backward waits for its own."""
+    t, free, done = 0.0, 0.0, {}
+    for j in reversed(range(int(n))):
+        i = j - (int(n) - 1 - int(k))
+        if 0 <= i < k:
+            done[i] = max(t, free) + copy_s
+            free = done[i]
+        if j < k:
+            t = max(t, done[j])
+        t += compute_s
+    return t - n * compute_s
+
+
 def adam_state_bytes(hw):
     """Master weight + m + v per parameter on the GPU: 4 + 8, or the 2-byte remainder + the
     moments, of the parameters not offloaded; fp32 / tf32 keep no master copy (m + v only)."""
@@ -597,7 +634,12 @@ def optimizer_step_s(params, hw):
     """The GPU's share through optimizer_s; the offloaded share: fp32 gradient down and fp32
     parameter up (4 bytes each over the host link), CPU Adam streaming 28 bytes of host memory or
     stepping at the per-core rate on the GPU's host cores (the slower), summed or (overlapped) the
-    slowest, then the GPU's cast to bf16 (6 bytes, one launch)."""
+    slowest, then the GPU's cast to bf16 (6 bytes, one launch). With the parameters offloaded
+    (param_cpu_offload at ZeRO-3, FSDP2's CPUOffloadPolicy) every parameter steps on the CPU, nothing
+    copied."""
+    if param_offload(hw):
+        return max(28.0 * params / hw_get(hw, "host_memory_Bps"),
+                   params / (hw_get(hw, "cpu_adam_params_per_s_per_core") * hw_get(hw, "host_cores_per_gpu")))
     f = offload_share(hw)
     t = optimizer_s((1.0 - f) * params, hw)
     if f > 0.0:
@@ -1187,6 +1229,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if (flags(arch)["num_experts"] >= 1 and any(is_moe_layer(j, flags(arch)) for j in range(L)) and recompute == 1
             and _ep_overlap(hw)):
         return REFUSED, nan_outputs()       # Megatron-core: no full recomputation with the a2a overlap
+    k_off = int(max(0.0, hw_get(hw, "cpu_offloading_num_layers")))
+    if k_off > 0 and (p > 1 or recompute != 0 or k_off >= L):
+        return REFUSED, nan_outputs()       # Megatron-core: CPU offloading without pp, recomputation, all layers
     stage_layers = [float(n) for n in stage_layer_counts(L, p, hw)]
     bf16_layers = [float(n) for n in bf16_layers_per_stage(L, stage_layer_counts(L, p, hw), chunks, hw)]
     fl0 = flags(arch)
@@ -1393,7 +1438,24 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
                 dp += 3.0 * all_gather(embedding_params)
             if last:
                 dp += max(0.0, 3.0 * all_gather(head_params) - head_compute)
-        elif zero >= 2:
+        off = 0.0
+        if zero >= 3 and param_offload(hw):
+            # FSDP2 CPU offload: the fp32 shard (4 bytes) up before each gather (forward, backward),
+            # the gradient shard down after the reduce-scatter, chained with the exchanges; the
+            # exposure beyond what the exchanges alone expose
+            link = hw_get(hw, "host_link_Bps")
+            up = 4.0 * layer_on_rank / shard / link
+            gather = all_gather(layer_on_rank)
+            back = bwd + rc * fwd + core_again
+            with_copies = 3.0 * (gather + up) + n * (max(0.0, gather + up - fwd) + max(0.0, 2.0 * (gather + up) - back))
+            off = with_copies - (3.0 * gather + n * (max(0.0, gather - fwd) + max(0.0, 2.0 * gather - back)))
+            if first:
+                off += 3.0 * 4.0 * embedding_params / shard / link
+            if last:
+                head_gather, head_up = all_gather(head_params), 4.0 * head_params / shard / link
+                off += (max(0.0, 3.0 * (head_gather + head_up) - head_compute)
+                        - max(0.0, 3.0 * head_gather - head_compute))
+        if 2 <= zero < 3:
             reduce_scatter = stage_exchange / 2.0
             dp = reduce_scatter - hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
         seq_par = hw_get(hw, "sequence_parallel") != 0.0
@@ -1432,12 +1494,15 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         grad = eb / (shard if zero >= 2 else 1.0)
         adam = adam_state_bytes(hw) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
-        if moe_on:
+        offloaded = zero >= 3 and param_offload(hw)     # the states live in host memory
+        if offloaded:
+            states = 0.0
+        if moe_on and not offloaded:
             # the local experts' states, sharded (ZeRO) over the expert-data-parallel ranks
             eshard = edg
             states += expert_params[i] * (eb / (eshard if zero >= 3 else 1.0) + eb / (eshard if zero >= 2 else 1.0)
                                           + adam_state_bytes(hw) / (eshard if zero >= 1 else 1.0))
-        if zero >= 3 and shard > 1:
+        if zero >= 3 and (shard > 1 or offloaded):
             states += 2.0 * layer_on_rank * 2.0 * eb
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
@@ -1449,7 +1514,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             n_linears = 3.0 + (len(mla_linears(1.0, h, a, t, 1.0, arch)) if _mla(arch) else 1.0)
             cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated, qw, arch),
                                        n_linears * kernels, hw)
-            regather = zero >= 3 and shard > 1
+            regather = zero >= 3 and (shard > 1 or offloaded)
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
             states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw, arch)
             compute += (n - n16) * (2.0 * cast if regather else cast / m)
@@ -1460,8 +1525,23 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
                     / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency")) / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
         epx = nm * moe_ep
-        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, cp=cpx, ep=epx,
-                           time=compute + tp + pp + dp + cpx + epx,
+        if k_off > 0:
+            # activation offloading (pp = 1, no recomputation): layers 0 .. k - 1 keep their saved
+            # activations in host memory; the copies each way at host_link_Bps, simulated
+            start, end = hw_get(hw, "num_layers_at_start_in_bf16"), hw_get(hw, "num_layers_at_end_in_bf16")
+            one = stage_activation_bytes(1.0, 1.0, b, s, h, a, g, f, t, 0, flash, seq_par, gated, _fp8(hw),
+                                         _mxfp8(hw), qw, cw, latent, eb)
+            moved = k_off * one
+            for j in range(k_off):
+                if _fp8(hw) and (j < start or j >= L - end):
+                    moved += fp8_saved_bytes_fewer(b, s, h, f, t, flash, seq_par, _mxfp8(hw), cw, latent)
+                if moe_on and is_moe_layer(j, fl):
+                    moved += moe_stored
+            act -= moved
+            copy = moved / k_off / hw_get(hw, "host_link_Bps")
+            off += offload_stall_forward(k_off, n, copy, fwd) + offload_stall_backward(k_off, n, copy, bwd)
+        stages.append(dict(compute=compute, tp=tp, pp=pp, dp=dp, cp=cpx, ep=epx, off=off,
+                           time=compute + tp + pp + dp + cpx + epx + off,
                            params=params, states=states, act=act, mem=states + act))
 
     # slowest stage (ties: the later stage); fullest stage (ties: the earlier stage)
@@ -1511,7 +1591,9 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     cp_comm_s = m * stages[slow]["cp"]
     ep_comm_s = m * stages[slow]["ep"]
-    iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s + cp_comm_s + ep_comm_s
+    offload_s = m * stages[slow]["off"]
+    iteration = (compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + adam_s + overhead_s + cp_comm_s + ep_comm_s
+                 + offload_s)
 
     states, act = stages[full]["states"], stages[full]["act"]
     mem_total = states + act + hw_get(hw, "reserved_bytes")
@@ -1568,6 +1650,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         "loss": chinchilla_loss(n_params, num_tokens),
         "cp_comm_s": cp_comm_s,
         "ep_comm_s": ep_comm_s,
+        "offload_s": offload_s,
     }
     return status, out
 

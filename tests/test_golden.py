@@ -47,7 +47,7 @@ ADDED_COLUMNS = {"gated_mlp": False, "normalization": "LayerNorm", "position_emb
                  "qk_pos_emb_head_dim": 0, "v_head_dim": 0}
 # Output columns added after the digests were taken, with the value they hold where the feature
 # is off (context parallelism's exposed exchange at cp = 1): left out where every row holds it.
-ADDED_OUTPUTS = {"cp_comm_s": 0.0, "ep_comm_s": 0.0}
+ADDED_OUTPUTS = {"cp_comm_s": 0.0, "ep_comm_s": 0.0, "offload_s": 0.0}
 
 
 def sweep_digest(spec) -> str:

@@ -72,6 +72,7 @@ SAMPLED = {"gpus_per_node": GPUS_PER_NODE, **{s.name: (0.0, 1.0) for s in SWITCH
            "moe_expert_capacity_factor": (0.0, 0.0, 0.5, 1.0, 1.25), "moe_load_imbalance": (1.0, 1.0, 1.3, 2.0),
            "exp_avg_dtype": (0.0, 1.0, 2.0, 3.0), "exp_avg_sq_dtype": (0.0, 1.0, 2.0, 3.0),   # fp32, fp16, bf16, fp8
            "optimizer_offload_fraction": (0.0, 0.5, 1.0, 1.0),
+           "cpu_offloading_num_layers": (0.0, 0.0, 0.0, 1.0, 2.0, 5.0),   # refused at pp > 1 / with recomputation
            "repeat_cases": (0.0,), "refused_cases": (0.0,)}   # fields drawn from a set (repeat_cases: sweep bookkeeping, 0 outside sweeps)
 PRESET_VECTORS = [machine_vector(p) for p in PRESETS.values()]
 
@@ -679,13 +680,16 @@ def test_utilisation_is_at_most_one():
     assert (hfu[rc == 1] > mfu[rc == 1]).all() and (hfu[rc == 0] == mfu[rc == 0]).all()
 
 
-def _pairs(build, seed, n=200):
-    """``n`` evaluable configurations and their changed twins (``build``), both evaluable
-    (a change may break the interleaved schedule's divisibility rules; those pairs are redrawn)."""
+def _pairs(build, seed, n=200, prepare=lambda c: c):
+    """``n`` evaluable configurations (each passed through ``prepare``) and their changed twins
+    (``build``), both evaluable (a change may break the interleaved schedule's divisibility rules;
+    those pairs are redrawn)."""
     rng = np.random.default_rng(seed)
     base, bigger = [], []
     while len(base) < n:
-        c = valid_configs(rng, 1)[0]
+        c = prepare(valid_configs(rng, 1)[0])
+        if ref.step(*c)[0] not in (ref.OK, ref.OUT_OF_MEMORY):
+            continue
         c2 = build(c, rng)
         if ref.step(*c2)[0] in (ref.OK, ref.OUT_OF_MEMORY):
             base.append(c)
@@ -704,8 +708,18 @@ def test_tree_allreduce_never_slower_than_ring(nbytes, n, latency_s, step_latenc
         assert tree == pytest.approx(ring, rel=1e-12)
 
 
+def _no_activation_offload(hw):
+    """``hw`` with cpu_offloading_num_layers 0: with a fixed count of offloaded layers, more layers
+    give their copies more compute to hide under (k = L - 1 exposes every copy, k < L - 1 may
+    expose none), so the iteration may get shorter with more layers."""
+    hw = np.array(hw, dtype=np.float64)
+    hw[HW_FIELDS.index("cpu_offloading_num_layers")] = 0.0
+    return hw
+
+
 def test_iteration_time_grows_with_num_layers():
-    _, _, o0, o1 = _pairs(lambda c, rng: _replace(c, L=c[0] + c[10] * int(rng.integers(1, 4))), 21)
+    _, _, o0, o1 = _pairs(lambda c, rng: _replace(c, L=c[0] + c[10] * int(rng.integers(1, 4))), 21,
+                          prepare=lambda c: _replace(c, hw=_no_activation_offload(c[14])))
     assert (o1[step.O_ITER] > o0[step.O_ITER]).all()
 
 

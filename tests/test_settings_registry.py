@@ -9,7 +9,7 @@ import pytest
 from vtrain_fast.hardware.gpus import GPUPreset, PRESETS, machine_vector
 from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.io.schema import SCHEMA, SETTING_COLUMNS
-from vtrain_fast.model.settings import NO_FLAG, BY_NAME, LAYOUT_SIZES, SETTINGS
+from vtrain_fast.model.settings import NO_FLAG, NO_MEGATRON_FLAG, BY_NAME, LAYOUT_SIZES, SETTINGS
 from vtrain_fast.plan.spec import TRAINING_FLAGS
 
 
@@ -20,7 +20,7 @@ def test_every_setting_is_complete_and_reaches_every_table(st):
     assert st.name in HW_FIELDS and st.name in SETTING_COLUMNS
     assert set(st.inert_at) <= set(LAYOUT_SIZES)
     assert all(k in BY_NAME and BY_NAME[k].kind is type(v) for k, v in st.inert_with + st.requires)
-    assert st.name in SCHEMA.names and st.label and st.doc and (st.megatron.startswith("--") or st.megatron == NO_FLAG)
+    assert st.name in SCHEMA.names and st.label and st.doc and (st.megatron.startswith("--") or st.megatron in (NO_FLAG, NO_MEGATRON_FLAG))
     assert (st.name in TRAINING_FLAGS) == (st.kind is bool)
     # the machine vector carries the setting's value in its field
     value = 2 if st.kind is int else 1.25 if st.kind is float else st.choices[-1] if st.kind is str else True

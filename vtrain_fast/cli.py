@@ -642,7 +642,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     from rich.table import Table
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.export import read_plan
-    from .analysis.show import MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
+    from .analysis.show import HOST_PARTS, MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
     from .io.errors import InputError, check_output_file, write_atomically
     from .plan.spec import load_models
     for path in (output, events):
@@ -688,6 +688,11 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
             cells[-1] = f"[bold]{cells[-1]}[/]"
         mt.add_row(str(r["stage"]), *cells)
     console.print(mt)
+    for c in HOST_PARTS:        # offloading: what lives in host memory instead (not in the total)
+        if detail.memory[c].max() > 0.0:
+            console.print(f"in host memory, {c.removesuffix('_GiB')}: "
+                          + ", ".join(f"stage {r['stage']} {r[c]:.2f} GiB" for r in detail.memory.iter_rows(named=True)),
+                          highlight=False, markup=False)
     console.print(f"pipeline: {detail.pipeline_s:.4f} s in the model ((m - 1) x slowest + sum of stages, fill "
                   f"and drain / vpp), {detail.simulated_pipeline_s:.4f} s in the event timeline; memory_per_gpu_GiB "
                   f"{detail.kernel['memory_per_gpu_GiB']:.2f} (stage {fullest})", highlight=False)

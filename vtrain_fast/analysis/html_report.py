@@ -26,7 +26,7 @@ TOP_PLANS = 8
 # The colours of the time parts (tab10 order), the same in every report.
 PART_COLOURS = {"compute_s": "#1f77b4", "tp_comm_s": "#ff7f0e", "cp_comm_s": "#8c564b", "ep_comm_s": "#e377c2",
                 "pp_comm_s": "#2ca02c", "dp_comm_s": "#d62728", "bubble_s": "#9467bd", "optimizer_s": "#bcbd22",
-                "overhead_s": "#7f7f7f"}
+                "overhead_s": "#7f7f7f", "offload_s": "#17becf"}
 SECTIONS = ("frontier", "mfu", "breakdown", "optimal", "tables")
 
 CSS = """

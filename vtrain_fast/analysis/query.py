@@ -29,7 +29,7 @@ CONFIG_COLUMNS = ("model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch_siz
 HEADLINE_COLUMNS = ("iteration_time_s", "mfu", "memory_per_gpu_GiB", "train_days", "cost_usd")
 # Where an iteration's time goes (they add up to iteration_time_s): `--breakdown` shows them.
 BREAKDOWN_COLUMNS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
-                     "optimizer_s", "overhead_s")
+                     "optimizer_s", "overhead_s", "offload_s")
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:

@@ -52,7 +52,7 @@ from ..model.params import (H_RESERVED_BYTES, NUM_OUTPUTS, OUTPUT_NAMES, R_ARCH,
 GiB = 1024.0 ** 3
 # The output columns that sum to iteration_time_s (model.step.schedule).
 TIME_PARTS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s", "ep_comm_s", "bubble_s",
-              "optimizer_s", "overhead_s")
+              "optimizer_s", "overhead_s", "offload_s")
 # Memory per stage, bytes reported in GiB: fp16 weights, fp16 gradients, fp32 optimizer states (master
 # weight, Adam moments; over the shard ranks from ZeRO-1 on), TE's FP8 weight copies, the parameters
 # ZeRO-3 holds gathered, the layers' stored activations (micro-batches in flight x layers x bytes), the
@@ -60,6 +60,12 @@ TIME_PARTS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s", "
 # selective recomputation rebuilds, bf16 / MoE layers beyond a dense FP8 one), the reserved memory.
 MEMORY_PARTS = ("weights_GiB", "gradients_GiB", "optimizer_GiB", "fp8_weights_GiB", "gathered_GiB",
                 "activations_GiB", "activation_extras_GiB", "reserved_GiB")
+# What a stage keeps in host memory instead (not in total_GiB): the saved activations of the layers
+# cpu_offloading_num_layers offloads (the activations_GiB and activation_extras_GiB they no longer
+# take), and under param_cpu_offload the shard's fp32 parameters, fp32 gradients and Adam moments
+# (FSDP2 CPUOffloadPolicy: :data:`HOST_STATE_BYTES_PER_PARAM` per parameter of the shard).
+HOST_PARTS = ("host_activations_GiB", "host_states_GiB")
+HOST_STATE_BYTES_PER_PARAM = 16.0
 EVENT_KINDS = ("forward", "recompute", "backward", "send", "dp_reduce", "optimizer", "overhead")
 
 
@@ -79,7 +85,8 @@ class PlanDetail:
         ``send_s`` (per micro-batch, all chunks), ``in_flight`` (micro-batches, or chunks / vpp, whose
         activations it holds).
     memory : polars.DataFrame
-        One row per pipeline stage: ``stage``, :data:`MEMORY_PARTS`, ``total_GiB``.
+        One row per pipeline stage: ``stage``, :data:`MEMORY_PARTS`, ``total_GiB`` (their sum), then
+        :data:`HOST_PARTS` (host memory, not in the total).
     events : polars.DataFrame
         ``stage``, ``start_s``, ``end_s``, ``kind`` (:data:`EVENT_KINDS`), ``micro_batch``, ``chunk``
         (-1 where none) of one iteration.
@@ -283,7 +290,7 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
     if p == 1:
         micro = [float(sc[k.C_FIRST_COMPUTE] + sc[k.C_EMB_COMPUTE] + sc[k.C_HEAD_COMPUTE] + sc[k.C_FIRST_TP]
                        + sc[k.C_EMB_TP] + sc[k.C_HEAD_TP] + sc[k.C_FIRST_DP] + sc[k.C_EMB_DP] + sc[k.C_HEAD_DP]
-                       + sc[k.C_FIRST_CP] + sc[k.C_FIRST_EP])]
+                       + sc[k.C_FIRST_CP] + sc[k.C_FIRST_EP] + sc[k.C_FIRST_OFFLOAD])]
     else:
         micro = [float(k.stage_micro_batch_s(sc, 0 if i == 0 else (2 if i == p - 1 else 1), n16[i], nm[i]))
                  for i in range(p)]
@@ -337,7 +344,7 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
     p = int(lay.pp)
     t = float(lay.tp)
     _, _, dz, zero, _, _, _, _, _, _, rc, sel = k.schedule_sizes(float(m * lay.dp * b), b, lay, recompute, hw, split)
-    regather = zero >= 3.0 and dz > 1.0
+    regather = zero >= 3.0 and (dz > 1.0 or ops.param_offload_on(hw))
     sl = s / float(lay.cp)
     hs = h / ops.sequence_split(t, hw)
     eb = ops.element_bytes(hw)          # bytes of an activation element (4 under fp32 / tf32)
@@ -365,8 +372,17 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
                                                             full, rc, eb)
         extras = rebuilt + memory.bf16_layers_extra_bytes(n16[i], n_in, mb[k.M_BF16_ACT], rc) \
             + memory.bf16_layers_extra_bytes(nm[i], n_in, mb[k.M_MOE_ACT], rc)
+        host_act = 0.0
         if p == 1:
             extras += ce * sl * b * hs * 3.0 + mb[k.M_LOGITS]
+            # activation offloading (pp = 1): the first k layers' saved activations in host memory,
+            # the dense part off activations_GiB, the bf16 / MoE layers' extra bytes off the extras
+            k_off = k.activation_offload_layers(hw)
+            if k_off > 0.0:
+                host_act = memory.offloaded_activation_bytes(k_off, full, split[k.S_OFF_BF16], mb[k.M_BF16_ACT],
+                                                             split[k.S_OFF_MOE], mb[k.M_MOE_ACT])
+                layer_act -= k_off * full
+                extras -= host_act - k_off * full
         elif i == 0:
             extras += ce * n_in * sl * b * hs
         elif i == p - 1:
@@ -380,9 +396,11 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
         fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers[i] - n16[i]) * mb[k.M_FP8_WEIGHTS]
         parts = (params * w_d + experts * w_e, params * g_d + experts * g_e, params * o_d + experts * o_e,
                  fp8, split[k.S_GATHERED], layer_act, extras, hw[H_RESERVED_BYTES])
-        rows.append([i] + [x / GiB for x in parts] + [sum(parts) / GiB])
+        host_states = (HOST_STATE_BYTES_PER_PARAM * (params / dz + experts / edz)
+                       if zero >= 3.0 and ops.param_offload_on(hw) else 0.0)
+        rows.append([i] + [x / GiB for x in parts] + [sum(parts) / GiB, host_act / GiB, host_states / GiB])
         in_flight.append(n_in)
-    df = pl.DataFrame(rows, schema=["stage", *MEMORY_PARTS, "total_GiB"], orient="row")
+    df = pl.DataFrame(rows, schema=["stage", *MEMORY_PARTS, "total_GiB", *HOST_PARTS], orient="row")
     return df.with_columns(pl.col("stage").cast(pl.Int64)), in_flight
 
 

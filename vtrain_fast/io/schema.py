@@ -110,7 +110,7 @@ STATUS_COLUMN = Column("status", _dict, "",
                        "repeat (the plan of an earlier row: a setting that differs has no effect here) | "
                        "refused (Megatron-LM refuses these settings on this plan: tp_comm_overlap at tp = 1, "
                        "cp > 1 without use_flash_attn, ep > 1 at tp > 1 without sequence_parallel, "
-                       "overlap_moe_expert_parallel_comm at ep = 1, at pp > 1 without vpp or with full recomputation) | bad_seq_length (seq_length not divisible by 2 x cp)")
+                       "overlap_moe_expert_parallel_comm at ep = 1, at pp > 1 without vpp or with full recomputation, cpu_offloading_num_layers at pp > 1, with recomputation or from num_layers on) | bad_seq_length (seq_length not divisible by 2 x cp)")
 
 _OUT_DOCS = {
     "iteration_time_s": ("s", "one optimizer step over the global batch"),
@@ -141,6 +141,9 @@ _OUT_DOCS = {
     "ep_comm_s": ("s", "slowest stage's exposed MoE token dispatch and combine (all-to-all over ep, all-gather and "
                        "reduce-scatter over etp), forward, recomputed forward and backward; 0 for a dense model or "
                        "at ep = etp = 1"),
+    "offload_s": ("s", "slowest stage's exposed GPU<->host copies beyond the compute they hide under: offloaded "
+                       "activations (cpu_offloading_num_layers) and parameter shards and gradients "
+                       "(param_cpu_offload); 0 with both off"),
 }
 INTEGER_OUTPUTS = ("num_parameters", "num_micro_batches", "num_steps")
 

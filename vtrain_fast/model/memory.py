@@ -22,6 +22,7 @@ from ._jit import jit, jit_inline
 from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_width, context_width, element_bytes,
                   full_precision, fused_softmax, mla_latent_width, mla_weights, offloaded_fraction)
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
+from .ops import param_offload_on
 from .params import H_DP_SHARD, H_OPT_SHARD, H_PRECISION_AWARE, H_ZERO_STAGE
 
 STATE_BYTES_PER_PARAM = 16.0
@@ -102,7 +103,12 @@ def state_bytes_per_param(d, stage, hw):
     """:func:`model_state_bytes` per parameter by part: ``(weight, gradient, optimizer)`` bytes one
     GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (16-bit weight and gradient, 4-byte
     under fp32 / tf32, :func:`~vtrain_fast.model.ops.element_bytes`; the optimizer's
-    :func:`optimizer_bytes_per_param`)."""
+    :func:`optimizer_bytes_per_param`); all 0.0 with parameter offloading
+    (:func:`~vtrain_fast.model.ops.param_offload_on`: they live in host memory)."""
+    if param_offload_on(hw):
+        # FSDP2's CPUOffloadPolicy: parameter shards, gradient shards and optimizer states in host
+        # memory (what the GPU holds gathered: zero3_gathered_bytes)
+        return 0.0, 0.0, 0.0
     e = element_bytes(hw) * (1.0 / WEIGHT_BYTES_PER_PARAM)
     w = e * WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
     g = e * GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
@@ -110,12 +116,13 @@ def state_bytes_per_param(d, stage, hw):
 
 
 @jit
-def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0):
+def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0, offload=False):
     """Bytes ZeRO-3 / FSDP holds unsharded at a time: :data:`ZERO3_GATHERED_LAYERS` layers of
     ``layer_params_on_rank`` parameters, weight and gradient of ``e`` bytes each (2: 16-bit; 4
     under fp32, :func:`~vtrain_fast.model.ops.element_bytes`) (0 below stage 3 or at ``d = 1``,
-    where nothing is sharded)."""
-    if stage < 3.0 or d <= 1.0:
+    where nothing is sharded, unless ``offload``: with the parameters in host memory
+    (``param_cpu_offload``) the GPU holds the layers it computes even at ``d = 1``)."""
+    if stage < 3.0 or (d <= 1.0 and not offload):
         return 0.0
     return ZERO3_GATHERED_LAYERS * layer_params_on_rank * 2.0 * e
 
@@ -309,6 +316,27 @@ def bf16_layers_extra_bytes(n16, in_flight, extra, recompute):
     if recompute:
         return extra if n16 > 0.0 else 0.0
     return in_flight * n16 * extra
+
+
+@jit
+def offloaded_activation_bytes(k, full, n16, extra16, nm, extra_moe):
+    """Activation bytes of one micro-batch that activation offloading (``cpu_offloading_num_layers``
+    ``k``) keeps in host memory instead of HBM: the saved tensors of a rank's first ``k`` transformer
+    layers, ``k full`` (``full`` one layer's, :func:`layer_activation_bytes`) plus what the ``n16``
+    of them kept in bf16 under FP8 and the ``nm`` of them that are MoE layers store beyond a dense FP8
+    layer (``extra16``, ``extra_moe`` each); 0.0 at ``k <= 0``.
+
+    The rule (Transformer Engine >= 2.10, transformer_engine/pytorch/cpu_offload.py,
+    ``OffloadSynchronizer._default_offload_sync_init``, the schedule Megatron-core's
+    ``get_cpu_offload_context`` gets): layers ``0 .. k - 1`` are offloaded; layer ``i``'s copy to the
+    host must finish before the forward of layer ``N - k + i`` starts (its GPU copy is freed then) and
+    its copy back starts at the backward of layer ``N - 1 - k + i``, so "activation memory usage is
+    equal to (num_layers - num_offloaded_layers) x T": the whole ``k`` layers' bytes leave, including
+    the one in flight (which takes the place of a layer already freed). Every saved tensor counts as
+    offloaded (TE skips tensors under 2^20 elements and weights: not told apart here)."""
+    if k <= 0.0:
+        return 0.0
+    return k * full + n16 * extra16 + nm * extra_moe
 
 
 # FP8 (Transformer Engine): bytes per element of an FP8 tensor, and of the FP8 weight copies

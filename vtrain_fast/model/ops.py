@@ -33,6 +33,10 @@ from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
 from .params import H_EXP_AVG, H_EXP_AVG_SQ, H_PRECISION_AWARE
 from .params import H_CPU_OFFLOAD, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_OFFLOAD_FRACTION, H_OFFLOAD_OVERLAP
 from .params import H_CPU_ADAM_RATE, H_HOST_CORES
+from .params import hw_index
+
+H_PARAM_OFFLOAD = hw_index("param_cpu_offload")   # 1: FSDP2 CPUOffloadPolicy (needs ZeRO-3)
+H_ZERO_STAGE_OPS = hw_index("zero_stage")
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 FP32_BYTES_PER_ELEMENT = 4.0  # fp32 activations and weights (precision fp32 or tf32)
@@ -971,6 +975,34 @@ def cpu_adam_s(params, hw):
     return max(memory, compute)
 
 
+# Parameter offloading (param_cpu_offload; PyTorch FSDP2 fully_shard with CPUOffloadPolicy): the
+# sharded parameters live in host memory in their own dtype, fp32 under mixed precision
+# (MixedPrecisionPolicy casts to param_dtype only after the copy: FSDPParam.all_gather_inputs copies
+# the sharded fp32 data to the GPU, then casts it), and the sharded gradient goes back in fp32
+# (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, _fsdp_collectives.py foreach_reduce): 4 bytes
+# per parameter of the shard each way. An fp32 shard whatever the training precision: not an
+# element_bytes quantity.
+PARAM_OFFLOAD_COPY_BYTES_PER_PARAM = 4.0
+
+
+@jit_inline
+def param_offload_on(hw):
+    """Whether the parameters' shards live in host memory (``param_cpu_offload`` with the ZeRO-3 it
+    needs: FSDP2's CPUOffloadPolicy is an option of ``fully_shard``, DeepSpeed's ``offload_param``
+    of stage 3)."""
+    return hw[H_PARAM_OFFLOAD] != 0.0 and hw[H_ZERO_STAGE_OPS] >= 3.0
+
+
+@jit_inline
+def param_offload_copy_s(params, hw):
+    """Seconds of one copy of ``params`` parameters' fp32 shard over the GPU's host link, one
+    direction (:data:`PARAM_OFFLOAD_COPY_BYTES_PER_PARAM` at ``host_link_Bps``); 0.0 without
+    parameter offloading (:func:`param_offload_on`)."""
+    if not param_offload_on(hw):
+        return 0.0
+    return PARAM_OFFLOAD_COPY_BYTES_PER_PARAM * params / hw[H_HOST_LINK_BPS]
+
+
 @jit_inline
 def optimizer_step_s(params, hw):
     """Seconds of one optimizer step over ``params`` parameters on one GPU: :func:`optimizer_s`
@@ -978,7 +1010,14 @@ def optimizer_step_s(params, hw):
     ZeRO-Offload, Ren et al. 2021, Sec. 4) the gradient copy to the host, the CPU Adam step
     (:func:`cpu_adam_s`: host memory or host cores, the slower) and the parameter copy back
     (:data:`OFFLOAD_COPY_BYTES_PER_PARAM`), their sum, or their slowest with
-    ``overlap_cpu_optimizer_d2h_h2d`` (pipelined over parameter groups), then the GPU's cast."""
+    ``overlap_cpu_optimizer_d2h_h2d`` (pipelined over parameter groups), then the GPU's cast.
+
+    With parameter offloading (:func:`param_offload_on`, FSDP2's CPUOffloadPolicy: "the optimizer
+    step runs on CPU with CPU optimizer states") every parameter of the shard steps on the CPU
+    (:func:`cpu_adam_s`) with nothing to copy: the gradients reached the host during the backward
+    (priced in :func:`vtrain_fast.model.step.stage_costs`) and the updated fp32 shard stays there."""
+    if param_offload_on(hw):
+        return cpu_adam_s(params, hw)
     f = offloaded_fraction(hw)
     gpu = optimizer_s((1.0 - f) * params, hw)
     if f <= 0.0:

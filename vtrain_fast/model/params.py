@@ -147,13 +147,14 @@ OUTPUT_NAMES = (
     "train_days", "gpu_hours", "cost_usd", "energy_kWh", "loss",
     "cp_comm_s",              # added with context parallelism: last, so that the rows before it keep their index
     "ep_comm_s",              # added with expert parallelism (MoE token dispatch and combine)
+    "offload_s",              # added with activation and parameter offloading (exposed GPU<->host copies)
 )
 NUM_OUTPUTS = len(OUTPUT_NAMES)
 # Outputs added after results folders were first written: an older file lacks exactly these.
-LATE_OUTPUTS = ("cp_comm_s", "ep_comm_s")
+LATE_OUTPUTS = ("cp_comm_s", "ep_comm_s", "offload_s")
 (O_ITER, O_TOKENS_PER_S, O_TFLOPS, O_MFU, O_HFU, O_MEM, O_STATES, O_ACT, O_COMPUTE, O_TP, O_PP,
  O_DP, O_BUBBLE, O_OPT, O_OVERHEAD, O_PARAMS, O_MICRO, O_STEPS, O_DAYS, O_GPU_HOURS, O_COST, O_ENERGY,
- O_LOSS, O_CP, O_EP) = range(NUM_OUTPUTS)
+ O_LOSS, O_CP, O_EP, O_OFFLOAD) = range(NUM_OUTPUTS)
 
 # Status codes, one per row. vtrain_fast.io.schema.STATUS_LABELS names them.
 OK = 0

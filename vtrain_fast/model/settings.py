@@ -76,6 +76,10 @@ class Setting:
     inert_models : str
         Models on which it changes no cost, in words (``ep``, ``etp``: dense models); README's rules
         say so. The sweep's repeat status does not see it (the kernels give such rows the same numbers).
+    refused_where : str
+        Plans on which Megatron-LM refuses it, in words, where the kernels give those plans status
+        ``refused`` themselves (``cpu_offloading_num_layers``: pipeline parallelism, recomputation);
+        README's rules say so.
     """
 
     name: str
@@ -94,6 +98,7 @@ class Setting:
     example: str = ""
     choices: tuple[str, ...] = ()
     inert_models: str = ""
+    refused_where: str = ""
 
     def encode(self, value) -> float:
         """The machine-vector value of ``value``: the index of a choice (``str`` settings), 1.0 /
@@ -119,6 +124,9 @@ class Setting:
 
 # What a setting that is a modelling assumption, not a framework's argument, gives as its flag.
 NO_FLAG = "no framework flag: an assumption"
+# What a setting of another framework that Megatron-LM lacks gives as its flag (its doc names the
+# framework's own setting).
+NO_MEGATRON_FLAG = "no Megatron-LM flag: another framework's setting"
 
 # The precisions other than fp8, at which the FP8 settings change no cost.
 NOT_FP8 = tuple(("precision", p) for p in ("bf16", "fp16", "fp32", "tf32"))
@@ -343,6 +351,23 @@ SETTINGS: tuple[Setting, ...] = (
             "parameter copies back (Megatron-LM --overlap-cpu-optimizer-d2h-h2d): the slowest of the three "
             "instead of their sum",
             "--overlap-cpu-optimizer-d2h-h2d", inert_with=(("optimizer_cpu_offload", False),)),
+    Setting("cpu_offloading_num_layers", int, 0, "activations of the first layers offloaded to the CPU",
+            "this many of a rank's first transformer layers keep their saved activations in host memory: each "
+            "layer's are copied to the host after its forward and back before its backward, on their own CUDA "
+            "stream under the other layers' compute (Megatron-LM --cpu-offloading-num-layers, Transformer "
+            "Engine's get_cpu_offload_context: the activation memory is that of the other layers, (num_layers - "
+            "k) layers); at most num_layers - 1; Megatron-core refuses it with pipeline parallelism (pp > 1) and "
+            "with activation recomputation (status refused); 0 = off",
+            "--cpu-offloading-num-layers", int_range=(0, 100_000),
+            example="cpu_offloading_num_layers = 4 or [0, 2, 4] (0 = no activation offloading)",
+            refused_where="at pp > 1, with recomputation (full or selective) and from num_layers on (status refused)"),
+    Setting("param_cpu_offload", bool, False, "parameters offloaded to the CPU (FSDP2)",
+            "true keeps the parameter shards, their gradients and the optimizer states in host memory under ZeRO-3 "
+            "(PyTorch FSDP2 fully_shard with CPUOffloadPolicy, torchtitan training.enable_cpu_offload; ZeRO-Infinity "
+            "/ DeepSpeed offload_param, Rajbhandari et al. 2021): each layer's fp32 shard is copied to the GPU "
+            "before its all-gather in forward and again in backward, its gradient shard copied back after the "
+            "reduce-scatter, and Adam steps on the CPU; Megatron-LM has no such flag (needs zero_stage = 3)",
+            NO_MEGATRON_FLAG, requires=(("zero_stage", 3),)),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
@@ -420,6 +445,7 @@ def rules_markdown() -> str:
         parts += [f"no effect with {k} = {' or '.join(vs)}" for k, vs in with_values.items()]
         parts += [f"needs {' and '.join(f'{k} = {val(v)}' for k, v in st.requires)}"] if st.requires else []
         parts += [f"no effect on {st.inert_models}"] if st.inert_models else []
+        parts += [f"refused {st.refused_where}"] if st.refused_where else []
         values = f" [{' | '.join(st.choices)}]" if st.choices else ""
         lines.append(f"- `{st.name}`{values} ({st.megatron}): " + ("; ".join(parts) if parts else "acts on every plan"))
     return "\n".join(lines) + "\n"

@@ -25,6 +25,7 @@ from . import comm, memory, ops
 from .layout import Layout, cp_stride, dp_cp_size, dp_cp_stride, dp_stride, pp_stride, spans_nodes, world_size  # noqa: F401
 from .params import H_REFUSED_CASES, H_REPEAT_CASES, H_HBM_BPS, H_HBM_EFF, H_FLASH_ATTN, H_TP_OVERLAP, H_SEQ_PAR, H_VPP, H_DP_OVERLAP, H_ITER_OVERHEAD_S, H_GPUS_PER_NODE, H_HBM_BYTES, H_PEAK_FLOPS, H_PUE, H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR
 from .params import H_PRECISION, PRECISION_BF16, PRECISION_FP16, hw_index
+from .params import H_HOST_LINK_BPS, O_OFFLOAD
 from .arch import DEFAULT_ARCH, Arch  # noqa: F401 (Arch: for callers)
 from .settings import BY_NAME as SETTING_BY_NAME
 
@@ -42,6 +43,7 @@ H_ETP = hw_index("etp")                                  # MoE: expert-tensor-pa
 H_DISPATCHER = hw_index("moe_token_dispatcher_type")     # MoE: the token dispatcher (its index among the choices)
 DISPATCHER_ALLGATHER = SETTING_BY_NAME["moe_token_dispatcher_type"].encode("allgather")
 H_EP_OVERLAP = hw_index("overlap_moe_expert_parallel_comm")   # MoE: 1: all-to-all behind the other micro-batch
+H_ACT_OFFLOAD = hw_index("cpu_offloading_num_layers")    # layers whose saved activations live in host memory
 # MoE (issue 13, docs/moe.md): the busiest expert's tokens over the mean (the setting
 # moe_load_imbalance, 1.0 by default), capped by the capacity factor: moe_busiest_share
 H_CAPACITY = hw_index("moe_expert_capacity_factor")     # MoE: 0 dropless, else tokens per expert capped
@@ -199,25 +201,27 @@ SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "cross
                "bf16_layers_middle_max", "bf16_layers_middle_min",
                "expert_params_first", "expert_params_middle", "expert_params_last", "expert_shard_ranks",
                "moe_layers_first", "moe_layers_second", "moe_layers_last", "moe_layers_middle_sum",
-               "moe_layers_middle_max")
+               "moe_layers_middle_max", "offloaded_bf16_layers", "offloaded_moe_layers", "param_copy_layer_s",
+               "param_copy_embedding_s", "param_copy_head_s")
 NUM_SPLIT = len(SPLIT_NAMES)
 (S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
  S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC,
  S_REPLICA, S_BF16_FIRST, S_BF16_SECOND, S_BF16_LAST, S_BF16_MID_SUM, S_BF16_MID_MAX,
  S_BF16_MID_MIN, S_E_FIRST, S_E_MID, S_E_LAST, S_EDZ, S_MOE_FIRST, S_MOE_SECOND, S_MOE_LAST, S_MOE_MID_SUM,
- S_MOE_MID_MAX) = range(NUM_SPLIT)
+ S_MOE_MID_MAX, S_OFF_BF16, S_OFF_MOE, S_PCOPY_LAYER, S_PCOPY_EMB, S_PCOPY_HEAD) = range(NUM_SPLIT)
 # Per-stage per-micro-batch costs (:func:`stage_costs`), fixed by the configuration: indices into the tuple.
 STAGE_COST_NAMES = ("first_compute_s", "middle_compute_s", "last_compute_s", "embedding_compute_s", "head_compute_s",
                     "first_tp_s", "middle_tp_s", "last_tp_s", "embedding_tp_s", "head_tp_s",
                     "first_dp_s", "middle_dp_s", "last_dp_s", "embedding_dp_s", "head_dp_s",
                     "first_cp_s", "middle_cp_s", "last_cp_s", "first_ep_s", "last_ep_s",
                     "bf16_layer_compute_s", "bf16_layer_tp_s", "moe_layer_compute_s", "moe_layer_ep_s",
-                    "moe_layer_tp_s", "pp_s", "dp_window_s")
+                    "moe_layer_tp_s", "pp_s", "dp_window_s", "first_offload_s", "middle_offload_s",
+                    "last_offload_s")
 NUM_STAGE_COSTS = len(STAGE_COST_NAMES)
 (C_FIRST_COMPUTE, C_MID_COMPUTE, C_LAST_COMPUTE, C_EMB_COMPUTE, C_HEAD_COMPUTE, C_FIRST_TP, C_MID_TP, C_LAST_TP,
  C_EMB_TP, C_HEAD_TP, C_FIRST_DP, C_MID_DP, C_LAST_DP, C_EMB_DP, C_HEAD_DP, C_FIRST_CP, C_MID_CP, C_LAST_CP,
  C_FIRST_EP, C_LAST_EP, C_BF16_COMPUTE, C_BF16_TP, C_MOE_COMPUTE, C_MOE_EP, C_MOE_TP, C_PP,
- C_DP_WINDOW) = range(NUM_STAGE_COSTS)
+ C_DP_WINDOW, C_FIRST_OFFLOAD, C_MID_OFFLOAD, C_LAST_OFFLOAD) = range(NUM_STAGE_COSTS)
 # Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
 TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
 NUM_TOTALS = len(TOTAL_NAMES)
@@ -600,6 +604,54 @@ def fill_nan(out, i):
     """Set every output of row ``i`` to NaN (infeasible shape)."""
     for k in range(NUM_OUTPUTS):
         out[k, i] = math.nan
+
+
+@jit
+def activation_offload_layers(hw):
+    """Transformer layers whose saved activations are offloaded to the host
+    (``cpu_offloading_num_layers``; 0.0 when off or negative)."""
+    return max(0.0, hw[H_ACT_OFFLOAD])
+
+
+@jit
+def refused_activation_offload(L, p, recompute, hw):
+    """Whether Megatron-core refuses activation offloading (``cpu_offloading_num_layers`` ``k > 0``)
+    here (``TransformerConfig.__post_init__``): with pipeline parallelism ("Currently there is no
+    support for Pipeline parallelism with CPU offloading", ``p > 1``), with activation recomputation
+    ("CPU offloading does not work when activation recomputation is enabled", ``recompute`` full or
+    selective) and at ``k >= num_layers`` ("CPU offloading can be done only for layers less than
+    num_layers"; Transformer Engine: the last layer is never offloaded)."""
+    k = activation_offload_layers(hw)
+    return k > 0.0 and (p > 1.0 or recompute != RECOMPUTE_NONE or k >= L)
+
+
+@jit
+def activation_offload_exposed_s(k, n, copy_s, compute_s):
+    """Exposed seconds of one direction of activation offloading in one micro-batch: ``k`` of a
+    rank's ``n`` layers each copy ``copy_s`` seconds of saved activations over the host link
+    (forward: to the host; backward: back), on one copy stream, while each layer computes
+    ``compute_s`` (its forward, or its backward).
+
+    Transformer Engine's schedule (>= 2.10, transformer_engine/pytorch/cpu_offload.py,
+    ``OffloadSynchronizer._default_offload_sync_init``): in forward layer ``i < k``'s copy is queued
+    after its forward (at the next layer's step; assumed here not to start earlier) and must end
+    before the forward of layer ``n - k + i`` starts; in backward the copies back run in the mirror
+    order, layer ``i``'s queued at the start of the backward of layer ``n - 1 - k + i`` and due
+    before its own backward. In both directions copy ``j`` (in stream order) is released after
+    ``j + 1`` layers' compute and due ``w = n - k - 1`` layers' compute later, and a wait delays
+    the later releases too. The longest path through that graph (compute of ``f`` per layer, copies
+    of ``c`` chained on the stream) gives, for layers of equal compute:
+
+    - ``w >= 1``: ``max(0, k c - (n - 2) f)``, the ``k`` copies back to back within the compute of
+      layers ``1 .. n - 2`` (a copy shorter than a layer's compute is always hidden);
+    - ``w = 0`` (``k = n - 1``, the most Megatron-core allows): ``k c``, every copy waited for in full.
+
+    ``0.0`` at ``k <= 0``. tests/reference.py simulates the two streams event by event."""
+    if k <= 0.0 or copy_s <= 0.0:
+        return 0.0
+    if n - k - 1.0 <= 0.0:
+        return k * copy_s
+    return max(0.0, k * copy_s - (n - 2.0) * compute_s)
 
 
 @jit
@@ -1174,12 +1226,25 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     # one stage with a tied head: the shared table is accumulated once (with the embedding's)
     acc_head = p_head - (1.0 - untied) * v * h / t if p == 1.0 else p_head
     n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min = bf16_layer_counts(L, p, hw)
+    # activation offloading (cpu_offloading_num_layers, pp = 1 only): how many of the offloaded first
+    # layers are bf16 layers under FP8 and MoE layers (their stored bytes differ from a dense FP8 layer's)
+    k_off = activation_offload_layers(hw)
+    off16 = off_moe = 0.0
+    if k_off > 0.0:
+        if ops.fp8_on(hw):
+            off16 = bf16_layers_of(0.0, k_off, L, hw)
+        if moe:
+            off_moe = moe_layers_of(0.0, k_off, arch.moe_layer_step, arch.moe_first_dense_layers)
+    # parameter offloading (param_cpu_offload): one copy of a layer's (embedding's, head's) fp32 shard
+    offload = ops.param_offload_on(hw)
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * (p_mid + e_mid),
             per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
-            memory.zero3_gathered_bytes(p_layer, d, zero, eb), l_first, l_mid, l_last, p_mid,
+            memory.zero3_gathered_bytes(p_layer, d, zero, eb, offload), l_first, l_mid, l_last, p_mid,
             per_param * (p_body + e_first), per_param * (p_body_last + e_last), emb_sync_s, replica_s,
             n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min,
-            e_first, e_mid, e_last, edz, nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max)
+            e_first, e_mid, e_last, edz, nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max,
+            off16, off_moe, ops.param_offload_copy_s(p_layer / d, hw), ops.param_offload_copy_s(p_emb / d, hw),
+            ops.param_offload_copy_s(p_head / d, hw))
 
 
 @jit
@@ -1292,7 +1357,7 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     acc = (m - 1.0) / m
     # + the FP8 weight cast (0 in bf16): once per iteration, spread over the micro-batches; with
     # ZeRO-3 the weights are gathered per use, so each layer is cast at its forward and backward gather
-    regather = zero >= 3.0 and dz > 1.0
+    regather = zero >= 3.0 and (dz > 1.0 or ops.param_offload_on(hw))
     cast = 2.0 * mb[M_FP8_CAST] if regather else mb[M_FP8_CAST] / m
     first_compute += acc * split[S_ACC_FIRST] + l_first * cast
     mid_compute += acc * split[S_ACC_BODY] + l_mid * cast
@@ -1383,11 +1448,46 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         mid_dp = first_dp
         last_dp = first_dp
 
+    # ---- offloading: the exposed GPU<->host copies (0 with both settings off)
+    first_off = 0.0
+    mid_off = 0.0
+    last_off = 0.0
+    c = split[S_PCOPY_LAYER]
+    if zero >= 3.0 and c > 0.0:
+        # parameter offloading (FSDP2 CPUOffloadPolicy): each layer's fp32 shard is copied to the GPU
+        # before its all-gather, in forward and again in backward, and its gradient shard copied back
+        # after the reduce-scatter, in the same prefetched chain as ZeRO-3's exchanges (above): a
+        # layer exposes what its copies and exchanges take beyond its compute, less what the
+        # exchanges alone expose (in dp_comm_s); the first copy of the forward and of the backward and
+        # the last copy back wait in full; the embedding's copies have no compute to hide behind, the
+        # head's hide behind the head
+        ag = split[S_AG_LAYER]
+        back = mb[M_BWD] + rc * fwd + core
+        layer_off = (max(0.0, ag + c - fwd) + max(0.0, 2.0 * (ag + c) - back)
+                     - max(0.0, ag - fwd) - max(0.0, 2.0 * ag - back))
+        emb_off = 3.0 * split[S_PCOPY_EMB]
+        ag_head, c_head = split[S_AG_HEAD], split[S_PCOPY_HEAD]
+        head_off = max(0.0, 3.0 * (ag_head + c_head) - mb[M_HEAD]) - max(0.0, 3.0 * ag_head - mb[M_HEAD])
+        first_off = l_first * layer_off + 3.0 * c + emb_off + (head_off if p == 1.0 else 0.0)
+        mid_off = l_mid * layer_off + 3.0 * c
+        last_off = l_last * layer_off + 3.0 * c + head_off
+    k_off = activation_offload_layers(hw)
+    if k_off > 0.0 and p == 1.0:
+        # activation offloading (cpu_offloading_num_layers): the first k layers' saved activations to
+        # the host in forward and back in backward, each direction at host_link_Bps, exposed beyond
+        # the other layers' compute (activation_offload_exposed_s)
+        n16_off = split[S_OFF_BF16]
+        nm_off = split[S_OFF_MOE]
+        nbytes = memory.offloaded_activation_bytes(k_off, mb[M_ACT_LAYER], n16_off, mb[M_BF16_ACT], nm_off, mb[M_MOE_ACT])
+        copy = nbytes / k_off / hw[H_HOST_LINK_BPS]
+        first_off += (activation_offload_exposed_s(k_off, l_first, copy, fwd)
+                      + activation_offload_exposed_s(k_off, l_first, copy, mb[M_BWD]))
+
     return (first_compute, mid_compute, last_compute, emb_compute, head_compute,
             first_tp, mid_tp, last_tp, emb_tp, head_tp,
             first_dp, mid_dp, last_dp, emb_dp, head_dp,
             first_cp, mid_cp, last_cp, first_ep, last_ep,
-            x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window)
+            x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window, first_off, mid_off, last_off)
 
 
 @jit
@@ -1400,11 +1500,11 @@ def stage_micro_batch_s(sc, kind, n16, nm):
     already). The ``T_i`` of :func:`schedule`'s ``(m - 1) max_i T_i + sum_i T_i``."""
     if kind == 0:
         return (sc[C_FIRST_COMPUTE] + sc[C_EMB_COMPUTE] + sc[C_FIRST_TP] + sc[C_EMB_TP] + sc[C_PP] + sc[C_FIRST_DP]
-                + sc[C_EMB_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP])
+                + sc[C_EMB_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP] + sc[C_FIRST_OFFLOAD])
     if kind == 2:
         return (sc[C_LAST_COMPUTE] + sc[C_HEAD_COMPUTE] + sc[C_LAST_TP] + sc[C_HEAD_TP] + sc[C_PP] + sc[C_LAST_DP]
-                + sc[C_HEAD_DP] + sc[C_LAST_CP] + sc[C_LAST_EP])
-    return (sc[C_MID_COMPUTE] + sc[C_MID_TP] + sc[C_PP] + sc[C_MID_DP] + sc[C_MID_CP]
+                + sc[C_HEAD_DP] + sc[C_LAST_CP] + sc[C_LAST_EP] + sc[C_LAST_OFFLOAD])
+    return (sc[C_MID_COMPUTE] + sc[C_MID_TP] + sc[C_PP] + sc[C_MID_DP] + sc[C_MID_CP] + sc[C_MID_OFFLOAD]
             + n16 * (sc[C_BF16_COMPUTE] + sc[C_BF16_TP]) + nm * (sc[C_MOE_COMPUTE] + sc[C_MOE_EP] + sc[C_MOE_TP]))
 
 
@@ -1444,6 +1544,9 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     if rc != 0.0 and ep_overlap_on(hw) and split[S_MOE_FIRST] + split[S_MOE_LAST] + split[S_MOE_MID_SUM] > 0.0:
         fill_nan(out, i)                # Megatron-core: "disable full recomputation when enabling
         return REFUSED                  # overlap_moe_expert_parallel_comm"
+    if refused_activation_offload(L, p, recompute, hw):
+        fill_nan(out, i)                # Megatron-core: no CPU offloading with pipeline parallelism,
+        return REFUSED                  # recomputation, or of every layer
     num_gpus = float(world_size(lay))
     fwd = mb[M_FWD]
     sc = stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
@@ -1451,8 +1554,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
      first_tp, mid_tp, last_tp, emb_tp, head_tp,
      first_dp, mid_dp, last_dp, emb_dp, head_dp,
      first_cp, mid_cp, last_cp, first_ep, last_ep,
-     x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window) = sc
-    regather = zero >= 3.0 and dz > 1.0
+     x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window, first_off, mid_off, last_off) = sc
+    regather = zero >= 3.0 and (dz > 1.0 or ops.param_offload_on(hw))
     n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
     nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
 
@@ -1463,6 +1566,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         dp_slow = first_dp + emb_dp + head_dp
         cp_slow = first_cp
         ep_slow = first_ep
+        off_slow = first_off
         pp_slow = 0.0
         bubble = 0.0
     else:
@@ -1478,6 +1582,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
             dp_slow = last_dp + head_dp
             cp_slow = last_cp
             ep_slow = last_ep
+            off_slow = last_off
             t_slow = t_last
         else:
             c_slow = first_compute + emb_compute
@@ -1485,6 +1590,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
             dp_slow = first_dp + emb_dp
             cp_slow = first_cp
             ep_slow = first_ep
+            off_slow = first_off
             t_slow = t_first
         # the slowest middle stage: the one with the most bf16 layers, or the fewest where a bf16
         # layer is the faster (small GEMMs, where FP8's quantize kernels cost more than they save)
@@ -1497,6 +1603,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
             dp_slow = mid_dp
             cp_slow = mid_cp
             ep_slow = nm_mid * xm_ep
+            off_slow = mid_off
             t_slow = t_mid + n16_mid * x16 + nm_mid * xm
         pp_slow = pp_mb
         # interleaving splits each device's work into vs chunks: warm-up and cool-down take
@@ -1507,6 +1614,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     pp_comm_s = m * pp_slow
     cp_comm_s = m * cp_slow
     ep_comm_s = m * ep_slow
+    offload_s = m * off_slow
     # Bucketed overlap of the DP all-reduce with backward (Megatron-LM --overlap-grad-reduce,
     # when enabled): gradient buckets are reduced while the last micro-batch's backward (with its
     # recomputation) runs on each stage, so only the part longer than that backward is exposed.
@@ -1537,6 +1645,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     overhead_s = hw[H_ITER_OVERHEAD_S]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s + cp_comm_s
     iteration += ep_comm_s
+    iteration += offload_s
 
     # ---- memory per GPU (the fullest of the first, the second and the last stage)
     full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
@@ -1558,6 +1667,10 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
                      + ce * sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
                      + memory.bf16_layers_extra_bytes(n16_first, 1.0, x16_act, rc)
                      + memory.bf16_layers_extra_bytes(nm_first, 1.0, xm_act, rc))
+        # activation offloading (cpu_offloading_num_layers, refused above but at pp = 1 without
+        # recomputation): the first k layers' saved activations live in host memory
+        act_first -= memory.offloaded_activation_bytes(activation_offload_layers(hw), full, split[S_OFF_BF16], x16_act,
+                                                       split[S_OFF_MOE], xm_act)
         act_last = act_first
     elif vs <= 1.0:
         in_flight = min(p, m)
@@ -1659,6 +1772,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     out[O_LOSS, i] = totals[T_LOSS]
     out[O_CP, i] = cp_comm_s
     out[O_EP, i] = ep_comm_s
+    out[O_OFFLOAD, i] = offload_s
     return status
 
 

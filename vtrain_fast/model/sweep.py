@@ -142,7 +142,7 @@ def model_arch(models, mi):
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
-if NUM_MICRO != 28 or NUM_SPLIT != 35 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 18:     # grid_point unpacks them by hand
+if NUM_MICRO != 28 or NUM_SPLIT != 40 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 18:     # grid_point unpacks them by hand
     raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
                       "or model.arch's flags")
 
@@ -245,8 +245,9 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
                   (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10], ctx[11],
                    ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18], ctx[19], ctx[20], ctx[21], ctx[22], ctx[23],
-                   ctx[24], ctx[25], ctx[26], ctx[27], ctx[28], ctx[29], ctx[30], ctx[31], ctx[32], ctx[33], ctx[34]),
-                  (ctx[35], ctx[36], ctx[37]),
+                   ctx[24], ctx[25], ctx[26], ctx[27], ctx[28], ctx[29], ctx[30], ctx[31], ctx[32], ctx[33], ctx[34],
+                   ctx[35], ctx[36], ctx[37], ctx[38], ctx[39]),
+                  (ctx[40], ctx[41], ctx[42]),
                   out, j)
     status[j] = st
     return st
