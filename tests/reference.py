@@ -571,9 +571,10 @@ def offload_share(hw):
     return hw_get(hw, "optimizer_offload_fraction") if on else 0.0
 
 
-def param_offload(hw):
-    """FSDP2's CPUOffloadPolicy: param_cpu_offload, acting only with zero_stage 3."""
-    return hw_get(hw, "param_cpu_offload") != 0.0 and hw_get(hw, "zero_stage") >= 3
+def param_offload(hw, shard):
+    """FSDP2's CPUOffloadPolicy: param_cpu_offload, acting only with zero_stage 3 over more than one
+    shard rank."""
+    return hw_get(hw, "param_cpu_offload") != 0.0 and hw_get(hw, "zero_stage") >= 3 and shard > 1
 
 
 def offload_stall_forward(k, n, copy_s, compute_s):
@@ -630,14 +631,14 @@ def optimizer_s(params, hw):
     return memory_bound_time_s(bytes_per_param * params, 6.0, hw)
 
 
-def optimizer_step_s(params, hw):
+def optimizer_step_s(params, hw, shard=1.0):
     """The GPU's share through optimizer_s; the offloaded share: fp32 gradient down and fp32
     parameter up (4 bytes each over the host link), CPU Adam streaming 28 bytes of host memory or
     stepping at the per-core rate on the GPU's host cores (the slower), summed or (overlapped) the
     slowest, then the GPU's cast to bf16 (6 bytes, one launch). With the parameters offloaded
     (param_cpu_offload at ZeRO-3, FSDP2's CPUOffloadPolicy) every parameter steps on the CPU, nothing
     copied."""
-    if param_offload(hw):
+    if param_offload(hw, shard):
         return max(28.0 * params / hw_get(hw, "host_memory_Bps"),
                    params / (hw_get(hw, "cpu_adam_params_per_s_per_core") * hw_get(hw, "host_cores_per_gpu")))
     f = offload_share(hw)
@@ -1439,7 +1440,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             if last:
                 dp += max(0.0, 3.0 * all_gather(head_params) - head_compute)
         off = 0.0
-        if zero >= 3 and param_offload(hw):
+        if zero >= 3 and param_offload(hw, shard):
             # FSDP2 CPU offload: the fp32 shard (4 bytes) up before each gather (forward, backward),
             # the gradient shard down after the reduce-scatter, chained with the exchanges; the
             # exposure beyond what the exchanges alone expose
@@ -1494,7 +1495,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         grad = eb / (shard if zero >= 2 else 1.0)
         adam = adam_state_bytes(hw) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
-        offloaded = zero >= 3 and param_offload(hw)     # the states live in host memory
+        offloaded = zero >= 3 and param_offload(hw, shard)     # the states live in host memory
         if offloaded:
             states = 0.0
         if moe_on and not offloaded:
@@ -1502,7 +1503,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             eshard = edg
             states += expert_params[i] * (eb / (eshard if zero >= 3 else 1.0) + eb / (eshard if zero >= 2 else 1.0)
                                           + adam_state_bytes(hw) / (eshard if zero >= 1 else 1.0))
-        if zero >= 3 and (shard > 1 or offloaded):
+        if zero >= 3 and shard > 1:
             states += 2.0 * layer_on_rank * 2.0 * eb
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
@@ -1514,7 +1515,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             n_linears = 3.0 + (len(mla_linears(1.0, h, a, t, 1.0, arch)) if _mla(arch) else 1.0)
             cast = memory_bound_time_s(per_element * linear_weights(h, a, g, f, t, gated, qw, arch),
                                        n_linears * kernels, hw)
-            regather = zero >= 3 and (shard > 1 or offloaded)
+            regather = zero >= 3 and shard > 1
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
             states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw, arch)
             compute += (n - n16) * (2.0 * cast if regather else cast / m)
@@ -1587,7 +1588,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         hides = zero >= 3 or hw_get(hw, "overlap_grad_reduce") != 0.0
         dp_comm_s += replica - (1.0 if hides else 0.0) * min(replica, backward_window)
     adam_s = optimizer_step_s(max(st["params"] for st in stages) / (shard if zero >= 1 else 1.0)
-                         + (max(expert_params) / (edg if zero >= 1 else 1.0) if moe_on else 0.0), hw)
+                         + (max(expert_params) / (edg if zero >= 1 else 1.0) if moe_on else 0.0), hw, shard)
     overhead_s = hw_get(hw, "iteration_overhead_s")      # fixed host time per iteration
     cp_comm_s = m * stages[slow]["cp"]
     ep_comm_s = m * stages[slow]["ep"]

@@ -297,6 +297,20 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
                 a_ += [SETTINGS["optimizer_offload_fraction"].megatron, f"{float(g('optimizer_offload_fraction')):g}"]
             if bool(g("overlap_cpu_optimizer_d2h_h2d")):
                 a_ += [SETTINGS["overlap_cpu_optimizer_d2h_h2d"].megatron]
+    # activation offloading (Megatron-LM sets --cpu-offloading itself from the count)
+    k_off = int(g("cpu_offloading_num_layers"))
+    if k_off > 0:
+        a_ += [SETTINGS["cpu_offloading_num_layers"].megatron, str(k_off)]
+        notes.append(f"cpu_offloading_num_layers {k_off}: priced with Transformer Engine >= 2.10's offload schedule "
+                     f"(activation memory of num_layers - {k_off} layers); older TE (cpu_offload_v1) keeps one layer "
+                     "more in flight and spreads the copies differently")
+    if bool(g("param_cpu_offload")):
+        raise InputError("plan", "param_cpu_offload", True,
+                         "false for --to megatron and --to bridge (Megatron-LM has no parameter offloading: its CPU "
+                         "offloads are the optimizer's, --optimizer-cpu-offload, and the activations', "
+                         "--cpu-offloading-num-layers)",
+                         "export the plan with --to torchtitan (training.enable_cpu_offload: FSDP2's CPUOffloadPolicy, "
+                         "what param_cpu_offload prices), or sweep param_cpu_offload = false")
     if tp > 1 and not bool(g("sequence_parallel")):
         notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core, whose TP linears always overlap "
                      "the backward all-reduce; " + ("priced so" if bool(g("async_tensor_model_parallel_allreduce")) else
@@ -597,6 +611,11 @@ def _torchtitan_check(row: dict) -> None:
         _titan_refuse(row, "micro_batch_size", int(row["micro_batch_size"]),
                       f"micro_batch_size x seq_length divisible by {divisor} (torchtitan: the tokens of a micro-batch "
                       "split over tp (sequence parallel) x 2 cp)", "sweep another micro_batch_size or seq_length")
+    if int(g("cpu_offloading_num_layers")) > 0:
+        _titan_refuse(row, "cpu_offloading_num_layers", int(g("cpu_offloading_num_layers")),
+                      "0 (torchtitan has no layer-wise activation offloading; its CPU offload, "
+                      "training.enable_cpu_offload, is FSDP2's parameter offloading: param_cpu_offload)",
+                      "export it with --to megatron or --to bridge, or sweep cpu_offloading_num_layers = 0")
     chunks = pipeline_chunk_layers(row)
     if sum(chunks) != int(row["num_layers"]) or min(chunks) < 1:
         _titan_refuse(row, "pp", pp, "a pipeline split that gives every model chunk a layer",
@@ -876,6 +895,8 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
     if steps is not None and not (isinstance(steps, float) and math.isnan(steps)):
         body.append(f"{T}steps = {int(steps)}")
     body.append(f'{T}mixed_precision_param = "bfloat16"')
+    if bool(g("param_cpu_offload")) and int(g("zero_stage")) >= 3:
+        body.append(f"{T}enable_cpu_offload = True  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer on the CPU")
     # recomputation
     rc = str(row.get("recompute", "none"))
     if rc == "full":

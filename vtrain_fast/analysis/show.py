@@ -344,7 +344,7 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
     p = int(lay.pp)
     t = float(lay.tp)
     _, _, dz, zero, _, _, _, _, _, _, rc, sel = k.schedule_sizes(float(m * lay.dp * b), b, lay, recompute, hw, split)
-    regather = zero >= 3.0 and (dz > 1.0 or ops.param_offload_on(hw))
+    regather = zero >= 3.0 and dz > 1.0
     sl = s / float(lay.cp)
     hs = h / ops.sequence_split(t, hw)
     eb = ops.element_bytes(hw)          # bytes of an activation element (4 under fp32 / tf32)
@@ -397,7 +397,7 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
         parts = (params * w_d + experts * w_e, params * g_d + experts * g_e, params * o_d + experts * o_e,
                  fp8, split[k.S_GATHERED], layer_act, extras, hw[H_RESERVED_BYTES])
         host_states = (HOST_STATE_BYTES_PER_PARAM * (params / dz + experts / edz)
-                       if zero >= 3.0 and ops.param_offload_on(hw) else 0.0)
+                       if ops.param_offload_on(hw, dz) else 0.0)
         rows.append([i] + [x / GiB for x in parts] + [sum(parts) / GiB, host_act / GiB, host_states / GiB])
         in_flight.append(n_in)
     df = pl.DataFrame(rows, schema=["stage", *MEMORY_PARTS, "total_GiB", *HOST_PARTS], orient="row")

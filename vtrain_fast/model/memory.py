@@ -105,7 +105,7 @@ def state_bytes_per_param(d, stage, hw):
     under fp32 / tf32, :func:`~vtrain_fast.model.ops.element_bytes`; the optimizer's
     :func:`optimizer_bytes_per_param`); all 0.0 with parameter offloading
     (:func:`~vtrain_fast.model.ops.param_offload_on`: they live in host memory)."""
-    if param_offload_on(hw):
+    if param_offload_on(hw, d):
         # FSDP2's CPUOffloadPolicy: parameter shards, gradient shards and optimizer states in host
         # memory (what the GPU holds gathered: zero3_gathered_bytes)
         return 0.0, 0.0, 0.0
@@ -116,13 +116,12 @@ def state_bytes_per_param(d, stage, hw):
 
 
 @jit
-def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0, offload=False):
+def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0):
     """Bytes ZeRO-3 / FSDP holds unsharded at a time: :data:`ZERO3_GATHERED_LAYERS` layers of
     ``layer_params_on_rank`` parameters, weight and gradient of ``e`` bytes each (2: 16-bit; 4
     under fp32, :func:`~vtrain_fast.model.ops.element_bytes`) (0 below stage 3 or at ``d = 1``,
-    where nothing is sharded, unless ``offload``: with the parameters in host memory
-    (``param_cpu_offload``) the GPU holds the layers it computes even at ``d = 1``)."""
-    if stage < 3.0 or (d <= 1.0 and not offload):
+    where nothing is sharded; the same with the shards in host memory, ``param_cpu_offload``)."""
+    if stage < 3.0 or d <= 1.0:
         return 0.0
     return ZERO3_GATHERED_LAYERS * layer_params_on_rank * 2.0 * e
 

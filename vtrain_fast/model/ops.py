@@ -986,25 +986,26 @@ PARAM_OFFLOAD_COPY_BYTES_PER_PARAM = 4.0
 
 
 @jit_inline
-def param_offload_on(hw):
-    """Whether the parameters' shards live in host memory (``param_cpu_offload`` with the ZeRO-3 it
-    needs: FSDP2's CPUOffloadPolicy is an option of ``fully_shard``, DeepSpeed's ``offload_param``
-    of stage 3)."""
-    return hw[H_PARAM_OFFLOAD] != 0.0 and hw[H_ZERO_STAGE_OPS] >= 3.0
+def param_offload_on(hw, d):
+    """Whether the parameters' shards live in host memory: ``param_cpu_offload`` with the ZeRO-3 it
+    needs (FSDP2's CPUOffloadPolicy is an option of ``fully_shard``, DeepSpeed's ``offload_param``
+    of stage 3) over ``d > 1`` shard ranks (at one data-parallel rank nothing is sharded: torchtitan
+    applies FSDP only with dp_shard x cp > 1, and zero_stage has no effect there)."""
+    return hw[H_PARAM_OFFLOAD] != 0.0 and hw[H_ZERO_STAGE_OPS] >= 3.0 and d > 1.0
 
 
 @jit_inline
-def param_offload_copy_s(params, hw):
+def param_offload_copy_s(params, d, hw):
     """Seconds of one copy of ``params`` parameters' fp32 shard over the GPU's host link, one
     direction (:data:`PARAM_OFFLOAD_COPY_BYTES_PER_PARAM` at ``host_link_Bps``); 0.0 without
-    parameter offloading (:func:`param_offload_on`)."""
-    if not param_offload_on(hw):
+    parameter offloading over ``d`` shard ranks (:func:`param_offload_on`)."""
+    if not param_offload_on(hw, d):
         return 0.0
     return PARAM_OFFLOAD_COPY_BYTES_PER_PARAM * params / hw[H_HOST_LINK_BPS]
 
 
 @jit_inline
-def optimizer_step_s(params, hw):
+def optimizer_step_s(params, hw, d=1.0):
     """Seconds of one optimizer step over ``params`` parameters on one GPU: :func:`optimizer_s`
     on the GPU's share, and for the offloaded share ``f`` (:func:`offloaded_fraction`;
     ZeRO-Offload, Ren et al. 2021, Sec. 4) the gradient copy to the host, the CPU Adam step
@@ -1015,8 +1016,9 @@ def optimizer_step_s(params, hw):
     With parameter offloading (:func:`param_offload_on`, FSDP2's CPUOffloadPolicy: "the optimizer
     step runs on CPU with CPU optimizer states") every parameter of the shard steps on the CPU
     (:func:`cpu_adam_s`) with nothing to copy: the gradients reached the host during the backward
-    (priced in :func:`vtrain_fast.model.step.stage_costs`) and the updated fp32 shard stays there."""
-    if param_offload_on(hw):
+    (priced in :func:`vtrain_fast.model.step.stage_costs`) and the updated fp32 shard stays there
+    (``d``: the ranks the ZeRO-3 shard spans; 1, the default: not sharded, no parameter offloading)."""
+    if param_offload_on(hw, d):
         return cpu_adam_s(params, hw)
     f = offloaded_fraction(hw)
     gpu = optimizer_s((1.0 - f) * params, hw)

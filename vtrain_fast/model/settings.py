@@ -366,8 +366,9 @@ SETTINGS: tuple[Setting, ...] = (
             "(PyTorch FSDP2 fully_shard with CPUOffloadPolicy, torchtitan training.enable_cpu_offload; ZeRO-Infinity "
             "/ DeepSpeed offload_param, Rajbhandari et al. 2021): each layer's fp32 shard is copied to the GPU "
             "before its all-gather in forward and again in backward, its gradient shard copied back after the "
-            "reduce-scatter, and Adam steps on the CPU; Megatron-LM has no such flag (needs zero_stage = 3)",
-            NO_MEGATRON_FLAG, requires=(("zero_stage", 3),)),
+            "reduce-scatter, and Adam steps on the CPU; no effect at dp x cp = 1, where nothing is sharded; Megatron-LM "
+            "has no such flag (needs zero_stage = 3)",
+            NO_MEGATRON_FLAG, inert_at=("dp",), requires=(("zero_stage", 3),)),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

@@ -1207,10 +1207,10 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     if d < d_all:
         replica_s = comm.group_allreduce_s(eb * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
     # a sharded optimizer updates only its 1/d of the parameters
-    optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw)
+    optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw, d)
     if moe:     # + the expert parameters' shard (over the expert-data-parallel ranks)
         optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero)
-                                           + max(e_first, e_mid, e_last) / memory.optimizer_shards(edz, zero), hw)
+                                           + max(e_first, e_mid, e_last) / memory.optimizer_shards(edz, zero), hw, d)
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
@@ -1236,15 +1236,14 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         if moe:
             off_moe = moe_layers_of(0.0, k_off, arch.moe_layer_step, arch.moe_first_dense_layers)
     # parameter offloading (param_cpu_offload): one copy of a layer's (embedding's, head's) fp32 shard
-    offload = ops.param_offload_on(hw)
     return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * (p_mid + e_mid),
             per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
-            memory.zero3_gathered_bytes(p_layer, d, zero, eb, offload), l_first, l_mid, l_last, p_mid,
+            memory.zero3_gathered_bytes(p_layer, d, zero, eb), l_first, l_mid, l_last, p_mid,
             per_param * (p_body + e_first), per_param * (p_body_last + e_last), emb_sync_s, replica_s,
             n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min,
             e_first, e_mid, e_last, edz, nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max,
-            off16, off_moe, ops.param_offload_copy_s(p_layer / d, hw), ops.param_offload_copy_s(p_emb / d, hw),
-            ops.param_offload_copy_s(p_head / d, hw))
+            off16, off_moe, ops.param_offload_copy_s(p_layer / d, d, hw),
+            ops.param_offload_copy_s(p_emb / d, d, hw), ops.param_offload_copy_s(p_head / d, d, hw))
 
 
 @jit
@@ -1357,7 +1356,7 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     acc = (m - 1.0) / m
     # + the FP8 weight cast (0 in bf16): once per iteration, spread over the micro-batches; with
     # ZeRO-3 the weights are gathered per use, so each layer is cast at its forward and backward gather
-    regather = zero >= 3.0 and (dz > 1.0 or ops.param_offload_on(hw))
+    regather = zero >= 3.0 and dz > 1.0
     cast = 2.0 * mb[M_FP8_CAST] if regather else mb[M_FP8_CAST] / m
     first_compute += acc * split[S_ACC_FIRST] + l_first * cast
     mid_compute += acc * split[S_ACC_BODY] + l_mid * cast
@@ -1555,7 +1554,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
      first_dp, mid_dp, last_dp, emb_dp, head_dp,
      first_cp, mid_cp, last_cp, first_ep, last_ep,
      x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window, first_off, mid_off, last_off) = sc
-    regather = zero >= 3.0 and (dz > 1.0 or ops.param_offload_on(hw))
+    regather = zero >= 3.0 and dz > 1.0
     n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
     nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
 
