@@ -5,13 +5,14 @@ cost on the given GPUs.
 The start
 ---------
 Plain data parallelism without the techniques: ``tp = pp = 1``, ``dp`` the largest size up to
-the GPUs that divides the global batch, micro-batch 1, bf16 mixed precision, no FlashAttention,
+the GPUs that divides the global batch, micro-batch 1, fp32 (no mixed precision; bf16 on a GPU
+without a stated FP32 peak), no FlashAttention,
 no recomputation, no ZeRO (DDP), no precision-aware optimizer, no overlap; every other training
 setting at its registry default (:data:`vtrain_fast.model.settings.SETTINGS`), unless
 ``settings`` says otherwise. The start is one record, :data:`START` (its plan columns and any
-registry setting it does not keep at the default), read by :func:`start_plan`. The issue asks to
-start from fp32, but fp32 / tf32 are not modelled (fp16 is priced as bf16), so the ladder starts
-from bf16 and mixed precision's own gain is not in it. The global batch is :data:`BATCH_TOKENS`
+registry setting it does not keep at the default), read by :func:`start_plan`. Mixed precision
+(bf16) is then a technique of the ladder, and FP8 comes after it (:attr:`Technique.after`:
+Transformer Engine's FP8 runs inside bf16 mixed precision). The global batch is :data:`BATCH_TOKENS`
 tokens (4 Mi, Llama 2's 4M-token batch and ``optimal``'s ``--batch-tokens`` default) in
 sequences of the model's ``seq_length``, rounded (``global_batch_size`` overrides it); the
 tokens are 20 per parameter (Chinchilla, Hoffmann et al. 2022) unless ``num_tokens`` says how
@@ -110,7 +111,7 @@ PLAN_COLUMNS = ("tp", "pp", "micro_batch_size", "recompute")
 # keep at the registry default (e.g. "precision": "fp32" for a start before mixed precision; a
 # record of the ladder then sets the default back). Every other setting the ladder's records set
 # starts at its registry default (start_plan), and --set overrides the start.
-START = {"tp": 1, "pp": 1, "micro_batch_size": 1, "recompute": "none"}
+START = {"tp": 1, "pp": 1, "micro_batch_size": 1, "recompute": "none", "precision": "fp32"}
 # The rules that order the techniques (advise's rule=; --rule), the default first.
 RULES = ("best-plan", "greedy")
 # The columns advise sets itself: refused in ``settings``, with the option that sets them.
@@ -151,12 +152,17 @@ class Technique:
         ``when(plan, ctx) -> str | None``: why the technique does not apply to the new plan
         ``plan`` (a dict of plan columns, with it applied) on :class:`Context` ``ctx``, or None
         when it does.
+    after : str, optional
+        The name of a ladder technique whose values the plan must already have when this one is
+        added (FP8 after mixed precision): a step never jumps over it, and the best-plan rule adds
+        it to a best plan that has this one (:func:`prerequisite_unmet`).
     """
 
     name: str
     changes: tuple
     source: str
     when: Callable | None = None
+    after: str = ""
 
     @property
     def values(self) -> dict:
@@ -183,6 +189,11 @@ def _fp8(plan, ctx):
     return None
 
 
+def _mixed_precision(plan, ctx):
+    from ..plan.spec import has_precision
+    return None if has_precision(ctx.preset, "bf16") else f"{ctx.preset.name} has no bf16 tensor cores"
+
+
 def _flash(plan, ctx):
     from ..plan.spec import has_flash_attention
     return None if has_flash_attention(ctx.preset) else f"{ctx.preset.name} has no FlashAttention kernel"
@@ -193,6 +204,9 @@ _ZERO = "Rajbhandari et al. 2020 (ZeRO); Megatron-core distributed optimizer and
 
 # The ladder, in the order ties are broken in. A technique added later is one record here.
 LADDER: tuple[Technique, ...] = (
+    Technique("mixed precision (bf16)", (("precision", "bf16"),),
+              "Micikevicius et al. 2018 (mixed precision training), Kalamkar et al. 2019 (bf16); Megatron-LM --bf16: "
+              "16-bit weights, activations and GEMMs on the tensor cores, fp32 master weights", _mixed_precision),
     Technique("FlashAttention", (("use_flash_attn", True),), "Dao 2023 (FlashAttention-2)", _flash),
     Technique("selective recomputation", (("recompute", "selective"),),
               _RECOMPUTE + "; Megatron-LM --recompute-granularity selective"),
@@ -210,7 +224,8 @@ LADDER: tuple[Technique, ...] = (
     Technique("CPU optimizer offload", (("optimizer_cpu_offload", True), ("overlap_cpu_optimizer_d2h_h2d", True)),
               "Ren et al. 2021 (ZeRO-Offload); Megatron-core --optimizer-cpu-offload (overlapped copies; it needs "
               "the precision-aware optimizer, so it follows the 8-bit states)"),
-    Technique("FP8", (("precision", "fp8"),), "Micikevicius et al. 2022 (FP8 formats); Transformer Engine", _fp8),
+    Technique("FP8", (("precision", "fp8"),), "Micikevicius et al. 2022 (FP8 formats); Transformer Engine", _fp8,
+              after="mixed precision (bf16)"),
     Technique("overlapped gradient reduction", (("overlap_grad_reduce", True),), "Megatron-LM; PyTorch DDP buckets"),
     Technique("overlapped parameter all-gather", (("overlap_param_gather", True),),
               "Megatron-core distributed optimizer"),
@@ -347,8 +362,7 @@ def _check_settings(settings: dict) -> dict:
             ok, what = isinstance(v, bool), "true or false"
         elif st is not None and st.kind is str:
             ok, what = v in st.choices, "one of " + ", ".join(st.choices) + (
-                " (fp32 and tf32 are not modelled and fp16 is priced as bf16: the start is bf16)"
-                if k == "precision" else "")
+                " (the start's precision: fp32 by default)" if k == "precision" else "")
         elif st is not None:
             lo, hi = st.int_range
             whole = st.kind is int
@@ -389,12 +403,32 @@ def data_parallel_size(plan: dict, num_gpus: int, global_batch_size: int) -> int
     return None
 
 
-def why_not(tech: Technique, plan: dict, ctx: Context) -> tuple[dict | None, str]:
+def prerequisite(tech: Technique, ladder=None) -> Technique | None:
+    """The technique ``tech`` comes after (:attr:`Technique.after`), looked up by name in
+    ``ladder`` (default :data:`LADDER`); None when it has none or the ladder lacks it."""
+    if not tech.after:
+        return None
+    return next((t for t in (LADDER if ladder is None else ladder) if t.name == tech.after), None)
+
+
+def prerequisite_unmet(tech: Technique, plan: dict, ladder=None) -> str:
+    """Why ``tech`` cannot be added to ``plan`` yet (empty when it can): the plan lacks the
+    values of the technique it comes after (:func:`prerequisite`)."""
+    pre = prerequisite(tech, ladder)
+    if pre is None or all(plan.get(k) == v for k, v in pre.values.items()):
+        return ""
+    return f"{tech.name} comes after {pre.name}"
+
+
+def why_not(tech: Technique, plan: dict, ctx: Context, ladder=None) -> tuple[dict | None, str]:
     """``(new plan, "")`` with ``tech`` applied to ``plan``, or ``(None, why it is no candidate)``
     (the rules: this module's docstring, "The ladder")."""
     new = {**plan, **tech.values}
     if new == plan:
         return None, "in the plan already"
+    after = prerequisite_unmet(tech, plan, ladder)
+    if after:
+        return None, after
     why = rule_breach(new, (tech,), ctx)
     return (None, why) if why else (new, "")
 
@@ -594,6 +628,11 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
     notes = [batch_note] + notes
 
     knobs = start_plan(ladder, settings)
+    from ..plan.spec import has_precision
+    if "precision" not in settings and not has_precision(preset, knobs["precision"]):
+        notes.append(f"the start is bf16, not {knobs['precision']}: {gpu} states no {knobs['precision']} peak "
+                     "(its GPU file's peak_fp32_tflops / peak_tf32_tflops)")
+        knobs["precision"] = "bf16"
     base = {"model": model, "gpu": gpu, "global_batch_size": global_batch_size, **cluster,
             **({"seq_length": seq} if "seq_length" in settings else {})}
     where = f"advise ({model} on {num_gpus} x {gpu})"
@@ -676,6 +715,11 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
                                   threshold)
     else:
         index = _index(found, srows)
+        # a technique of the best plan that comes after another (FP8 after mixed precision) brings it
+        for t in list(best_techs):
+            pre = prerequisite(t, ladder)
+            if pre is not None and pre not in best_techs and prerequisite_unmet(t, knobs, ladder):
+                best_techs = [pre, *best_techs]
         steps, tried_rows = order_techniques(best_techs, g_steps[0], index, fits, ladder)
         tried = (pl.DataFrame(tried_rows, infer_schema_length=None) if tried_rows else pl.DataFrame())
         table = _steps_table(steps, [fits(s["row"]) for s in steps], capacity, margin)
@@ -745,7 +789,7 @@ def _greedy(ladder, knobs: dict, base: dict, ctx: Context, price, fits, threshol
     while len(steps) <= MAX_STEPS:
         cands = []
         for tech in ladder:
-            new, _ = why_not(tech, plan, ctx)
+            new, _ = why_not(tech, plan, ctx, ladder)
             if new is not None:
                 cands.append((tech, new))
         priced, kept, refused = price([_row(new, base, ctx) for _, new in cands])
@@ -846,9 +890,14 @@ def order_techniques(techs, start: dict, index: dict, fits, ladder) -> tuple[lis
         for size in range(1, len(rest) + 1):
             cands = []
             for combo in itertools.combinations(rest, size):
-                new = dict(plan)
-                for t in combo:
+                new, ok = dict(plan), True
+                for t in combo:                 # in ladder order; each after its prerequisite
+                    if prerequisite_unmet(t, new, ladder):
+                        ok = False
+                        break
                     new.update(t.values)
+                if not ok:
+                    continue
                 row = index.get(_key(new))
                 if row is not None and row["status"] in ("ok", "out_of_memory"):
                     cands.append((combo, new, row))
@@ -935,7 +984,8 @@ def _steps_table(steps: list[dict], fits: list[bool], capacity: float, margin: f
 
 def _without(in_plan, plan, start, base, ctx, where, calibration, gpu_presets, models, fits) -> pl.DataFrame:
     """The final plan ``plan`` without each technique of ``in_plan`` (``(step, technique)``), its
-    columns set back to ``start``'s (see :class:`AdviseResult`). Where the plan without it is one
+    columns set back to ``start``'s, or to its prerequisite's (:func:`prerequisite`) when the plan
+    has that (see :class:`AdviseResult`). Where the plan without it is one
     Megatron-LM refuses (:func:`rule_breach`: an overlapped all-gather without ZeRO, CPU offload
     without the precision-aware optimizer), the techniques that need it go too (the fewest that
     make it a plan; the label names them in brackets); where none do, the technique has no row."""
@@ -943,7 +993,11 @@ def _without(in_plan, plan, start, base, ctx, where, calibration, gpu_presets, m
     rows, labels = [], []
     techs = [t for _, t in in_plan]
     for step, tech in in_plan:
-        back = {**plan, **{k: start[k] for k in tech.values}}
+        # back to the start's values, or to those of the technique it comes after when the plan has
+        # it (FP8 without FP8 is the plan in bf16, not in fp32)
+        pre = prerequisite(tech)
+        to = pre.values if pre is not None and pre in techs else {k: start[k] for k in tech.values}
+        back = {**plan, **{k: to.get(k, start[k]) for k in tech.values}}
         if back == plan:
             continue            # a record of the start's values (no recomputation): nothing to take away
         others = [t for t in techs if t is not tech and any(plan[k] != start[k] for k in t.values)]
@@ -962,6 +1016,10 @@ def _without(in_plan, plan, start, base, ctx, where, calibration, gpu_presets, m
                 break
         if found is None:
             continue
+        # the techniques that come after it (FP8 after mixed precision) go with it
+        after = [t.name for t in techs if prerequisite(t) is tech and any(found[k] != plan[k] for k in t.values)]
+        if after:
+            label = (label[:-1] + ", " if label.endswith(")") else label + " (and ") + ", ".join(after) + ")"
         rows.append(_row(found, base, ctx))
         labels.append((step, label))
     schema = {"step": pl.Int64, "technique": pl.String, "status": pl.String, "fits": pl.Boolean,
@@ -1041,8 +1099,10 @@ def _hopeless(model, gpu, num_gpus, steps, tried, capacity, known, memory_margin
 
 
 def _caveats(preset, calibration, gpu, moe: bool) -> list[str]:
-    notes = ["precision: the start is bf16 mixed precision; fp32, tf32 and fp16 (loss scaling) are not modelled, "
-             "so the gain of mixed precision over fp32 is not in the ladder"]
+    notes = [f"precision: the start is {'fp32' if START.get('precision') == 'fp32' and preset.peak_fp32_tflops > 0 else 'bf16'}"
+             " (GEMMs at the FP32 peak, 4-byte activations; --set precision=... changes it); TF32 and fp16 with loss "
+             "scaling are priced too but not in the ladder, and the FP32 / TF32 GEMMs take the bf16-fitted GEMM "
+             "efficiency (an assumption)"]
     if not preset.calibrated and not (calibration or {}).get(gpu):
         notes.append(f"{gpu} is not calibrated: its efficiencies are published or assumed (its GPU file says "
                      "which) and no iteration time of it was measured here; fit them with vtrain-fast calibrate "
