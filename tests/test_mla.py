@@ -62,7 +62,7 @@ def test_kernel_matches_twin_with_mla(seed):
         if rng.random() < 0.4:
             c[15] = tk.random_moe_flags(np.random.default_rng(int(rng.integers(2 ** 32))), c[15], c[1], c[10])
         c[15] = random_mla_flags(rng, c[15], int(c[1]), int(c[2]))
-        if c[2] % int(c[9]):                # heads over tp (the config's tp divided gcd(a, g))
+        if int(c[9]) > 0 and c[2] % int(c[9]):    # heads over tp (the config's tp divided gcd(a, g)); tp 0: an invalid row
             c[9] = 1
     tk.twin_check(np.random.default_rng(seed), 150, with_mla)
 

@@ -799,7 +799,11 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
            global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="sequences per global "
                                                            "batch [4 Mi tokens of the model's seq_length]"),
            threshold: float = typer.Option(0.01, "--threshold", help="the least gain in iteration time of a speed "
-                                           "step, a fraction"),
+                                           "step, a fraction (--rule greedy)"),
+           rule: str = typer.Option("best-plan", "--rule", help="best-plan: the search's best plan, its techniques "
+                                    "one a row, those needed to fit first, then the largest speed-up; greedy: one "
+                                    "technique per step, the one that fits (else the largest memory cut), then the "
+                                    "fastest"),
            memory_margin: Optional[float] = MemoryMarginOpt,
            settings: Optional[List[str]] = typer.Option(None, "--set", help="KEY=VALUE: a training setting or "
                                                         "cluster value of the start (repeat), e.g. gpus_per_node=4"),
@@ -811,10 +815,10 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
                                                     "(\\[gpus.<name>] tables, as `--gpus` of sweep)"),
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat): "
                                                        "\\[models.<name>] tables, e.g. written by import-hf")):
-    """Which technique first: from plain data parallelism, one technique at a time (FlashAttention,
-    recomputation, ZeRO, 8-bit optimizer states, FP8, overlap, sequence / tensor / pipeline
-    parallelism, micro-batches), what each buys in speed, memory and cost, which are needed to fit,
-    and the final plan (see README, Which technique first)."""
+    """Which technique first: from plain data parallelism to the best plan of the techniques
+    (FlashAttention, recomputation, ZeRO, 8-bit optimizer states, FP8, overlap, sequence / tensor /
+    pipeline parallelism, micro-batches), one technique a row, what each buys in speed, memory and
+    cost, which are needed to fit, and the final plan (see README, Which technique first)."""
     import polars as pl
 
     from .analysis.advise import advise as run, best_plan_lines, final_plan_lines, plot_advice, steps_display
@@ -832,12 +836,15 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
     res = run(model, gpu, n, days=days, budget_usd=budget_usd, num_tokens=tokens,
               settings=dict(parse_setting(t) for t in settings or ()), gpu_presets=own_gpus,
               calibration=_calibration(calibration), global_batch_size=global_batch_size, threshold=threshold,
-              memory_margin=memory_margin, models=load_models(models) if models else None)
+              memory_margin=memory_margin, models=load_models(models) if models else None, rule=rule)
+    how = (f"greedy rule: a speed step gains >= {res.threshold:.0%}" if res.rule == "greedy" else
+           "the best plan's techniques: to fit first, then the largest speed-up")
     print_frame(steps_display(res), f"advise: {model} on {n:,} x {gpu}, {res.num_tokens:.3g} tokens, global batch "
-                f"{res.global_batch_size:,} (a speed step gains >= {res.threshold:.0%})", None, console,
-                keep=("technique", "iteration_time_s", "memory_per_gpu_GiB"))
-    console.print(("final plan (the search's best: the ladder ends out of memory): " if res.final_source == "search"
-                   else "final plan: ") + "\n  ".join(final_plan_lines(res)), markup=False, highlight=False)
+                f"{res.global_batch_size:,} ({how})", None, console, keep=("iteration_time_s", "memory_per_gpu_GiB"))
+    head = {"search": "final plan (the search's best: the ladder ends out of memory): ",
+            "best-plan": f"final plan (the best of the {res.searched:,} plans the ladder's values make): "}
+    console.print(head.get(res.final_source, "final plan: ") + "\n  ".join(final_plan_lines(res)), markup=False,
+                  highlight=False)
     best = best_plan_lines(res)
     if best:
         console.print("\n  ".join(best), markup=False, highlight=False)
@@ -845,7 +852,7 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
         shown = res.without.with_columns(pl.when(pl.col("fits")).then(pl.lit("fits")).otherwise(
             pl.col("status")).alias("status")).drop("fits")
         print_frame(shown.rename({"technique": "without"}), "the final plan without each of its techniques "
-                    "(set back to the start's value)", None, console)
+                    "(set back to the start's value; in brackets: those that need it, gone too)", None, console)
     if res.target is not None:
         console.print(res.target["message"], style="bold green" if res.target["meets"] else "bold yellow",
                       markup=False, highlight=False)

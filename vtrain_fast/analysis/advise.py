@@ -1,18 +1,22 @@
-"""Which speed-up technique first (``vtrain-fast advise``): from plain data parallelism, one
-technique at a time, greedily, with what each buys in speed, memory and cost on the given GPUs.
+"""Which speed-up technique first (``vtrain-fast advise``): from plain data parallelism to the
+best plan the techniques make, one technique at a time, with what each buys in speed, memory and
+cost on the given GPUs.
 
 The start
 ---------
 Plain data parallelism without the techniques: ``tp = pp = 1``, ``dp`` the largest size up to
-the GPUs that divides the global batch, micro-batch 1, bf16 mixed precision, no FlashAttention,
+the GPUs that divides the global batch, micro-batch 1, fp32 (no mixed precision; bf16 on a GPU
+without a stated FP32 peak), no FlashAttention,
 no recomputation, no ZeRO (DDP), no precision-aware optimizer, no overlap; every other training
 setting at its registry default (:data:`vtrain_fast.model.settings.SETTINGS`), unless
-``settings`` says otherwise. The issue asks to start from fp32, but fp32 / tf32 are not modelled
-(fp16 is priced as bf16), so the ladder starts from bf16 and mixed precision's own gain is not
-in it. The global batch is :data:`BATCH_TOKENS` tokens (4 Mi, Llama 2's 4M-token batch and
-``optimal``'s ``--batch-tokens`` default) in sequences of the model's ``seq_length``, rounded
-(``global_batch_size`` overrides it); the tokens are 20 per parameter (Chinchilla, Hoffmann et
-al. 2022) unless ``num_tokens`` says how many.
+``settings`` says otherwise. The start is one record, :data:`START` (its plan columns and any
+registry setting it does not keep at the default), read by :func:`start_plan`. Mixed precision
+(bf16) is then a technique of the ladder, and FP8 comes after it (:attr:`Technique.after`:
+Transformer Engine's FP8 runs inside bf16 mixed precision). The global batch is :data:`BATCH_TOKENS`
+tokens (4 Mi, Llama 2's 4M-token batch and ``optimal``'s ``--batch-tokens`` default) in
+sequences of the model's ``seq_length``, rounded (``global_batch_size`` overrides it); the
+tokens are 20 per parameter (Chinchilla, Hoffmann et al. 2022) unless ``num_tokens`` says how
+many.
 
 The ladder
 ----------
@@ -32,9 +36,13 @@ sequence parallelism at ``tp = 1``, an overlapped reduction at ``dp = 1``) or wh
 leaves a requirement unmet (:func:`~vtrain_fast.model.settings.unmet_requirements`). A record
 naming a setting the cost model does not have (not in ``BY_NAME``) is left out with a note.
 
-The greedy rule
----------------
-Each step prices every candidate of the current plan in one :func:`evaluate_frame` call, then:
+The rules
+---------
+Two rules order the techniques (``rule``, ``--rule``; :data:`RULES`): ``best-plan`` (the
+default) walks to the search's best plan, ``greedy`` takes the best next step each time.
+
+The greedy rule (``--rule greedy``): each step prices every candidate of the current plan in
+one :func:`evaluate_frame` call, then:
 
 1. while the plan does not fit in memory (status ``out_of_memory``, or with ``memory_margin``
    less free memory than that), apply among the candidates that obey Megatron-LM's rules
@@ -47,8 +55,9 @@ Each step prices every candidate of the current plan in one :func:`evaluate_fram
 3. stop when no candidate qualifies (at most :data:`MAX_STEPS` steps; memory falls at each step
    of (1) and time by the threshold at each step of (2), so the rule ends).
 
-The steps taken in (1) are the ones *needed to fit*; the final plan is also priced without each
-of its techniques (set back to the start's value), which says which ones it still needs.
+Under either rule the steps taken while the plan did not fit are the ones *needed to fit*; the
+final plan is also priced without each of its techniques (set back to the start's value, with
+the techniques that need it), which says which ones it still needs.
 
 The search
 ----------
@@ -56,13 +65,27 @@ A one-step greedy rule can miss a plan that only a combination of techniques rea
 PCIe node the one technique that fits alone may be wide tensor parallelism, slow there, while
 pipeline parallelism, ZeRO and 8-bit states together fit and run faster). So every plan the
 ladder's values make (:func:`combinations`: one record of each group of records that set the
-same columns, or none; a few thousand plans, priced in one frame) is priced as well, and the
-fastest that fits is reported next to the ladder's final plan with the gap between them. When
-the ladder ends out of memory but a plan of the search fits, that plan is the final plan (a
-note says so); when none fits either, :func:`advise` raises an
+same columns, or none; a few thousand plans, priced in one frame) is priced as well; the
+fastest that fits (ties: less memory, then the search's order, which lists a plan before the
+same plan with one more record) is *the best plan*.
+
+The best-plan rule (the default, :func:`order_techniques`): the best plan's records (its
+differences from the start, one record of the ladder each) are added to the start one at a
+time: while the plan does not fit, the record whose addition fits (the fastest, if several do)
+or else leaves the least memory; then the record that, still fitting, gives the lowest iteration
+time (its speed-up may be below 1 where it makes room for a later record: ZeRO-2 before a larger
+micro-batch), each step re-priced on the plan so far. Every plan on the way is a plan of the
+search, so the steps cost no pricing of their own; a record that would make a plan Megatron-LM
+refuses (sequence parallelism before tensor parallelism, an overlapped all-gather before ZeRO)
+waits. The last step is the best plan, so the list ends there and every step after the first
+that fits fits. The greedy ladder is still run and its end is named in a note.
+
+Under the greedy rule, the search's best is reported next to the ladder's final plan with the
+gap between them. When the ladder ends out of memory but a plan of the search fits, that plan
+is the final plan (a note says so); when none fits either, :func:`advise` raises an
 :class:`~vtrain_fast.io.errors.InputError` naming the techniques tried, the least memory
 reached and the fixes (more GPUs, a bigger GPU, a smaller model). So a plan that does not fit
-is never recommended.
+is never recommended (under either rule).
 """
 from __future__ import annotations
 
@@ -84,8 +107,13 @@ DEFAULT_THRESHOLD = 0.01
 MAX_STEPS = 64
 # Plan columns a technique may set besides the registry's training settings.
 PLAN_COLUMNS = ("tp", "pp", "micro_batch_size", "recompute")
-# The start's values of the plan columns.
-START = {"tp": 1, "pp": 1, "micro_batch_size": 1, "recompute": "none"}
+# The start, one record: its values of the plan columns, and of any registry setting it does not
+# keep at the registry default (e.g. "precision": "fp32" for a start before mixed precision; a
+# record of the ladder then sets the default back). Every other setting the ladder's records set
+# starts at its registry default (start_plan), and --set overrides the start.
+START = {"tp": 1, "pp": 1, "micro_batch_size": 1, "recompute": "none", "precision": "fp32"}
+# The rules that order the techniques (advise's rule=; --rule), the default first.
+RULES = ("best-plan", "greedy")
 # The columns advise sets itself: refused in ``settings``, with the option that sets them.
 OWN_COLUMNS = {"tp": "the ladder sets it (tensor parallelism)", "pp": "the ladder sets it (pipeline parallelism)",
                "dp": "it follows from the GPUs, tp and pp", "cp": "context parallelism is not in the ladder",
@@ -124,12 +152,17 @@ class Technique:
         ``when(plan, ctx) -> str | None``: why the technique does not apply to the new plan
         ``plan`` (a dict of plan columns, with it applied) on :class:`Context` ``ctx``, or None
         when it does.
+    after : str, optional
+        The name of a ladder technique whose values the plan must already have when this one is
+        added (FP8 after mixed precision): a step never jumps over it, and the best-plan rule adds
+        it to a best plan that has this one (:func:`prerequisite_unmet`).
     """
 
     name: str
     changes: tuple
     source: str
     when: Callable | None = None
+    after: str = ""
 
     @property
     def values(self) -> dict:
@@ -156,6 +189,11 @@ def _fp8(plan, ctx):
     return None
 
 
+def _mixed_precision(plan, ctx):
+    from ..plan.spec import has_precision
+    return None if has_precision(ctx.preset, "bf16") else f"{ctx.preset.name} has no bf16 tensor cores"
+
+
 def _flash(plan, ctx):
     from ..plan.spec import has_flash_attention
     return None if has_flash_attention(ctx.preset) else f"{ctx.preset.name} has no FlashAttention kernel"
@@ -166,6 +204,9 @@ _ZERO = "Rajbhandari et al. 2020 (ZeRO); Megatron-core distributed optimizer and
 
 # The ladder, in the order ties are broken in. A technique added later is one record here.
 LADDER: tuple[Technique, ...] = (
+    Technique("mixed precision (bf16)", (("precision", "bf16"),),
+              "Micikevicius et al. 2018 (mixed precision training), Kalamkar et al. 2019 (bf16); Megatron-LM --bf16: "
+              "16-bit weights, activations and GEMMs on the tensor cores, fp32 master weights", _mixed_precision),
     Technique("FlashAttention", (("use_flash_attn", True),), "Dao 2023 (FlashAttention-2)", _flash),
     Technique("selective recomputation", (("recompute", "selective"),),
               _RECOMPUTE + "; Megatron-LM --recompute-granularity selective"),
@@ -183,7 +224,8 @@ LADDER: tuple[Technique, ...] = (
     Technique("CPU optimizer offload", (("optimizer_cpu_offload", True), ("overlap_cpu_optimizer_d2h_h2d", True)),
               "Ren et al. 2021 (ZeRO-Offload); Megatron-core --optimizer-cpu-offload (overlapped copies; it needs "
               "the precision-aware optimizer, so it follows the 8-bit states)"),
-    Technique("FP8", (("precision", "fp8"),), "Micikevicius et al. 2022 (FP8 formats); Transformer Engine", _fp8),
+    Technique("FP8", (("precision", "fp8"),), "Micikevicius et al. 2022 (FP8 formats); Transformer Engine", _fp8,
+              after="mixed precision (bf16)"),
     Technique("overlapped gradient reduction", (("overlap_grad_reduce", True),), "Megatron-LM; PyTorch DDP buckets"),
     Technique("overlapped parameter all-gather", (("overlap_param_gather", True),),
               "Megatron-core distributed optimizer"),
@@ -203,14 +245,16 @@ class AdviseResult:
     Attributes
     ----------
     steps : polars.DataFrame
-        One row per step (0: the start): ``step``, ``technique``, ``change`` (what it changed,
-        ``name old -> new``), ``phase`` (``start``, ``fit``: taken while the plan did not fit,
-        ``speed``), ``needed_to_fit`` (phase ``fit``), ``fits`` (status ``ok``), ``speedup``
+        One row per step (0: the start): ``step``, ``technique`` (``A + B`` where the best-plan
+        rule had to add two records at once), ``change`` (what it changed, ``name old -> new``),
+        ``phase`` (``start``, ``fit``: taken while the plan did not fit, ``speed``),
+        ``needed_to_fit`` (phase ``fit``), ``fits`` (status ``ok``), ``speedup``
         (the previous step's iteration time over this one's), ``memory_saved_GiB`` (the previous
         step's memory per GPU less this one's), then every column :func:`evaluate_frame` gives.
     final : dict
-        The recommended plan (status ``ok``), an evaluate row: the last step's, or the search's
-        best when the ladder ends out of memory (``final_source``).
+        The recommended plan (status ``ok``), an evaluate row: the last step's (under
+        ``best-plan`` the search's best), or under ``greedy`` the search's best when the ladder
+        ends out of memory (``final_source``).
     without : polars.DataFrame
         The final plan without each technique in it (its columns set back to the start's
         values): ``step`` (None for the search's plan), ``technique``, ``status``, ``fits``,
@@ -230,14 +274,21 @@ class AdviseResult:
         The GPU's memory (``hbm_GiB``), GiB.
     notes : list of str
     final_source : str
-        ``ladder`` (the final plan is the last step's) or ``search`` (the ladder ended out of
-        memory and the final plan is the search's best).
+        ``best-plan`` (the best-plan rule: the last step's, the search's best), ``ladder`` (greedy:
+        the last step's) or ``search`` (greedy: the ladder ended out of memory and the final plan
+        is the search's best).
     best : dict or None
         The search's best: the fastest plan that fits of every combination of the ladder's values
         (:func:`combinations`), an evaluate row; None when none fits.
     searched : int
         Plans the search priced.
     memory_margin : float or None
+    rule : str
+        ``best-plan`` (the steps add the search's best plan's techniques, :func:`order_techniques`)
+        or ``greedy`` (the greedy ladder).
+    greedy : polars.DataFrame or None
+        Under ``best-plan``: the greedy ladder's steps (as ``steps``), what the rule is compared
+        with; None under ``greedy``.
     """
 
     steps: pl.DataFrame
@@ -257,6 +308,8 @@ class AdviseResult:
     best: dict | None = None
     searched: int = 0
     memory_margin: float | None = None
+    rule: str = "best-plan"
+    greedy: pl.DataFrame | None = None
 
 
 def usable_techniques(techniques) -> tuple[list[Technique], list[str]]:
@@ -309,8 +362,7 @@ def _check_settings(settings: dict) -> dict:
             ok, what = isinstance(v, bool), "true or false"
         elif st is not None and st.kind is str:
             ok, what = v in st.choices, "one of " + ", ".join(st.choices) + (
-                " (fp32 and tf32 are not modelled and fp16 is priced as bf16: the start is bf16)"
-                if k == "precision" else "")
+                " (the start's precision: fp32 by default)" if k == "precision" else "")
         elif st is not None:
             lo, hi = st.int_range
             whole = st.kind is int
@@ -351,12 +403,32 @@ def data_parallel_size(plan: dict, num_gpus: int, global_batch_size: int) -> int
     return None
 
 
-def why_not(tech: Technique, plan: dict, ctx: Context) -> tuple[dict | None, str]:
+def prerequisite(tech: Technique, ladder=None) -> Technique | None:
+    """The technique ``tech`` comes after (:attr:`Technique.after`), looked up by name in
+    ``ladder`` (default :data:`LADDER`); None when it has none or the ladder lacks it."""
+    if not tech.after:
+        return None
+    return next((t for t in (LADDER if ladder is None else ladder) if t.name == tech.after), None)
+
+
+def prerequisite_unmet(tech: Technique, plan: dict, ladder=None) -> str:
+    """Why ``tech`` cannot be added to ``plan`` yet (empty when it can): the plan lacks the
+    values of the technique it comes after (:func:`prerequisite`)."""
+    pre = prerequisite(tech, ladder)
+    if pre is None or all(plan.get(k) == v for k, v in pre.values.items()):
+        return ""
+    return f"{tech.name} comes after {pre.name}"
+
+
+def why_not(tech: Technique, plan: dict, ctx: Context, ladder=None) -> tuple[dict | None, str]:
     """``(new plan, "")`` with ``tech`` applied to ``plan``, or ``(None, why it is no candidate)``
     (the rules: this module's docstring, "The ladder")."""
     new = {**plan, **tech.values}
     if new == plan:
         return None, "in the plan already"
+    after = prerequisite_unmet(tech, plan, ladder)
+    if after:
+        return None, after
     why = rule_breach(new, (tech,), ctx)
     return (None, why) if why else (new, "")
 
@@ -459,9 +531,10 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
            num_tokens: float | None = None, settings: dict | None = None, gpu_presets: dict | None = None,
            calibration: dict | None = None, *, global_batch_size: int | None = None,
            threshold: float = DEFAULT_THRESHOLD, memory_margin: float | None = None, models: dict | None = None,
-           techniques: tuple | None = None) -> AdviseResult:
-    """Which technique to turn on first: the greedy ladder from plain data parallelism on
-    ``num_gpus`` x ``gpu`` (the start, the ladder and the rule: this module's docstring).
+           techniques: tuple | None = None, rule: str = "best-plan") -> AdviseResult:
+    """Which technique to turn on first: from plain data parallelism on ``num_gpus`` x ``gpu``
+    to the best plan, one technique a step (the start, the ladder and the rules: this module's
+    docstring).
 
     Parameters
     ----------
@@ -488,13 +561,18 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
     global_batch_size : int, optional
         Sequences per global batch (default: :data:`BATCH_TOKENS` tokens of ``seq_length``).
     threshold : float
-        The least gain in iteration time of a speed step, a fraction (default 1 %).
+        The least gain in iteration time of a greedy speed step, a fraction (default 1 %); also
+        what the near-miss notes count as faster.
     memory_margin : float, optional
         A plan fits when its status is ``ok`` and, with this, when it leaves this fraction of the
         GPU's memory free (as ``plan --memory-margin``); without it the tables mark plans within
         5 % of the memory ``tight``.
     techniques : tuple of Technique, optional
         The ladder (default :data:`LADDER`).
+    rule : str
+        ``best-plan`` (default): the steps are the search's best plan's techniques in the
+        fit-then-speed order (:func:`order_techniques`); ``greedy``: the greedy ladder, one
+        technique per step (this module's docstring). See :data:`RULES`.
 
     Returns
     -------
@@ -508,7 +586,6 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
     """
     from ..hardware.gpus import PRESETS, with_overrides
     from ..io.schema import CLUSTER_COLUMNS
-    from ..model.settings import BY_NAME
     from ..plan.models import MODEL_PRESETS
     known = gpu_presets or PRESETS
     models_known = models or MODEL_PRESETS
@@ -528,6 +605,9 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
     if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0.0 <= threshold < 1.0):
         raise InputError("command line", "--threshold", threshold, "a fraction from 0 to below 1",
                          "e.g. --threshold 0.01 (a speed step must gain 1 %)")
+    if rule not in RULES:
+        raise InputError("command line", "--rule", rule, " or ".join(RULES),
+                         did_you_mean(str(rule), RULES, "e.g. --rule best-plan"))
     from .query import DEFAULT_MEMORY_MARGIN, check_memory_margin
     check_memory_margin("command line", memory_margin)
     settings = _check_settings(dict(settings or {}))
@@ -547,12 +627,12 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
     ladder, notes = usable_techniques(LADDER if techniques is None else techniques)
     notes = [batch_note] + notes
 
-    knobs = dict(START)
-    for tech in ladder:
-        for k, _ in tech.changes:
-            if k in BY_NAME:
-                knobs.setdefault(k, BY_NAME[k].default)
-    knobs.update({k: v for k, v in settings.items() if k in BY_NAME})
+    knobs = start_plan(ladder, settings)
+    from ..plan.spec import has_precision
+    if "precision" not in settings and not has_precision(preset, knobs["precision"]):
+        notes.append(f"the start is bf16, not {knobs['precision']}: {gpu} states no {knobs['precision']} peak "
+                     "(its GPU file's peak_fp32_tflops / peak_tf32_tflops)")
+        knobs["precision"] = "bf16"
     base = {"model": model, "gpu": gpu, "global_batch_size": global_batch_size, **cluster,
             **({"seq_length": seq} if "seq_length" in settings else {})}
     where = f"advise ({model} on {num_gpus} x {gpu})"
@@ -583,21 +663,136 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
         return r["status"] == "ok" and (not memory_margin
                                         or capacity - r["memory_per_gpu_GiB"] >= memory_margin * capacity)
 
-    cur_frame, _, _ = _price([_row(knobs, base, ctx)], where, calibration, gpu_presets, models)
+    def price(rows):
+        return _price(rows, where, calibration, gpu_presets, models)
+
+    # the greedy ladder (the rule's steps under --rule greedy; under best-plan what it is compared with)
+    g_steps, g_tried, g_notes, g_misses, plan, cur = _greedy(ladder, knobs, base, ctx, price, fits, threshold,
+                                                             memory_margin)
+    notes += g_notes
+
+    # the search: every plan the ladder's values make, the best that fits
+    found, search_note = combinations(ladder, knobs, ctx)
+    if search_note:
+        notes.append(search_note)
+    space, kept, _ = price([_row(q, base, ctx) for q, _ in found])
+    found = [found[i] for i in kept]
+    srows = space.rows(named=True) if found else []
+    best, best_plan, best_techs = None, None, []
+    good = [k for k, r in enumerate(srows) if fits(r)]
+    if good:
+        k = min(good, key=lambda j: (srows[j]["iteration_time_s"], srows[j]["memory_per_gpu_GiB"], j))
+        best, (best_plan, best_techs) = srows[k], found[k]
+    if best is None:
+        if fits(cur):       # the search lost the ladder's plan (a search note says why): the ladder's it is
+            best, best_plan, best_techs = cur, plan, [s["tech"] for s in g_steps[1:]]
+        else:
+            least = float(space.filter(pl.col("status").is_in(["ok", "out_of_memory"]))["memory_per_gpu_GiB"].min()
+                          ) if space.height else math.inf
+            raise _hopeless(model, gpu, num_gpus, g_steps, g_tried, capacity, known, memory_margin, least,
+                            len(found))
+
+    margin = DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin
+    g_table = _steps_table(g_steps, [fits(s["row"]) for s in g_steps], capacity, margin)
+    greedy_table = None
+    if rule == "greedy":
+        steps, tried, table = g_steps, g_tried, g_table
+        notes += g_misses
+        if fits(cur):
+            source = "ladder"
+            final = table.row(table.height - 1, named=True)
+            in_plan = [(s["step"], s["tech"]) for s in steps[1:] if all(plan[k] == v for k, v in s["tech"].changes)]
+            final_plan = plan
+        else:
+            source = "search"
+            final = dict(best)
+            in_plan = [(None, t) for t in best_techs]
+            final_plan = best_plan
+            notes.append(f"the ladder ends out of memory ({cur['memory_per_gpu_GiB']:.1f} GiB after step "
+                         f"{len(steps) - 1}): its one-step rule found no way in, so the final plan is the search's "
+                         f"best (the fastest of the {len(found):,} plans the ladder's values make that fits)")
+            notes += _plan_misses(ladder, best_plan, best, _index(found, srows), fits, capacity, memory_margin,
+                                  threshold)
+    else:
+        index = _index(found, srows)
+        # a technique of the best plan that comes after another (FP8 after mixed precision) brings it
+        for t in list(best_techs):
+            pre = prerequisite(t, ladder)
+            if pre is not None and pre not in best_techs and prerequisite_unmet(t, knobs, ladder):
+                best_techs = [pre, *best_techs]
+        steps, tried_rows = order_techniques(best_techs, g_steps[0], index, fits, ladder)
+        tried = (pl.DataFrame(tried_rows, infer_schema_length=None) if tried_rows else pl.DataFrame())
+        table = _steps_table(steps, [fits(s["row"]) for s in steps], capacity, margin)
+        source = "best-plan"
+        final = table.row(table.height - 1, named=True)
+        in_plan = [(s["step"], t) for s in steps[1:] for t in s["techs"]]
+        final_plan = best_plan
+        greedy_table = g_table
+        g_last = g_steps[-1]["row"]
+        if fits(cur):
+            notes.append(f"the greedy rule (--rule greedy: one technique per step, the one that fits else the largest "
+                         f"memory cut, then the fastest) ends at {g_last['iteration_time_s']:.1f} s per iteration "
+                         f"after {len(g_steps) - 1} steps, "
+                         f"{g_last['iteration_time_s'] / final['iteration_time_s']:.2f}x this plan's time")
+        else:
+            notes.append(f"the greedy rule (--rule greedy) ends out of memory ({g_last['memory_per_gpu_GiB']:.1f} GiB "
+                         f"after {len(g_steps) - 1} steps)")
+        notes += _plan_misses(ladder, best_plan, best, index, fits, capacity, memory_margin, threshold)
+    without = _without(in_plan, final_plan, knobs, base, ctx, where, calibration, gpu_presets, models, fits)
+    gap = final["iteration_time_s"] / best["iteration_time_s"]
+    if source == "ladder" and gap > 1.0 / (1.0 - threshold):
+        diff = _plan_difference(final_plan, best_plan)
+        notes.append(f"the search's best plan is {gap:.2f}x faster than the ladder's final plan ({diff}): the ladder "
+                     "takes one technique at a time, so it cannot see that several cheaper ones together fit where no "
+                     "single one does, nor undo an early step that one of them would replace (--rule best-plan, the "
+                     "default, orders the best plan's techniques instead)")
+    target = _target(table, final, best, days, budget_usd, num_gpus)
+    notes += _caveats(preset, calibration, gpu, getattr(shape, "num_experts", 0) > 0)
+    if final.get("precision") == "fp8" or best.get("precision") == "fp8":
+        notes.append("precision fp8: MFU counts the bf16 peak (MFU's convention) under FP8 too, and FP8 GEMMs run at "
+                     f"up to {preset.peak_fp8_tflops / preset.peak_tflops:.1f}x it on {gpu}, so MFU above 50 % is "
+                     "possible")
+    return AdviseResult(steps=table, final=final, without=without, tried=tried, target=target, model=model, gpu=gpu,
+                        num_gpus=num_gpus, global_batch_size=global_batch_size, num_tokens=float(num_tokens),
+                        threshold=float(threshold), capacity_GiB=capacity, notes=notes, final_source=source,
+                        best=best, searched=len(found), memory_margin=memory_margin, rule=rule,
+                        greedy=greedy_table)
+
+
+def start_plan(ladder, settings: dict | None = None) -> dict:
+    """The start's plan columns: :data:`START`, then every registry setting the ladder's records
+    set at its registry default unless :data:`START` names it, then the user's ``settings``
+    (registry settings only; cluster values and ``seq_length`` go to the evaluate row)."""
+    from ..model.settings import BY_NAME
+    plan = {}
+    for tech in ladder:
+        for k, _ in tech.changes:
+            if k in BY_NAME:
+                plan.setdefault(k, BY_NAME[k].default)
+    plan.update(START)
+    plan.update({k: v for k, v in (settings or {}).items() if k in BY_NAME})
+    return plan
+
+
+def _greedy(ladder, knobs: dict, base: dict, ctx: Context, price, fits, threshold, memory_margin):
+    """The greedy rule (this module's docstring): ``(steps, tried, notes, near-miss notes, last
+    plan, last row)``;
+    ``steps`` dicts of ``step``, ``technique``, ``change``, ``phase``, ``row``, ``plan``, ``tech``
+    (and ``techs``, the one technique as a list)."""
+    cur_frame, _, _ = price([_row(knobs, base, ctx)])
     cur = cur_frame.row(0, named=True)
     plan = dict(knobs)
-    steps = [dict(step=0, technique="start (plain DP)", change="", phase="start", row=cur,
-                  plan=dict(plan))]
-    tried_frames = []
+    steps = [dict(step=0, technique="start (plain DP)", change="", phase="start", row=cur, plan=dict(plan),
+                  techs=[])]
+    tried_frames, notes, misses = [], [], []
     seen_notes = set()
     while len(steps) <= MAX_STEPS:
         cands = []
         for tech in ladder:
-            new, _ = why_not(tech, plan, ctx)
+            new, _ = why_not(tech, plan, ctx, ladder)
             if new is not None:
                 cands.append((tech, new))
-        priced, kept, refused = _price([_row(new, base, ctx) for _, new in cands], where, calibration, gpu_presets,
-                                       models)
+        priced, kept, refused = price([_row(new, base, ctx) for _, new in cands])
         for msg in refused:
             if msg not in seen_notes:
                 seen_notes.add(msg)
@@ -627,65 +822,122 @@ def advise(model: str, gpu: str, num_gpus: int, days: float | None = None, budge
                 pick = min(faster, key=lambda kr: (kr[1]["iteration_time_s"], kr[1]["memory_per_gpu_GiB"], kr[0]))
         if pick is None:
             if fits_now:
-                notes += _near_misses(cands, rows, cur, threshold, fits, capacity, memory_margin)
+                misses = _near_misses([t.name for t, _ in cands], rows, cur, threshold, fits, ctx.preset.hbm_GiB,
+                                      memory_margin)
             break
         k, row = pick
         tech, new = cands[k]
         steps.append(dict(step=step, technique=tech.name, change=_change_text(tech, plan),
-                          phase="speed" if fits_now else "fit", row=row, plan=dict(new), tech=tech))
+                          phase="speed" if fits_now else "fit", row=row, plan=dict(new), tech=tech, techs=[tech]))
         plan, cur = new, row
     tried = pl.concat(tried_frames, how="vertical_relaxed") if tried_frames else pl.DataFrame()
+    return steps, tried, notes, misses, plan, cur
 
-    # the search: every plan the ladder's values make, the best that fits
-    found, search_note = combinations(ladder, knobs, ctx)
-    if search_note:
-        notes.append(search_note)
-    space, kept, _ = _price([_row(q, base, ctx) for q, _ in found], where, calibration, gpu_presets, models)
-    found = [found[i] for i in kept]
-    best, best_plan, best_techs = None, None, []
-    if found:
-        srows = space.rows(named=True)
-        good = [k for k, r in enumerate(srows) if fits(r)]
-        if good:
-            k = min(good, key=lambda j: (srows[j]["iteration_time_s"], srows[j]["memory_per_gpu_GiB"], j))
-            best, (best_plan, best_techs) = srows[k], found[k]
-    if not fits(cur) and best is None:
-        least = float(space.filter(pl.col("status").is_in(["ok", "out_of_memory"]))["memory_per_gpu_GiB"].min()
-                      ) if space.height else math.inf
-        raise _hopeless(model, gpu, num_gpus, steps, tried, capacity, known, memory_margin, least, len(found))
 
-    margin = DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin
-    table = _steps_table(steps, [fits(s["row"]) for s in steps], capacity, margin)
-    if fits(cur):
-        source = "ladder"
-        final = table.row(table.height - 1, named=True)
-        in_plan = [(s["step"], s["tech"]) for s in steps[1:] if all(plan[k] == v for k, v in s["tech"].changes)]
-        final_plan = plan
-    else:
-        source = "search"
-        final = dict(best)
-        in_plan = [(None, t) for t in best_techs]
-        final_plan = best_plan
-        notes.append(f"the ladder ends out of memory ({cur['memory_per_gpu_GiB']:.1f} GiB after step "
-                     f"{len(steps) - 1}): its one-step rule found no way in, so the final plan is the search's best "
-                     f"(the fastest of the {len(found):,} plans the ladder's values make that fits)")
-    without = _without(in_plan, final_plan, knobs, base, ctx, where, calibration, gpu_presets, models, fits)
-    gap = final["iteration_time_s"] / best["iteration_time_s"] if best is not None else math.nan
-    if source == "ladder" and best is not None and gap > 1.0 / (1.0 - threshold):
-        diff = _plan_difference(final_plan, best_plan)
-        notes.append(f"the search's best plan is {gap:.2f}x faster than the ladder's final plan ({diff}): the ladder "
-                     "takes one technique at a time, so it cannot see that several cheaper ones together fit where no "
-                     "single one does, nor undo an early step that one of them would replace")
-    target = _target(table, final, best, days, budget_usd, num_gpus)
-    notes += _caveats(preset, calibration, gpu, getattr(shape, "num_experts", 0) > 0)
-    if final.get("precision") == "fp8" or (best is not None and best.get("precision") == "fp8"):
-        notes.append("precision fp8: MFU counts the bf16 peak (MFU's convention) under FP8 too, and FP8 GEMMs run at "
-                     f"up to {preset.peak_fp8_tflops / preset.peak_tflops:.1f}x it on {gpu}, so MFU above 50 % is "
-                     "possible")
-    return AdviseResult(steps=table, final=final, without=without, tried=tried, target=target, model=model, gpu=gpu,
-                        num_gpus=num_gpus, global_batch_size=global_batch_size, num_tokens=float(num_tokens),
-                        threshold=float(threshold), capacity_GiB=capacity, notes=notes, final_source=source,
-                        best=best, searched=len(found), memory_margin=memory_margin)
+def _key(plan: dict) -> tuple:
+    return tuple(sorted(plan.items()))
+
+
+def _index(found, srows) -> dict:
+    """The search's priced plans by their columns: ``{key: row}``."""
+    return {_key(q): r for (q, _), r in zip(found, srows)}
+
+
+def order_techniques(techs, start: dict, index: dict, fits, ladder) -> tuple[list[dict], list[dict]]:
+    """The best-plan rule: the techniques ``techs`` of the search's best plan, added to the start
+    one at a time in the fit-then-speed order.
+
+    While the plan does not fit, add the technique whose addition fits (the fastest, if several
+    do; ties: less memory, then ladder order) or else the one that leaves the least memory (ties:
+    faster, then ladder order); once it fits, add the one that, still fitting, gives the lowest
+    iteration time (the largest speed-up; it may be below 1 where a memory technique makes room
+    for a later one), each re-priced on the plan so far. Every plan on the way is a plan of the
+    search (a subset of the best plan's techniques, one record of each group or none), so its
+    price is read from ``index`` (:func:`_index`); a plan the search refused
+    (:func:`rule_breach`: sequence parallelism before tensor parallelism, an overlapped
+    all-gather before ZeRO) is no candidate. Where no single technique qualifies (none is a plan
+    of the search, or none keeps a fitting plan fitting) the smallest group of them that does is
+    one step; the whole rest is the best plan itself, so the order ends there.
+
+    Parameters
+    ----------
+    techs : list of Technique
+        The best plan's records (:func:`combinations`' second item).
+    start : dict
+        The start step (``row``, ``plan``), :func:`_greedy`'s first.
+    index : dict
+        The search's priced plans.
+    fits : callable
+        ``fits(row) -> bool``.
+    ladder : sequence of Technique
+        For the ties (ladder order).
+
+    Returns
+    -------
+    (steps, tried)
+        Step dicts as :func:`_greedy`'s (``techs``: the records a step adds; ``phase`` ``fit``
+        while the plan before it did not fit, else ``speed``) and the rows of every candidate
+        (with ``step`` and ``technique``).
+    """
+    import itertools
+    order = {id(t): i for i, t in enumerate(ladder)}
+    plan, cur = dict(start["plan"]), start["row"]
+    steps, tried = [dict(start)], []
+    rest = sorted(techs, key=lambda t: order.get(id(t), len(order)))
+    while rest:
+        fits_now = fits(cur)
+        chosen = None
+        for size in range(1, len(rest) + 1):
+            cands = []
+            for combo in itertools.combinations(rest, size):
+                new, ok = dict(plan), True
+                for t in combo:                 # in ladder order; each after its prerequisite
+                    if prerequisite_unmet(t, new, ladder):
+                        ok = False
+                        break
+                    new.update(t.values)
+                if not ok:
+                    continue
+                row = index.get(_key(new))
+                if row is not None and row["status"] in ("ok", "out_of_memory"):
+                    cands.append((combo, new, row))
+            tried += [{**row, "step": len(steps), "technique": " + ".join(t.name for t in combo)}
+                      for combo, _, row in cands]
+            pos = [tuple(order.get(id(t), len(order)) for t in c) for c, _, _ in cands]
+            fitting = [k for k, (_, _, r) in enumerate(cands) if fits(r)]
+            if fitting:
+                k = min(fitting, key=lambda j: (cands[j][2]["iteration_time_s"], cands[j][2]["memory_per_gpu_GiB"],
+                                                pos[j]))
+            elif cands and not fits_now:
+                k = min(range(len(cands)), key=lambda j: (cands[j][2]["memory_per_gpu_GiB"],
+                                                          cands[j][2]["iteration_time_s"], pos[j]))
+            else:
+                continue
+            chosen = cands[k]
+            break
+        if chosen is None:
+            break               # not reached: the whole rest is the best plan, which fits
+        combo, new, row = chosen
+        change = "; ".join(_change_text(t, plan) for t in combo)
+        steps.append(dict(step=len(steps), technique=" + ".join(t.name for t in combo), change=change,
+                          phase="speed" if fits_now else "fit", row=row, plan=dict(new), tech=combo[0],
+                          techs=list(combo)))
+        plan, cur = new, row
+        rest = [t for t in rest if all(t is not c for c in combo)]
+    return steps, tried
+
+
+def _plan_misses(ladder, plan, row, index, fits, capacity, memory_margin, threshold) -> list[str]:
+    """The near-misses of the best plan: the ladder's records that, added to it, make a plan of
+    the search faster by the threshold that does not fit."""
+    cands, rows = [], []
+    for tech in ladder:
+        new = {**plan, **tech.values}
+        r = index.get(_key(new))
+        if new != plan and r is not None:
+            cands.append(tech.name)
+            rows.append(r)
+    return _near_misses(cands, rows, row, threshold, fits, capacity, memory_margin)
 
 
 def _plan_difference(a: dict, b: dict) -> str:
@@ -696,8 +948,9 @@ def _plan_difference(a: dict, b: dict) -> str:
 
 
 def _near_misses(cands, rows, cur, threshold, fits, capacity, memory_margin) -> list[str]:
-    """A note naming the candidates of the last step that would be faster by the threshold but
-    do not fit (what more memory would buy next)."""
+    """A note naming the candidates (``cands``: names; ``rows``: their evaluate rows) of the last
+    plan ``cur`` that would be faster by the threshold but do not fit (what more memory would buy
+    next)."""
     limit = cur["iteration_time_s"] * (1.0 - threshold)
     near = sorted((r["iteration_time_s"], k) for k, r in enumerate(rows)
                   if r["status"] == "out_of_memory" or (r["status"] == "ok" and not fits(r)))
@@ -705,7 +958,7 @@ def _near_misses(cands, rows, cur, threshold, fits, capacity, memory_margin) -> 
     if not near:
         return []
     room = f"{capacity:.1f} GiB" + (f" less the --memory-margin {memory_margin:g}" if memory_margin else "")
-    parts = [f"{cands[k][0].name} ({cur['iteration_time_s'] / t:.2f}x, {rows[k]['memory_per_gpu_GiB']:.1f} GiB)"
+    parts = [f"{cands[k]} ({cur['iteration_time_s'] / t:.2f}x, {rows[k]['memory_per_gpu_GiB']:.1f} GiB)"
              for t, k in near]
     return [f"faster next steps that do not fit in the {room}: " + ", ".join(parts)]
 
@@ -731,16 +984,44 @@ def _steps_table(steps: list[dict], fits: list[bool], capacity: float, margin: f
 
 def _without(in_plan, plan, start, base, ctx, where, calibration, gpu_presets, models, fits) -> pl.DataFrame:
     """The final plan ``plan`` without each technique of ``in_plan`` (``(step, technique)``), its
-    columns set back to ``start``'s (see :class:`AdviseResult`)."""
+    columns set back to ``start``'s, or to its prerequisite's (:func:`prerequisite`) when the plan
+    has that (see :class:`AdviseResult`). Where the plan without it is one
+    Megatron-LM refuses (:func:`rule_breach`: an overlapped all-gather without ZeRO, CPU offload
+    without the precision-aware optimizer), the techniques that need it go too (the fewest that
+    make it a plan; the label names them in brackets); where none do, the technique has no row."""
+    import itertools
     rows, labels = [], []
+    techs = [t for _, t in in_plan]
     for step, tech in in_plan:
-        back = {**plan, **{k: start[k] for k in tech.values}}
+        # back to the start's values, or to those of the technique it comes after when the plan has
+        # it (FP8 without FP8 is the plan in bf16, not in fp32)
+        pre = prerequisite(tech)
+        to = pre.values if pre is not None and pre in techs else {k: start[k] for k in tech.values}
+        back = {**plan, **{k: to.get(k, start[k]) for k in tech.values}}
         if back == plan:
             continue            # a record of the start's values (no recomputation): nothing to take away
-        if data_parallel_size(back, ctx.num_gpus, ctx.global_batch_size) is None:
+        others = [t for t in techs if t is not tech and any(plan[k] != start[k] for k in t.values)]
+        label, found = tech.name, None
+        for size in range(0, min(2, len(others)) + 1):
+            for extra in itertools.combinations(others, size):
+                q = dict(back)
+                for t in extra:
+                    q.update({k: start[k] for k in t.values})
+                if not rule_breach(q, [t for t in others if t not in extra], ctx):
+                    found = q
+                    if extra:
+                        label = f"{tech.name} (and {', '.join(t.name for t in extra)})"
+                    break
+            if found is not None:
+                break
+        if found is None:
             continue
-        rows.append(_row(back, base, ctx))
-        labels.append((step, tech.name))
+        # the techniques that come after it (FP8 after mixed precision) go with it
+        after = [t.name for t in techs if prerequisite(t) is tech and any(found[k] != plan[k] for k in t.values)]
+        if after:
+            label = (label[:-1] + ", " if label.endswith(")") else label + " (and ") + ", ".join(after) + ")"
+        rows.append(_row(found, base, ctx))
+        labels.append((step, label))
     schema = {"step": pl.Int64, "technique": pl.String, "status": pl.String, "fits": pl.Boolean,
               "memory_per_gpu_GiB": pl.Float64, "iteration_time_s": pl.Float64}
     if not rows:
@@ -775,7 +1056,7 @@ def _target(table: pl.DataFrame, final: dict, best: dict | None, days, budget_us
             msg = (f"does not meet --budget-usd {limit:,.0f}: ${value:,.0f} for {tokens:.3g} tokens; the budget "
                    f"trains {tokens * limit / value:.3g} tokens with this plan (--tokens)")
     if first is not None and first < table.height - 1:
-        msg += f" (the ladder meets it from step {first} on)"
+        msg += f" (the steps meet it from step {first} on)"
     if not meets and best is not None and best[col] <= limit:
         msg += (f"; the search's best plan meets it: {best['train_days']:.1f} days for ${best['cost_usd']:,.0f}")
     return dict(kind=kind, limit=float(limit), value=value, meets=meets, first_step=first, message=msg)
@@ -807,7 +1088,8 @@ def _hopeless(model, gpu, num_gpus, steps, tried, capacity, known, memory_margin
                       f"a plan that fits in the {capacity:.1f} GiB of a {gpu}"
                       + (f" with {memory_margin:.0%} of it free (--memory-margin)" if memory_margin else "")
                       + ": none does. From plain data "
-                      f"parallelism ({steps[0]['row']['memory_per_gpu_GiB']:.1f} GiB per GPU) the ladder applied "
+                      f"parallelism ({steps[0]['row']['memory_per_gpu_GiB']:.1f} GiB per GPU) the greedy ladder "
+                      "applied "
                       + (", ".join(applied) if applied else "nothing") + f" and reached "
                       f"{steps[-1]['row']['memory_per_gpu_GiB']:.1f} GiB; techniques tried: "
                       + (", ".join(names) if names else "none applied to this plan")
@@ -817,8 +1099,10 @@ def _hopeless(model, gpu, num_gpus, steps, tried, capacity, known, memory_margin
 
 
 def _caveats(preset, calibration, gpu, moe: bool) -> list[str]:
-    notes = ["precision: the start is bf16 mixed precision; fp32, tf32 and fp16 (loss scaling) are not modelled, "
-             "so the gain of mixed precision over fp32 is not in the ladder"]
+    notes = [f"precision: the start is {'fp32' if START.get('precision') == 'fp32' and preset.peak_fp32_tflops > 0 else 'bf16'}"
+             " (GEMMs at the FP32 peak, 4-byte activations; --set precision=... changes it); TF32 and fp16 with loss "
+             "scaling are priced too but not in the ladder, and the FP32 / TF32 GEMMs take the bf16-fitted GEMM "
+             "efficiency (an assumption)"]
     if not preset.calibrated and not (calibration or {}).get(gpu):
         notes.append(f"{gpu} is not calibrated: its efficiencies are published or assumed (its GPU file says "
                      "which) and no iteration time of it was measured here; fit them with vtrain-fast calibrate "
@@ -873,7 +1157,7 @@ def best_plan_lines(res: AdviseResult) -> list[str]:
     """The search's best plan in words (empty when the final plan is it, or there is none)."""
     from ..model.settings import SETTINGS
     b = res.best
-    if b is None or res.final_source == "search":
+    if b is None or res.final_source != "ladder":
         return []
     gap = res.final["iteration_time_s"] / b["iteration_time_s"]
     changed = [f"{st.name} = {str(b[st.name]).lower() if isinstance(b[st.name], bool) else b[st.name]}"
@@ -888,8 +1172,9 @@ def best_plan_lines(res: AdviseResult) -> list[str]:
 def plot_advice(res: AdviseResult, path) -> None:
     """A bar chart of the steps: days for the tokens (left; the deadline dashed with ``days``)
     and memory per GPU against the GPU's memory (right); steps that do not fit hatched red and
-    marked ``OOM``, and the search's best plan as a last, grey bar when the ladder's final plan
-    is not it. Written through :func:`~vtrain_fast.analysis.report.save_figure`."""
+    marked ``OOM``, and as a last, grey bar the search's best plan when the greedy ladder's final
+    plan is not it, or under the best-plan rule the greedy ladder's final plan (what the rule
+    beats). Written through :func:`~vtrain_fast.analysis.report.save_figure`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -906,6 +1191,12 @@ def plot_advice(res: AdviseResult, path) -> None:
         fits.append(True)
         days.append(res.best["train_days"])
         mem.append(res.best["memory_per_gpu_GiB"])
+        colors.append("tab:gray")
+    elif res.greedy is not None and res.greedy["fits"][-1]:
+        labels.append("greedy rule's end")
+        fits.append(True)
+        days.append(res.greedy["train_days"][-1])
+        mem.append(res.greedy["memory_per_gpu_GiB"][-1])
         colors.append("tab:gray")
     x = list(range(len(labels)))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(8.0, 1.1 * len(labels) + 4), 4.8))
@@ -930,6 +1221,7 @@ def plot_advice(res: AdviseResult, path) -> None:
     save_figure(fig, path)
 
 
-__all__ = ["AdviseResult", "BATCH_TOKENS", "DEFAULT_THRESHOLD", "LADDER", "Technique", "advise", "best_plan_lines",
-           "combinations", "data_parallel_size", "final_plan_lines", "plot_advice", "rule_breach", "steps_display",
+__all__ = ["AdviseResult", "BATCH_TOKENS", "DEFAULT_THRESHOLD", "LADDER", "RULES", "START", "Technique", "advise",
+           "best_plan_lines", "combinations", "data_parallel_size", "final_plan_lines", "order_techniques",
+           "plot_advice", "rule_breach", "start_plan", "steps_display",
            "usable_techniques", "why_not"]
