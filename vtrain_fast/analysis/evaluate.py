@@ -464,9 +464,10 @@ def check_row_requirements(preset, sizes_are_1: dict, where: str, row: int) -> N
     for st, other, value in unmet_requirements(values, sizes_are_1):
         switched_off = values[other] == value       # given, but Megatron-LM turns it off on this plan
         sizes = " or ".join(f"{k} = 1" for k in BY_NAME[other].off_at)
+        needs = (f"({st.owner()} needs it" if st.framework else
+                 f"({st.megatron} needs {BY_NAME[other].megatron}; Megatron-LM refuses it otherwise")
         raise InputError(where, f"row {row}, column {st.name}", str(values[st.name]).lower(),
-                         f"{other} = {str(value).lower()} in the same row ({st.megatron} needs "
-                         f"{BY_NAME[other].megatron}; Megatron-LM refuses it otherwise"
+                         f"{other} = {str(value).lower()} in the same row {needs}"
                          + (f", and switches {other} off at {sizes})" if switched_off else ")"),
                          f"set {st.name} to {str(st.default).lower()} in row {row}" if switched_off else
                          f"set {other} to {str(value).lower()} or {st.name} to {str(st.default).lower()} in row {row}")

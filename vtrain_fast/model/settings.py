@@ -76,6 +76,10 @@ class Setting:
     inert_models : str
         Models on which it changes no cost, in words (``ep``, ``etp``: dense models); README's rules
         say so. The sweep's repeat status does not see it (the kernels give such rows the same numbers).
+    framework : str
+        For a setting Megatron-LM lacks (:data:`NO_MEGATRON_FLAG`), the framework option it prices
+        (``param_cpu_offload``: PyTorch FSDP2's CPUOffloadPolicy): what notes and errors name instead
+        of a Megatron-LM flag (:meth:`owner`).
     refused_where : str
         Plans on which Megatron-LM refuses it, in words, where the kernels give those plans status
         ``refused`` themselves (``cpu_offloading_num_layers``: pipeline parallelism, recomputation);
@@ -99,6 +103,12 @@ class Setting:
     choices: tuple[str, ...] = ()
     inert_models: str = ""
     refused_where: str = ""
+    framework: str = ""
+
+    def owner(self) -> str:
+        """Who refuses the setting without what it needs, for notes and errors: ``Megatron-LM
+        --flag``, or the framework of a setting Megatron-LM lacks (:attr:`framework`)."""
+        return self.framework if self.megatron == NO_MEGATRON_FLAG and self.framework else f"Megatron-LM {self.megatron}"
 
     def encode(self, value) -> float:
         """The machine-vector value of ``value``: the index of a choice (``str`` settings), 1.0 /
@@ -368,7 +378,8 @@ SETTINGS: tuple[Setting, ...] = (
             "before its all-gather in forward and again in backward, its gradient shard copied back after the "
             "reduce-scatter, and Adam steps on the CPU; no effect at dp x cp = 1, where nothing is sharded; Megatron-LM "
             "has no such flag (needs zero_stage = 3)",
-            NO_MEGATRON_FLAG, inert_at=("dp",), requires=(("zero_stage", 3),)),
+            NO_MEGATRON_FLAG, inert_at=("dp",), requires=(("zero_stage", 3),),
+            framework="PyTorch FSDP2's CPUOffloadPolicy, an option of fully_shard (ZeRO-3),"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.

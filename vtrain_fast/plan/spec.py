@@ -367,7 +367,7 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                    "machines are left out" for name, prec in skipped_fp8)
     notes += tuple(f"{name} has no MXFP8 tensor cores (mxfp8_tensor_cores 0; MXFP8 needs a Blackwell GPU): its "
                    "precision = fp8, fp8_recipe = mxfp8 machines are left out" for name in skipped_mxfp8)
-    notes += tuple(f"{st} = true needs {other} = {str(value).lower()} (Megatron-LM {BY_NAME[st].megatron} "
+    notes += tuple(f"{st} = true needs {other} = {str(value).lower()} ({BY_NAME[st].owner()} "
                    f"refuses it otherwise): the {other} "
                    + (f"= {str(not value).lower()}" if BY_NAME[other].kind is bool else f"!= {value}")
                    + f" machines run with {st} = false"
@@ -411,6 +411,8 @@ def check_requirements(path, settings: dict) -> None:
                          f"{other} = {_toml_value((value,))} with it ({st.megatron} needs "
                          f"{BY_NAME[other].megatron}" + ("" if isinstance(value, bool) else f" {value}")
                          + "; Megatron-LM refuses it otherwise)")
+                if st.framework:        # another framework's option: no Megatron-LM flags to name
+                    needs = f"{other} = {_toml_value((value,))} with it ({st.owner()} needs it)"
                 raise InputError(path, f"{st.table}.{st.name}", given, needs,
                                  f"set [{BY_NAME[other].table}] {other} = {_toml_value((value,))} or drop {st.name}")
 
