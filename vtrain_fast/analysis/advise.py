@@ -1107,8 +1107,9 @@ def _caveats(preset, calibration, gpu, moe: bool) -> list[str]:
         notes.append(f"{gpu} is not calibrated: its efficiencies are published or assumed (its GPU file says "
                      "which) and no iteration time of it was measured here; fit them with vtrain-fast calibrate "
                      "before trusting absolute numbers")
-    notes.append("not in the ladder: host offloading of parameters or activations (not modelled yet; the optimizer's "
-                 "is), interleaved 1F1B (vpp), context parallelism, TP communication overlap"
+    notes.append("not in the ladder: activation offloading (cpu_offloading_num_layers) and parameter offloading "
+                 "(param_cpu_offload, FSDP2 with ZeRO-3), which the cost model prices (--set them to start from one), "
+                 "interleaved 1F1B (vpp), context parallelism, TP communication overlap"
                  + (", expert parallelism (--set ep=N starts from it)" if moe else ""))
     return notes
 
