@@ -995,8 +995,8 @@ def _without(in_plan, plan, start, base, ctx, where, calibration, gpu_presets, m
     for step, tech in in_plan:
         # back to the start's values, or to those of the technique it comes after when the plan has
         # it (FP8 without FP8 is the plan in bf16, not in fp32)
-        pre = prerequisite(tech)
-        to = pre.values if pre is not None and pre in techs else {k: start[k] for k in tech.values}
+        pre = prerequisite(tech, techs)         # (looked up among the plan's own techniques)
+        to = pre.values if pre is not None else {k: start[k] for k in tech.values}
         back = {**plan, **{k: to.get(k, start[k]) for k in tech.values}}
         if back == plan:
             continue            # a record of the start's values (no recomputation): nothing to take away
@@ -1017,7 +1017,7 @@ def _without(in_plan, plan, start, base, ctx, where, calibration, gpu_presets, m
         if found is None:
             continue
         # the techniques that come after it (FP8 after mixed precision) go with it
-        after = [t.name for t in techs if prerequisite(t) is tech and any(found[k] != plan[k] for k in t.values)]
+        after = [t.name for t in techs if prerequisite(t, techs) is tech and any(found[k] != plan[k] for k in t.values)]
         if after:
             label = (label[:-1] + ", " if label.endswith(")") else label + " (and ") + ", ".join(after) + ")"
         rows.append(_row(found, base, ctx))

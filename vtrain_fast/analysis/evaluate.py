@@ -368,11 +368,10 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         # the settings in one spelling (zero_stage 1 is the distributed optimizer)
         row_settings = canonical_values({**{k: int(v[i]) for k, v in int_settings.items()},
                                          **{k: float(v[i]) for k, v in float_settings.items()}, **row_flags})
-        row_precision = precision[i]
         row_choices = {k: v[i] for k, v in choice_settings.items()}
-        key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), row_precision, *row_choices.values())
+        key = (gpu[i], int(gpn[i]), *values.values(), *row_settings.values(), precision[i], *row_choices.values())
         if key not in cache:
-            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_settings, precision=row_precision,
+            ov = dict(gpus_per_node=int(gpn[i]) or None, **values, **row_settings, precision=precision[i],
                       **row_choices)
             preset = with_overrides(known[gpu[i]], calibration.get(gpu[i]), **ov)
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
