@@ -270,3 +270,16 @@ def test_an_advise_table_exports_and_shows_with_its_memory_marks_recomputed(advi
                 res = runner.invoke(app, [command, str(path)])
                 assert res.exit_code == 0, (k, command, res.output)
                 assert ("memory: " in res.output) == tight, (k, command, label)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_label_the_escaping_missed_is_refused_by_the_read_back(target, tmp_path, monkeypatch):
+    """With the escaping of labels switched off (printable as the identity), a NUL and line breaks in a
+    label reach the text: the read-back refuses it (exit 2, a message, no file written)."""
+    from vtrain_fast.analysis import export as export_module
+    monkeypatch.setattr(export_module, "printable", str)
+    table = _write_table(tmp_path / "plans.csv", f"evil\x00\ntouch {MARK}\n#")
+    out = tmp_path / _out_name(target)
+    res = CliRunner().invoke(app, ["export", str(table), "--row", "0", "--to", target, "-o", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output and f"--to {target}" in flat(res.output), res.output
+    assert not out.exists()

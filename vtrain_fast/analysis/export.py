@@ -187,22 +187,28 @@ def _docstring(text: str, indent: str = "", width: int | None = 100) -> list[str
                                                      break_on_hyphens=False)]
 
 
-def _unsafe(target: str, text: str, reason: str) -> InputError:
-    return InputError(f"--to {target}", "the written text", text[:200], f"a {reason}",
+def _unsafe(target: str, line: str, reason: str) -> InputError:
+    """The refusal of a written text whose ``line`` does not read back (``reason``: what it must be)."""
+    return InputError(f"--to {target}", "a line of the written file", line[:300], reason,
                       "rename the plan's model or GPU label (letters, digits, '-', '_', '.') and export again")
+
+
+def _unprintable(text: str) -> str | None:
+    """The first line of ``text`` that is not printable (:func:`printable`), else None."""
+    return next((line for line in text.split("\n")[:-1] if not line.isprintable()), None)
 
 
 def _checked_shell(text: str, argv: list[str]) -> str:
     """``text`` (the megatron script) if its comment lines are single printable lines and its
     command reads back (:func:`shlex.split`, the line continuations joined) as ``argv`` word by
     word; else an :class:`InputError`."""
-    lines = text.split("\n")[:-1]
-    if "\x00" in text or any(not line.isprintable() for line in lines):
-        raise _unsafe("megatron", text, "script of printable lines")
-    command = [line for line in lines if not line.startswith("#")]
+    bad = _unprintable(text)
+    if bad is not None:
+        raise _unsafe("megatron", bad, "a line of printable characters (a comment holds one line)")
+    command = [line for line in text.split("\n")[:-1] if not line.startswith("#")]
     joined = " ".join(line[:-2] if line.endswith(" \\") else line for line in command)
     if any(not line.endswith(" \\") for line in command[:-1]) or shlex.split(joined) != [str(a) for a in argv]:
-        raise _unsafe("megatron", text, "script whose command is the plan's arguments, each one shell word")
+        raise _unsafe("megatron", joined, "the command of the plan's arguments, each one shell word")
     return text
 
 
@@ -214,24 +220,29 @@ def _checked_overrides(text: str, overrides) -> str:
     """``text`` (the bridge override list) if its lines are printable, each ``#`` comment or one of
     ``overrides``, and every override a plain ``key=value`` (:data:`_OVERRIDE`); else an
     :class:`InputError`."""
-    lines = text.split("\n")[:-1]
-    body = [line for line in lines if not line.startswith("#")]
-    if "\x00" in text or any(not line.isprintable() for line in lines) or body != list(overrides) \
-            or not all(_OVERRIDE.fullmatch(o) for o in overrides):
-        raise _unsafe("bridge", text, "list of key=value overrides of letters, digits and _ . , + - [ ]")
+    bad = _unprintable(text)
+    if bad is not None:
+        raise _unsafe("bridge", bad, "a line of printable characters (a comment holds one line)")
+    body = [line for line in text.split("\n")[:-1] if not line.startswith("#")]
+    wrong = [o for o in body if o not in overrides or not _OVERRIDE.fullmatch(o)]
+    if wrong or body != list(overrides):
+        raise _unsafe("bridge", (wrong or body or [""])[0], "one of the plan's overrides, key=value of letters, "
+                      "digits and _ . , + - [ ]")
     return text
 
 
 def _checked_python(source: str, target: str) -> str:
     """``source`` if it is one Python module (:func:`ast.parse`) of printable lines; else an
     :class:`InputError`."""
-    lines = source.split("\n")[:-1]
-    if "\x00" in source or any(not line.isprintable() for line in lines):
-        raise _unsafe(target, source, "module of printable lines")
+    bad = _unprintable(source)
+    if bad is not None:
+        raise _unsafe(target, bad, "a line of printable characters (a comment holds one line)")
     try:
         ast.parse(source)
     except SyntaxError as e:
-        raise _unsafe(target, source, f"Python module ({e.msg}, line {e.lineno})") from None
+        lines = source.split("\n")
+        line = lines[e.lineno - 1] if e.lineno and e.lineno <= len(lines) else ""
+        raise _unsafe(target, line, f"a line of a Python module (ast.parse: {e.msg}, line {e.lineno})") from None
     return source
 
 
