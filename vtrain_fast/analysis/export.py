@@ -16,7 +16,11 @@ cannot run as priced (not Llama-shaped, MoE, ZeRO-1/2 data parallelism, FP8 dela
 context parallelism, ...) are refused with the setting to change.
 
 What a plan holds that is not a framework argument (the assumed MoE load imbalance, the GPU
-type, the cluster's price) is written as comments. Nothing here prices anything.
+type, the cluster's price) is written as comments. Labels (a model or GPU name may hold quotes,
+line breaks, ``$()``) are written through one rule per language (:func:`printable` in comments and
+docstrings, :func:`_sh` for a shell word, :func:`_py` for a Python literal) and every text is read
+back before it is returned; the launch line starts the priced world size (:func:`launch_geometry`).
+Nothing here prices anything.
 """
 from __future__ import annotations
 
