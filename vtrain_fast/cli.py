@@ -641,7 +641,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     micro-batch, memory per stage broken down, and (--timeline) one iteration's schedule per stage."""
     from rich.table import Table
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.export import read_plan
+    from .analysis.export import printable, read_plan
     from .analysis.show import HOST_PARTS, MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
     from .io.errors import InputError, check_output_file, write_atomically
     from .plan.spec import load_models
@@ -656,7 +656,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     own_models = load_models(models) if models else None
     chosen, _, notes = read_plan(plan, where, row, own_models)
     for note in notes:
-        console.print(f"note: {note}", style="yellow", markup=False)
+        console.print(f"note: {printable(note)}", style="yellow", markup=False)
     detail = show_plan(chosen)
     console.print(f"[bold]{escape(detail.title())}[/]")
     tt = Table(title="iteration time (s)")

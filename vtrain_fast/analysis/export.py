@@ -16,12 +16,18 @@ cannot run as priced (not Llama-shaped, MoE, ZeRO-1/2 data parallelism, FP8 dela
 context parallelism, ...) are refused with the setting to change.
 
 What a plan holds that is not a framework argument (the assumed MoE load imbalance, the GPU
-type, the cluster's price) is written as comments. Nothing here prices anything.
+type, the cluster's price) is written as comments. Labels (a model or GPU name may hold quotes,
+line breaks, ``$()``) are written through one rule per language (:func:`printable` in comments and
+docstrings, :func:`_sh` for a shell word, :func:`_py` for a Python literal) and every text is read
+back before it is returned; the launch line starts the priced world size (:func:`launch_geometry`).
+Nothing here prices anything.
 """
 from __future__ import annotations
 
+import ast
 import keyword
 import math
+import re
 import shlex
 import textwrap
 from dataclasses import dataclass
@@ -101,25 +107,147 @@ class Export:
     source: str = ""
 
     def text(self) -> str:
-        """The export as a shell script fragment (``megatron``: the notes as comments, then the launch
-        line), an override list, one ``key=value`` a line after the notes (``bridge``), or a Python
-        module (``torchtitan``: :attr:`source`)."""
+        """The export as a shell script (``megatron``: the notes as comments, then the launch line), an
+        override list, one ``key=value`` a line after the notes (``bridge``), or a Python module
+        (``torchtitan``: :attr:`source`). Every label is written through the escaping rule of its
+        language (:func:`printable` in comments, :func:`_sh` in the shell line, :func:`_py` in Python)
+        and the text is read back before it is returned (:func:`_checked_shell`,
+        :func:`_checked_overrides`, :func:`_checked_python`).
+
+        Raises
+        ------
+        InputError
+            The text does not read back as written (a label that cannot be written safely).
+        """
         if self.target == "torchtitan":
-            return self.source
+            return _checked_python(self.source, "torchtitan")
+        notes = [line for n in self.notes for line in _comment(n, width=None)]
         if self.target == "bridge":
-            return "\n".join([f"# {n}" for n in self.notes] + [f"# {self.launcher}"] + list(self.args)) + "\n"
-        lines = ["#!/bin/sh"] + [f"# {n}" for n in self.notes]
+            return _checked_overrides("\n".join(notes + _comment(self.launcher, width=None) + list(self.args)) + "\n",
+                                      self.args)
+        lines = ["#!/bin/sh"] + notes
         pairs, i = [], 0
         while i < len(self.args):
             if i + 1 < len(self.args) and not self.args[i + 1].startswith("--"):
-                pairs.append(f"{self.args[i]} {shlex.quote(self.args[i + 1])}")
+                pairs.append(f"{_sh(self.args[i])} {_sh(self.args[i + 1])}")
                 i += 2
             else:
-                pairs.append(self.args[i])
+                pairs.append(_sh(self.args[i]))
                 i += 1
-        lines.append(self.launcher + " pretrain_gpt.py \\")
+        lines.append(" ".join(_sh(w) for w in self.launcher.split(" ")) + " pretrain_gpt.py \\")
         lines += [f"    {p} \\" for p in pairs[:-1]] + [f"    {pairs[-1]}"]
-        return "\n".join(lines) + "\n"
+        argv = self.launcher.split(" ") + ["pretrain_gpt.py", *self.args]
+        return _checked_shell("\n".join(lines) + "\n", argv)
+
+
+# ---------------------------------------------------------------- writing values into files
+# One escaping rule per language: printable (comments, docstrings and console lines), _sh (a shell
+# word), _py (a Python literal); and each written text is read back before it is returned.
+
+def printable(text) -> str:
+    """``text`` with every character that is not printable (``str.isprintable``: line breaks,
+    control characters, NUL, bidirectional overrides such as U+202E, ...) written as its Python
+    escape (``\\n``, ``\\x00``, ``\\u202e``): one line that shows what the label holds and that
+    a comment, a docstring or a terminal line can hold as it is."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
+def _sh(value) -> str:
+    """``value`` as one shell word (:func:`shlex.quote`)."""
+    return shlex.quote(str(value))
+
+
+def _py(value) -> str:
+    """``value`` as Python source: strings as Python writes them (:func:`repr`; double-quoted where
+    the string holds no ``"``, every character that is not printable escaped), lists of them, and
+    other values by :func:`repr`."""
+    if isinstance(value, str):
+        text = repr(value)
+        if text[0] == "'" and '"' not in value and "'" not in value:
+            text = '"' + text[1:-1] + '"'
+        return text
+    if isinstance(value, list):
+        return "[" + ", ".join(_py(v) for v in value) + "]"
+    return repr(value)
+
+
+def _comment(text: str, indent: str = "", width: int | None = 100) -> list[str]:
+    """``text`` (:func:`printable`) as ``#`` comment lines under ``indent``, wrapped to ``width``
+    characters (None: one line)."""
+    text = printable(text)
+    if width is None:
+        return [f"{indent}# {text}"]
+    return [indent + "# " + line for line in textwrap.wrap(text, width - len(indent) - 2, break_long_words=False,
+                                                            break_on_hyphens=False)]
+
+
+def _docstring(text: str, indent: str = "", width: int | None = 100) -> list[str]:
+    """``text`` as a triple-quoted docstring under ``indent``, wrapped to ``width`` characters (None:
+    one line): its labels :func:`printable`, ``\\`` and ``"`` escaped, so that no text ends it early."""
+    body = '"""' + printable(text).replace("\\", "\\\\").replace('"', '\\"') + '"""'
+    if width is None:
+        return [indent + body]
+    return [indent + line for line in textwrap.wrap(body, width - len(indent), break_long_words=False,
+                                                     break_on_hyphens=False)]
+
+
+def _unsafe(target: str, line: str, reason: str) -> InputError:
+    """The refusal of a written text whose ``line`` does not read back (``reason``: what it must be)."""
+    return InputError(f"--to {target}", "a line of the written file", line[:300], reason,
+                      "rename the plan's model or GPU label (letters, digits, '-', '_', '.') and export again")
+
+
+def _unprintable(text: str) -> str | None:
+    """The first line of ``text`` that is not printable (:func:`printable`), else None."""
+    return next((line for line in text.split("\n")[:-1] if not line.isprintable()), None)
+
+
+def _checked_shell(text: str, argv: list[str]) -> str:
+    """``text`` (the megatron script) if its comment lines are single printable lines and its
+    command reads back (:func:`shlex.split`, the line continuations joined) as ``argv`` word by
+    word; else an :class:`InputError`."""
+    bad = _unprintable(text)
+    if bad is not None:
+        raise _unsafe("megatron", bad, "a line of printable characters (a comment holds one line)")
+    command = [line for line in text.split("\n")[:-1] if not line.startswith("#")]
+    joined = " ".join(line[:-2] if line.endswith(" \\") else line for line in command)
+    if any(not line.endswith(" \\") for line in command[:-1]) or shlex.split(joined) != [str(a) for a in argv]:
+        raise _unsafe("megatron", joined, "the command of the plan's arguments, each one shell word")
+    return text
+
+
+# A Megatron-Bridge override: a dotted key, then a value of letters, digits, _ . , + - and brackets.
+_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=[A-Za-z0-9_.,+\-\[\]]+")
+
+
+def _checked_overrides(text: str, overrides) -> str:
+    """``text`` (the bridge override list) if its lines are printable, each ``#`` comment or one of
+    ``overrides``, and every override a plain ``key=value`` (:data:`_OVERRIDE`); else an
+    :class:`InputError`."""
+    bad = _unprintable(text)
+    if bad is not None:
+        raise _unsafe("bridge", bad, "a line of printable characters (a comment holds one line)")
+    body = [line for line in text.split("\n")[:-1] if not line.startswith("#")]
+    wrong = [o for o in body if o not in overrides or not _OVERRIDE.fullmatch(o)]
+    if wrong or body != list(overrides):
+        raise _unsafe("bridge", (wrong or body or [""])[0], "one of the plan's overrides, key=value of letters, "
+                      "digits and _ . , + - [ ]")
+    return text
+
+
+def _checked_python(source: str, target: str) -> str:
+    """``source`` if it is one Python module (:func:`ast.parse`) of printable lines; else an
+    :class:`InputError`."""
+    bad = _unprintable(source)
+    if bad is not None:
+        raise _unsafe(target, bad, "a line of printable characters (a comment holds one line)")
+    try:
+        ast.parse(source)
+    except SyntaxError as e:
+        lines = source.split("\n")
+        line = lines[e.lineno - 1] if e.lineno and e.lineno <= len(lines) else ""
+        raise _unsafe(target, line, f"a line of a Python module (ast.parse: {e.msg}, line {e.lineno})") from None
+    return source
 
 
 def _get(row: dict, name: str):
@@ -148,6 +276,64 @@ def _layers_per_virtual_stage(row: dict) -> int:
     extra = int(bool(_get(row, "account_for_embedding_in_pipeline_split"))) + \
         int(bool(_get(row, "account_for_loss_in_pipeline_split")))
     return (int(row["num_layers"]) + extra) // (int(row["pp"]) * int(_get(row, "vpp")))
+
+
+def launch_geometry(row: dict, gpus_per_node: int) -> tuple[int, int, tuple[str, ...]]:
+    """The ``torchrun --nnodes N --nproc-per-node M`` that starts the plan's world size (tp x cp x pp
+    x dp, the ranks it was priced with), and a note where it is not whole nodes; every export's
+    launch line (Megatron-LM, Megatron-Bridge, torchtitan) is this one.
+
+    torchrun starts ``M`` ranks on each of its ``N`` nodes, so ``N x M`` must be the world size. A
+    world size of whole nodes runs as priced (``ceil(world / gpus_per_node)`` nodes of
+    ``gpus_per_node``; one node of ``world`` ranks when it fits one). Another one runs on the nodes
+    it was priced on, ``M = world / N`` ranks on each (12 ranks on 8-GPU nodes: 2 x 6), where ``N``
+    divides it and every group the cost model kept inside a node (tp, tp x cp, tp x cp x dp, the
+    expert group: consecutive ranks in Megatron-core's order) still fits whole in one node of ``M``;
+    the note says so.
+
+    Returns
+    -------
+    (int, int, tuple of str)
+        Nodes, ranks per node, notes.
+
+    Raises
+    ------
+    InputError
+        ``num_gpus`` other than tp x cp x pp x dp; a world size that cannot be started as priced on
+        the nodes it was priced on (naming a world size of whole nodes).
+    """
+    tp, cp, pp, dp = (int(row[k]) if row.get(k) is not None else 1 for k in ("tp", "cp", "pp", "dp"))
+    world, gpn = tp * cp * pp * dp, int(gpus_per_node)
+    given = row.get("num_gpus")
+    if given is not None and int(given) != world:
+        raise InputError("plan", "num_gpus", int(given), f"tp x cp x pp x dp = {world}", "fix num_gpus or tp, cp, pp, dp")
+    if world <= gpn:
+        return 1, world, ()
+    nodes = -(-world // gpn)
+    if world % gpn == 0:
+        return nodes, gpn, ()
+    groups = [("tp", tp), ("tp x cp", tp * cp), ("tp x cp x dp", tp * cp * dp)]
+    if int(_get(row, "num_experts")) and int(_get(row, "ep")) > 1:
+        groups.append(("etp x ep", (int(_get(row, "etp")) or tp) * int(_get(row, "ep"))))
+    per = world // nodes
+    split = [f"{name} = {span}" for name, span in groups if span <= gpn and per % span]
+    if world % nodes or split:
+        step = gpn // math.gcd(gpn, tp * cp * pp)
+        whole = -(-dp // step) * step
+        reason = (f"{world} ranks do not split evenly over the {nodes} nodes they were priced on" if world % nodes
+                  else f"{world} ranks over {nodes} nodes are {per} a node, which splits the group of "
+                       f"{split[0]} ranks the plan was priced with inside one node")
+        raise InputError("plan", "world size (tp x cp x pp x dp)", world,
+                         f"a multiple of the {gpn} GPUs per node, or one that runs as {nodes} nodes of equal "
+                         "ranks (torchrun starts --nproc-per-node ranks on every node) keeping each group priced "
+                         "inside a node inside one",
+                         f"{reason}: price a world size of whole nodes, e.g. dp = {whole} "
+                         f"({tp * cp * pp * whole} GPUs, with a global_batch_size that micro_batch_size x dp divides)")
+    note = (f"launch: {world} ranks as priced, {nodes} nodes x {per} (torchrun starts the same number of ranks on "
+            f"every node, and {world} is not a multiple of the {gpn} GPUs per node): {gpn - per} GPUs of each node "
+            f"idle; the plan was priced with its ranks filling nodes of {gpn} in order ({nodes - 1} x {gpn} + "
+            f"{world - (nodes - 1) * gpn}), so the traffic between its nodes is not exactly what was priced")
+    return nodes, per, (note,)
 
 
 def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
@@ -315,8 +501,9 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
         notes.append("async_tensor_model_parallel_allreduce: no flag in Megatron-core, whose TP linears always overlap "
                      "the backward all-reduce; " + ("priced so" if bool(g("async_tensor_model_parallel_allreduce")) else
                                                     "priced without it (exposed), so this run may be faster than priced"))
-    nodes = int(row.get("num_nodes") or math.ceil(int(row["num_gpus"]) / gpus_per_node))
-    launcher = f"torchrun --nnodes {nodes} --nproc-per-node {min(gpus_per_node, int(row['num_gpus']))}"
+    nodes, per_node, placed = launch_geometry(row, gpus_per_node)
+    notes += placed
+    launcher = f"torchrun --nnodes {nodes} --nproc-per-node {per_node}"
     return Export("megatron", tuple(a_), tuple(notes), launcher)
 
 
@@ -533,7 +720,7 @@ def torchtitan_module_fqns(chunks: list[int]) -> list[list[str]]:
 
 
 def _titan_refuse(row: dict, key: str, value, allowed: str, fix: str):
-    raise InputError(f"--to torchtitan ({row.get('model', 'the plan')})", key, value, allowed, fix)
+    raise InputError(f"--to torchtitan ({printable(row.get('model', 'the plan'))})", key, value, allowed, fix)
 
 
 def _torchtitan_check(row: dict) -> None:
@@ -622,15 +809,6 @@ def _torchtitan_check(row: dict) -> None:
                       "use a plan the cost model prices (status ok)")
 
 
-def _py(value) -> str:
-    """``value`` as Python source (strings double-quoted)."""
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_py(v) for v in value) + "]"
-    return repr(value)
-
-
 def _py_list_block(items: list, indent: str) -> str:
     """A list as Python source, wrapped to lines of about 100 characters under ``indent``."""
     text = _py(items)
@@ -639,11 +817,6 @@ def _py_list_block(items: list, indent: str) -> str:
     body = textwrap.wrap(", ".join(_py(v) for v in items), 100 - len(indent) - 4, break_long_words=False,
                          break_on_hyphens=False)
     return "[\n" + "".join(f"{indent}    {line}\n" for line in body) + f"{indent}]"
-
-
-def _comment(text: str, indent: str = "") -> list[str]:
-    return [indent + "# " + line for line in textwrap.wrap(text, 100 - len(indent) - 2, break_long_words=False,
-                                                            break_on_hyphens=False)]
 
 
 def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str = TORCHTITAN_MODULE) -> Export:
@@ -774,8 +947,8 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
             "# (torchtitan/models/llama3/__init__.py). _build_llama3_layers and the init dictionaries are private",
             f"# names of torchtitan.models.llama3 at {TORCHTITAN_COMMIT[:8]}: they may change without notice.",
             "def vtrain_fast_model(attn_backend: str, tp_gemm_backend: str = \"default\") -> Llama3Model.Config:",
-            f'    """{row.get("model", "the plan")}: {L} layers, dim {h}, {a} heads, {qg} KV heads, FFN {ffn}, '
-            f'vocabulary {vocab}."""',
+            *_docstring(f"{row.get('model', 'the plan')}: {L} layers, dim {h}, {a} heads, {qg} KV heads, FFN {ffn}, "
+                        f"vocabulary {vocab}.", "    ", None),
             f"    dim, n_heads, n_kv_heads, n_layers, vocab_size = {h}, {a}, {qg}, {L}, {vocab}",
             "    return Llama3Model.Config(",
             "        dim=dim,",
@@ -923,8 +1096,9 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
         needs = [w for w, on in (("FP8", fp8), ("async TP", async_tp)) if on]
         notes.append(f"torch.compile is on ({' and '.join(needs)} need{'s' if len(needs) == 1 else ''} it): its "
                      "per-block fusion makes the element-wise kernels faster than priced")
-    nodes = int(row.get("num_nodes") or math.ceil(int(row["num_gpus"]) / gpus_per_node))
-    launcher = (f"torchrun --nnodes {nodes} --nproc-per-node {min(gpus_per_node, int(row['num_gpus']))} "
+    nodes, per_node, placed = launch_geometry(row, gpus_per_node)
+    notes += placed
+    launcher = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} "
                 f"-m torchtitan.train --module {module} --config {TORCHTITAN_FUNCTION}")
     notes.append(f"run it from the folder that holds {module}.py (torchrun -m puts that folder on sys.path) or put "
                  "the folder on PYTHONPATH" + ("; on several nodes add --node-rank and --rdzv-backend c10d "
@@ -934,10 +1108,9 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
     lines = []
     for n in notes:
         lines += _comment(n)
-    lines += ["#", f"# run: {launcher}"]
-    lines += textwrap.wrap(f'"""vtrain-fast plan for {row.get("model", "a model")} on {world} {row.get("gpu", "GPUs")}: '
-                           f'a torchtitan recipe (--module {module} --config {TORCHTITAN_FUNCTION})."""', 100,
-                           break_long_words=False, break_on_hyphens=False)
+    lines += ["#"] + _comment(f"run: {launcher}", width=None)
+    lines += _docstring(f"vtrain-fast plan for {row.get('model', 'a model')} on {world} {row.get('gpu', 'GPUs')}: "
+                        f"a torchtitan recipe (--module {module} --config {TORCHTITAN_FUNCTION}).")
     by_module = {}
     for mod, n in imports:
         by_module.setdefault(mod, []).append(n)
@@ -950,13 +1123,11 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
         lines += own_model + ["", ""]
     layout = f"tp {tp}, cp {cp}, pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "") + f", dp {dp}"
     lines.append(f"def {TORCHTITAN_FUNCTION}() -> Trainer.Config:")
-    doc = textwrap.wrap(f'"""{row.get("model", "the plan")} on {world} GPUs ({layout}); micro-batches of {mbs} x '
-                        f'{seq} tokens, {micro_batches} per data-parallel rank a step."""', 96, break_long_words=False,
-                        break_on_hyphens=False)
-    lines += [f"    {line}" for line in doc]
+    lines += _docstring(f"{row.get('model', 'the plan')} on {world} GPUs ({layout}); micro-batches of {mbs} x "
+                        f"{seq} tokens, {micro_batches} per data-parallel rank a step.", "    ")
     lines += [f"    {st}" for st in body]
     lines.append("    return config")
-    source = "\n".join(lines) + "\n"
+    source = _checked_python("\n".join(lines) + "\n", "torchtitan")
     return Export("torchtitan", tuple(body), tuple(notes), launcher, source)
 
 
@@ -981,6 +1152,7 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     from ..hardware.gpus import PRESETS
     from ..io.writer import read_manifest
     from .evaluate import evaluate_frame, read_csv, without_earlier_results
+    from ..io.schema import DERIVED_NAMES
     from .query import DEFAULT_MEMORY_MARGIN, feasible_plans, where_filter, with_cluster_columns, with_memory_headroom
     path = Path(source)
     if path.is_dir():
@@ -990,10 +1162,13 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
         df = with_cluster_columns(df, manifest)
         df = with_memory_headroom(df.lazy(), manifest, DEFAULT_MEMORY_MARGIN).collect()
     elif path.suffix.lower() in (".csv", ".parquet", ".pq"):
-        # a table of earlier results (pareto -o, evaluate -o, plan -o) is priced again from its inputs
+        # a table of earlier results (pareto -o, evaluate -o, plan -o, advise -o) is priced again from its
+        # inputs; its memory marks too (recomputed below, not read: a label may be stale)
         plans, _ = without_earlier_results(read_csv(path))
+        plans = plans.drop([c for c in DERIVED_NAMES if c in plans.columns])
         priced = evaluate_frame(plans, str(path), models=models)
-        df = priced.filter(pl.col("status") == "ok")
+        df = with_memory_headroom(priced.lazy(), {"gpus": {g: None for g in priced["gpu"].unique().to_list()}},
+                                  DEFAULT_MEMORY_MARGIN).filter(pl.col("status") == "ok").collect()
         if df.height == 0:
             counts = ", ".join(f"{k} {v}" for k, v in priced["status"].value_counts().sort("status").rows())
             raise InputError(str(path), "plans", priced.height, "at least one plan of status ok",
@@ -1008,9 +1183,6 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     if df.height == 0:
         raise InputError(str(path), "plans", 0, "at least one feasible plan (status ok)",
                          "relax --where" if where else "the folder has no feasible plan: sweep other plans")
-    if "memory_tight" not in df.columns and "gpu" in df.columns and "memory_per_gpu_GiB" in df.columns:
-        df = with_memory_headroom(df.lazy(), {"gpus": {g: None for g in df["gpu"].unique().to_list()}},
-                                  DEFAULT_MEMORY_MARGIN).collect()
     if "cost_usd" in df.columns:
         df = df.sort("cost_usd")
     if row is None and df.height > 1:

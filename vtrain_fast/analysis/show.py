@@ -113,7 +113,10 @@ class PlanDetail:
         return float(self.events["end_s"].max())
 
     def title(self) -> str:
-        """The plan in one line: model, GPU, tp/pp/dp/vpp, micro-batch size, recomputation."""
+        """The plan in one line: model, GPU, tp/pp/dp/vpp, micro-batch size, recomputation (the labels
+        :func:`~vtrain_fast.analysis.export.printable`: a line break or a control character in a name
+        shown as its escape)."""
+        from .export import printable
         p = self.plan
         parts = [str(p.get("model") or f"{p.get('num_layers')}L h{p.get('hidden_size')}"), str(p.get("gpu", ""))]
         sizes = [f"tp {p.get('tp')}", f"pp {p.get('pp')}", f"dp {p.get('dp')}"]
@@ -123,7 +126,7 @@ class PlanDetail:
         parts.append(" ".join(sizes))
         parts.append(f"mbs {p.get('micro_batch_size')} gbs {p.get('global_batch_size')}")
         parts.append(f"recompute {p.get('recompute', 'none')}")
-        return ", ".join(parts)
+        return printable(", ".join(parts))
 
 
 def kernel_inputs(plan: dict, gpus: dict | None = None):
@@ -440,7 +443,7 @@ def plot_timeline(detail: PlanDetail, path) -> None:
                + [Patch(facecolor="white", edgecolor="grey", label="idle (bubble)")],
                loc="lower center", ncol=len(kinds) + 1, fontsize=8, frameon=False)
     ax.set_title(f"{detail.title()}\niteration {detail.time_s['iteration_time_s']:.3f} s (model), "
-                 f"{detail.makespan_s:.3f} s (simulated timeline)", fontsize=9)
+                 f"{detail.makespan_s:.3f} s (simulated timeline)", fontsize=9, parse_math=False)
     fig.tight_layout(rect=(0, 0.08 if p > 2 else 0.15, 1, 1))
     fig.savefig(path, dpi=130, format="png")
     plt.close(fig)
