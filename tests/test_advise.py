@@ -316,7 +316,7 @@ def test_cli_writes_the_table_and_the_plot(cli, tmp_path):
     from vtrain_fast.io.schema import OUTPUT_NAMES
     assert set(OUTPUT_NAMES) | {"status", "step", "phase", "needed_to_fit"} <= set(steps.columns)
     assert steps["iteration_time_s"].to_list() == pytest.approx(expected["iteration_time_s"].to_list())
-    r = cli("advise", "--model", "gpt3-1.3b", "--gpus", f"{RTX}:4", "--rule", "greedy", "-o", out)
+    r = cli("advise", "--model", "gpt3-1.3b", "--gpus", f"{RTX}:4", "--rule", "greedy", "-o", out, "--overwrite")
     greedy = advise("gpt3-1.3b", RTX, 4, rule="greedy").steps
     # (the title names the rule, but a narrow console crops a wrapped table title: not checked here)
     assert r.exit_code == 0 and "final plan" in flat(r.output)

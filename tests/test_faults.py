@@ -323,13 +323,15 @@ def test_sweep_output_that_is_an_existing_file_is_refused(spec_path, tmp_path, c
 def test_a_full_disk_under_any_output_exits_2_and_leaves_nothing(command, spec_path, tiny_sweep, plans_csv, tmp_path,
                                                                    cli, monkeypatch):
     import vtrain_fast.io.errors as errors_module
-    real_replace = os.replace
-
-    def full(src, dst):          # every atomic write fails at its last step, as on a full disk
-        if str(dst).startswith(str(tmp_path / "o")):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_replace(src, dst)
-    monkeypatch.setattr(errors_module.os, "replace", full)
+    def failing(real):
+        def full(src, dst):      # every atomic write fails at its last step, as on a full disk
+            if str(dst).startswith(str(tmp_path / "o")):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(src, dst)
+        return full
+    # the last step: a rename (replacing), or a hard link (a new file, never replacing one)
+    monkeypatch.setattr(errors_module.os, "replace", failing(os.replace))
+    monkeypatch.setattr(errors_module.os, "link", failing(os.link))
     out = tmp_path / "o"
     res = cli(*_commands(spec_path, tiny_sweep, plans_csv, out)[command])
     assert res.exit_code == 2 and "No space left on device" in flat(res.output), (command, res.output)

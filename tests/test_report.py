@@ -115,8 +115,12 @@ def test_cli_refuses_a_full_folder_and_overwrites_with_the_flag(built):
     assert r.exit_code == 2 and "--overwrite" in r.output and "Traceback" not in r.output
     assert (out / "keep.txt").exists()
     r = runner.invoke(app, ["report", str(built / "res"), "-o", str(out), "--overwrite"])
+    assert r.exit_code == 2 and "keep.txt" in r.output        # a file report did not write: never replaced
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").rename(out / "index.html")              # an earlier report's folder: replaced
+    r = runner.invoke(app, ["report", str(built / "res"), "-o", str(out), "--overwrite"])
     assert r.exit_code == 0, r.output
-    assert not (out / "keep.txt").exists() and (out / "index.html").exists()
+    assert not (out / "keep.txt").exists() and (out / "index.html").read_text() != "x"
     page = (out / "index.html").read_text()
     assert "--optimal STUDY.toml" in page and len(_images(page)) == 3     # says how to add the curve
     for args in (["report", str(built / "nope"), "-o", str(built / "o3")],

@@ -46,11 +46,14 @@ def _user_errors(func):
             # otherwise swallow as markup tags
             err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
             raise typer.Exit(2)
-        except OSError as e:
+        except Exception as e:
             # the last line of defence: a file operation no check foresaw (each write path
             # converts its own failures) still ends in one message and status 2, not a traceback
-            from .io.errors import write_failure
-            where = e.filename or "a file"
+            # (an OSError, or Polars' ComputeError "... (os error 28)" on a full disk)
+            from .io.errors import is_write_failure, write_failure
+            if not is_write_failure(e):
+                raise
+            where = getattr(e, "filename", None) or "a file"
             err.print(f"[bold red]error:[/] {escape(str(write_failure(where, e, 'file')))}", markup=True,
                       highlight=False)
             raise typer.Exit(2)
@@ -64,6 +67,10 @@ def _calibration(path: Optional[Path]):
 
 CalibrationOpt = typer.Option(None, "--calibration", help="calibration TOML written by `calibrate`")
 GpusOpt = typer.Option(None, "--gpus", help="TOML of your own GPUs (\\[gpus.<name>] tables, as in a spec)")
+
+
+OverwriteOpt = typer.Option(False, "--overwrite", help="replace an existing output file (never an input, "
+                            "nor a device or a folder)")
 
 
 MemoryMarginOpt = typer.Option(None, "--memory-margin", help="leave out plans whose memory headroom is below this "
@@ -108,8 +115,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
     from .plan.grid import check_index_space
     check_index_space(s.num_points, str(spec))    # the dry run too, not only build_grid
     folder = output or Path("results") / s.name
-    from .io.errors import check_output_folder
-    check_output_folder(folder)
+    from .io.outputs import check_output
+    from .io.writer import SWEEP_OUTPUT
+    check_output(folder, inputs=(spec, calibration, gpus), overwrite=overwrite, folder=SWEEP_OUTPUT)
     if not overwrite and not dry_run and shard is None and (folder / "manifest.json").is_file():
         from .io.writer import check_manifest, folder_problems, read_json
         try:
@@ -302,14 +310,12 @@ def import_hf(config: Path = typer.Argument(..., help="Hugging Face config.json"
     (with its multi-head latent attention). What the cost model cannot express is refused; what it prices
     differently is noted (stderr, and comments in the file). A spec reads the file with
     model_files = ["FILE.toml"]."""
-    from .io.errors import check_output_file, file_exists_error
+    from .io.outputs import check_output
     from .plan.hf import check_seq_length, model_file_text, model_name, read_config, shape_from_config
     from .plan.models import models_from_tables
     check_seq_length(seq_length)
     if output is not None:            # before any work, as every command with -o
-        check_output_file(output)
-        if not overwrite and os.path.lexists(output):
-            raise file_exists_error(output)
+        check_output(output, inputs=(config,), overwrite=overwrite)
     cfg = read_config(config)
     table, notes = shape_from_config(cfg, str(config), seq_length)
     name = model_name(cfg, config, name)
@@ -358,7 +364,8 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
            breakdown: bool = typer.Option(False, "--breakdown",
                                           help="also show where each plan's iteration time goes (compute, TP, "
                                                "pipeline, data-parallel communication, bubble, optimizer)"),
-           memory_margin: Optional[float] = MemoryMarginOpt):
+           memory_margin: Optional[float] = MemoryMarginOpt,
+           overwrite: bool = OverwriteOpt):
     """Print the Pareto frontier of the feasible rows of a results folder."""
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.query import frontier_columns, pareto as pareto_frontier, resolve_groups, where_filter
@@ -372,17 +379,20 @@ def pareto(folder: Path = typer.Argument(..., help="results folder"),
     if not 1 <= top <= 10**9:
         raise InputError("command line", "--top", top, "a whole number from 1 to 1,000,000,000",
                          "rows to print (per group with --by), e.g. --top 20; write every row with -o FILE.parquet")
+    from .io.outputs import check_output
     if output:
         check_table_path(output)
+        check_output(output, inputs=(folder,), overwrite=overwrite)
     if plot:
         if len(minimize) < 2:
             raise InputError("command line", "--plot", str(plot), "two or more --minimize objectives",
                              "the plot puts the first on x and the second on y")
         check_plot_path(plot)
+        check_output(plot, "--plot", inputs=(folder,), overwrite=overwrite)
     front = pareto_frontier(folder, list(minimize), list(by), all_columns=output is not None, where=list(where),
                             breakdown=breakdown, memory_margin=memory_margin)
     if output and front.height:
-        write_table_atomic(front, output)
+        write_table_atomic(front, output, replace=overwrite)
         front = front.select(frontier_columns(folder, list(by), [m.lstrip("-") for m in minimize], list(where),
                                               breakdown))
     title = (f"Pareto frontier of {folder} ({_plural(front.height, 'plan')}; minimise {', '.join(minimize)}"
@@ -443,7 +453,8 @@ def report(folder: Path = typer.Argument(..., help="results folder"),
                                                                  "'gpu==h100-sxm-80gb'"),
            memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose memory "
                                                          "headroom is below this fraction of the GPU's HBM"),
-           overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty output folder")):
+           overwrite: bool = typer.Option(False, "--overwrite", help="replace an -o folder an earlier report wrote "
+                                          "(never an input, a results folder or a folder of other files)")):
     """Write one self-contained HTML page of a results folder: the Pareto frontier, an MFU heatmap
     over tp x pp, the time breakdown of the top frontier plans, the compute-optimal curve
     (--optimal) and the key tables (see README, Reports)."""
@@ -463,19 +474,24 @@ def plan(folder: Path = typer.Argument(..., help="results folder (every row or e
          where: List[str] = typer.Option([], "--where", help="only plans meeting COLUMN OP VALUE (repeat), e.g. "
                                                                "'gpu==h100-sxm-80gb', 'tp<=4'"),
          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the chosen plans and runners-up, "
-                                               "every column, to .parquet or .csv")):
+                                               "every column, to .parquet or .csv (only when every job has a plan)"),
+         overwrite: bool = OverwriteOpt):
     """The cheapest plan of each training job (model, token budget) that trains within the deadline,
     and why the best plans of other families (GPU, tp, pp) lose. Exits 2 when no plan meets it."""
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.plan import REASON_COLUMNS, plan_text, plan_to_deadline
     from .analysis.query import CONFIG_COLUMNS, DEFAULT_MEMORY_MARGIN, varying_setting_columns
     from .analysis.report import print_frame
+    from .io.outputs import check_output
     if output:
         check_table_path(output)
+        check_output(output, inputs=(folder,), overwrite=overwrite)
     res = plan_to_deadline(folder, deadline_days, max_gpus, memory_margin, runners_up, where)
+    # all or nothing: the table is written only when every job has a plan (else the command fails)
+    written = bool(output) and res.table.height > 0 and not res.unmet
+    if written:
+        write_table_atomic(res.table, output, replace=overwrite)
     if res.table.height:
-        if output:
-            write_table_atomic(res.table, output)
         jobs = [c for c in ("model", "num_tokens") if c in res.table.columns]
         cols = list(dict.fromkeys(["choice", "reason"] + [c for c in CONFIG_COLUMNS if c not in jobs]
                                   + varying_setting_columns(folder)
@@ -493,11 +509,12 @@ def plan(folder: Path = typer.Argument(..., help="results folder (every row or e
                         f"{folder}: cheapest plan ({limits}) and the runners-up", None, console,
                         keep=("cost_usd", "train_days"),
                         margin=DEFAULT_MEMORY_MARGIN if memory_margin is None else memory_margin)
-        if output:
+        if written:
             console.print(f"wrote {output} ({_plural(res.table.height, 'plan')}, every column and "
                           f"{', '.join(REASON_COLUMNS)})")
-    elif output:
-        console.print(f"{output} not written (no plan meets the constraints)")
+    if output and not written:
+        console.print(f"{output} not written (no plan meets the constraints"
+                      + (" for every job" if res.table.height else "") + ")")
     if res.unmet:
         raise InputError(str(folder), "--deadline-days", deadline_days,
                          "a deadline that a plan of every job meets"
@@ -532,14 +549,17 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                                             help="also show where each plan's iteration time goes"),
              models: Optional[List[Path]] = typer.Option(None, "--models",
                                                          help="model file (repeat): \\[models.<name>] tables the "
-                                                              "model column may name, e.g. written by import-hf")):
+                                                              "model column may name, e.g. written by import-hf"),
+             overwrite: bool = OverwriteOpt):
     """Evaluate explicit configurations from a CSV or Parquet file."""
     from .analysis.evaluate import (check_table_path, evaluate_frame, read_csv, without_earlier_results,
                                     write_table_atomic)
     from .analysis.report import print_frame
     from .model.step import OUTPUT_NAMES
     from .plan.spec import load_models
+    from .io.outputs import check_output
     check_table_path(output)
+    check_output(output, inputs=(csv, calibration, gpus, *(models or ())), overwrite=overwrite)
     own_models = load_models(models) if models else None      # a bad model file fails before the CSV is read
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are recomputed
     plans, old_outputs = without_earlier_results(read_csv(csv))
@@ -549,7 +569,7 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
                       "calibration given here (--calibration: a sweep's calibration file is not in the file)",
                       style="yellow", markup=False)
     df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus), own_models)
-    write_table_atomic(df, output)
+    write_table_atomic(df, output, replace=overwrite)
     counts = dict(df["status"].value_counts().sort("status").rows())
     from .analysis.query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS
     from .io.schema import COLUMNS, SETTING_COLUMNS
@@ -591,19 +611,17 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     priced are refused, naming the setting to change)."""
     from .analysis.export import TORCHTITAN_FUNCTION, TORCHTITAN_MODULE
     from .analysis.export import export as export_plan
-    from .io.errors import check_output_file, file_exists_error
+    from .io.outputs import check_output
     from .plan.spec import load_models
     module = TORCHTITAN_MODULE
     if output is not None:            # before any work, as every command with -o
-        check_output_file(output)
+        check_output(output, inputs=(plan, *(models or ())), overwrite=overwrite)
         if to == "torchtitan":        # torchtitan imports the file by its name (--module)
             if output.suffix != ".py" or not output.stem.isidentifier() or keyword.iskeyword(output.stem):
                 raise InputError(str(output), "output file", str(output), "NAME.py, NAME a Python module name "
                                  "(letters, digits, _): torchtitan imports the recipe with --module NAME",
                                  f"e.g. -o {output.with_name('plan_' + ''.join(c if c.isalnum() else '_' for c in output.stem) + '.py')}")
             module = output.stem
-        if not overwrite and os.path.lexists(output):
-            raise file_exists_error(output)
     own_models = load_models(models) if models else None
     result = export_plan(plan, to, where, row, own_models, module=module)
     text = result.text()
@@ -636,23 +654,26 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the memory table (stages x "
                                                                              "parts, GiB) here, .parquet or .csv"),
          events: Optional[Path] = typer.Option(None, "--events", help="write the timeline's events here, "
-                                                                       ".parquet or .csv")):
+                                                                       ".parquet or .csv"),
+         overwrite: bool = OverwriteOpt):
     """One plan part by part: the iteration time broken down, each pipeline stage's seconds per
     micro-batch, memory per stage broken down, and (--timeline) one iteration's schedule per stage."""
     from rich.table import Table
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.export import printable, read_plan
     from .analysis.show import HOST_PARTS, MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
-    from .io.errors import InputError, check_output_file, write_atomically
+    from .io.errors import InputError, write_atomically
+    from .io.outputs import check_output
     from .plan.spec import load_models
-    for path in (output, events):
+    for path, option in ((output, "-o"), (events, "--events")):
         if path is not None:
-            check_table_path(path)
+            check_table_path(path, option)
+            check_output(path, option, inputs=(plan, *(models or ())), overwrite=overwrite)
     if timeline is not None:
         if timeline.suffix.lower() != ".png":
             raise InputError(str(timeline), "--timeline", timeline.name, "a .png file name",
                              "name the timeline file with .png")
-        check_output_file(timeline)
+        check_output(timeline, "--timeline", inputs=(plan, *(models or ())), overwrite=overwrite)
     own_models = load_models(models) if models else None
     chosen, _, notes = read_plan(plan, where, row, own_models)
     for note in notes:
@@ -697,15 +718,15 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
                   f"and drain / vpp), {detail.simulated_pipeline_s:.4f} s in the event timeline; memory_per_gpu_GiB "
                   f"{detail.kernel['memory_per_gpu_GiB']:.2f} (stage {fullest})", highlight=False)
     if output is not None:
-        write_table_atomic(detail.memory, output)
+        write_table_atomic(detail.memory, output, replace=overwrite)
         err.print(f"wrote {output}: the memory table, {detail.memory.height} stages x {len(MEMORY_PARTS)} parts (GiB)",
                   markup=False, highlight=False)
     if events is not None:
-        write_table_atomic(detail.events, events)
+        write_table_atomic(detail.events, events, replace=overwrite)
         err.print(f"wrote {events}: {detail.events.height:,} timeline events", markup=False,
                   highlight=False)
     if timeline is not None:
-        write_atomically(timeline, lambda tmp: plot_timeline(detail, tmp), "timeline")
+        write_atomically(timeline, lambda tmp: plot_timeline(detail, tmp), "timeline", replace=overwrite)
         err.print(f"wrote {timeline}: the timeline of one iteration", markup=False, highlight=False)
 
 
@@ -747,14 +768,17 @@ def optimal(ctx: typer.Context,
                                                      "(\\[gpus.<name>] tables, as `--gpus` of sweep)"),
             config: Optional[Path] = typer.Option(None, "--config", help="a study file: its \\[optimal] table "
                                                   "gives these options by name (budget_usd, gpus, days, gpu, "
-                                                  "fit, ..., settings); options given here override it")):
+                                                  "fit, ..., settings); options given here override it"),
+            overwrite: bool = OverwriteOpt):
     """The model size, tokens, plan and cluster of lowest predicted loss within a budget, next to
     the naive answer at 100 % utilisation (dense GPT shapes; see README, Compute-optimal sizing)."""
     from .analysis.evaluate import check_table_path, write_table_atomic
     from .analysis.optimal import optimal as find, parse_setting, read_config
     from .analysis.report import optimal_table
     if output is not None:
+        from .io.outputs import check_output
         check_table_path(output)
+        check_output(output, inputs=(calibration, gpus_file, config), overwrite=overwrite)
     given = dict(budget_usd=budget_usd, gpu_hours=gpu_hours, gpus=gpus, days=days, gpu=gpu, fit=fit,
                  min_params=min_params, max_params=max_params, num_sizes=num_sizes, seq_length=seq_length,
                  aspect_ratio=aspect_ratio, batch_tokens=batch_tokens, max_gpus=max_gpus, max_days=max_days,
@@ -783,7 +807,7 @@ def optimal(ctx: typer.Context,
     for note in res.notes:
         console.print(f"note: {note}", style="yellow", markup=False)
     if output is not None:
-        write_table_atomic(res.curve, output)
+        write_table_atomic(res.curve, output, replace=overwrite)
         console.print(f"wrote {_plural(res.curve.height, 'shape')} (best plan each; optimum marked) to {output}")
 
 
@@ -814,7 +838,8 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
            gpus_file: Optional[Path] = typer.Option(None, "--gpus-file", help="TOML of your own GPUs "
                                                     "(\\[gpus.<name>] tables, as `--gpus` of sweep)"),
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat): "
-                                                       "\\[models.<name>] tables, e.g. written by import-hf")):
+                                                       "\\[models.<name>] tables, e.g. written by import-hf"),
+           overwrite: bool = OverwriteOpt):
     """Which technique first: from plain data parallelism to the best plan of the techniques
     (FlashAttention, recomputation, ZeRO, 8-bit optimizer states, FP8, overlap, sequence / tensor /
     pipeline parallelism, micro-batches), one technique a row, what each buys in speed, memory and
@@ -827,10 +852,14 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
     from .analysis.report import check_plot_path, print_frame
     from .hardware.gpus import parse_gpu_count
     from .plan.spec import load_models
+    from .io.outputs import check_output
+    read = (calibration, gpus_file, *(models or ()))
     if output is not None:
         check_table_path(output)
+        check_output(output, inputs=read, overwrite=overwrite)
     if plot is not None:
         check_plot_path(plot)
+        check_output(plot, "--plot", inputs=read, overwrite=overwrite)
     own_gpus = _gpus(gpus_file)
     gpu, n = parse_gpu_count(gpus, own_gpus, "--gpus", "rtx4090-pcie-24gb:8")
     res = run(model, gpu, n, days=days, budget_usd=budget_usd, num_tokens=tokens,
@@ -859,7 +888,7 @@ def advise(model: str = typer.Option(..., "--model", help="model preset (vtrain-
     for note in res.notes:
         console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     if output is not None:
-        write_table_atomic(res.steps, output)
+        write_table_atomic(res.steps, output, replace=overwrite)
         console.print(f"wrote {_plural(res.steps.height, 'step')} (every evaluate column) to {output}",
                       markup=False, highlight=False)
     if plot is not None:
@@ -891,8 +920,14 @@ def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
     from .analysis.report import check_plot_path, print_frame
     if which not in VALIDATION_SETS:
         raise InputError("command line", "--set", which, "one of " + ", ".join(VALIDATION_SETS))
+    from .io.outputs import check_output
+    default = {"moe": "results/validation_moe.parquet", "published": "results/validation_published.parquet"}
+    output = output or Path(default.get(which, "results/validation.parquet"))
+    # validate regenerates its files on every run (replaced without --overwrite); never an input, nor a device
+    check_output(output, inputs=(calibration,), overwrite=True)
     if plot:
         check_plot_path(plot)
+        check_output(plot, "--plot", inputs=(calibration,), overwrite=True)
     if which == "moe" and plot:
         raise InputError("command line", "--plot", str(plot), "--plot with --set vtrain or --set published",
                          "leave --plot out: --set moe writes its per-row results (-o) but draws no plot yet")
@@ -1055,6 +1090,9 @@ def calibrate(measurements: Path = typer.Argument(..., help="CSV: evaluate colum
     from .hardware.calfile import read_calibration_output, update_calibration_file
     from .analysis.calibrate import DEFAULT_FIT, calibration_values, fit
     from .analysis.evaluate import read_csv
+    from .io.outputs import check_output
+    # updated in place (it may be --calibration itself), but never the measurements, nor a device
+    check_output(output, inputs=(measurements,), overwrite=True)
     read_calibration_output(output)     # a sweep spec or another TOML is refused before the fit
     start = (_calibration(calibration) or {}).get(gpu)
     cal, report = fit(read_csv(measurements), gpu, tuple(param) if param else DEFAULT_FIT, start, str(measurements))
@@ -1124,6 +1162,8 @@ def calibrate_nccl(files: List[Path] = typer.Argument(..., help="nccl-tests outp
     if ranks is not None and not 2 <= ranks <= MAX_RANKS:
         raise InputError("command line", "--ranks", ranks, f"a whole number from 2 to {MAX_RANKS:,}",
                          "the GPUs every table was measured on, or leave it out to read it from the files")
+    from .io.outputs import check_output
+    check_output(output, inputs=files, overwrite=True)     # updated in place; never a table read, nor a device
     read_calibration_output(output)     # a sweep spec or another TOML is refused before the fit
     preset = with_overrides(PRESETS[gpu], (_calibration(calibration) or {}).get(gpu),
                             gpus_per_node=gpus_per_node, inter_node_Gbps=inter_node_gbps)
@@ -1172,15 +1212,14 @@ def trace(output: Path = typer.Option(..., "-o", "--output", help="the trace, .c
     """Write a synthetic job trace for `schedule` (Poisson arrivals, a model mix, durations and
     deadline slack from stated distributions; see README, Scheduling)."""
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .io.errors import file_exists_error
+    from .io.outputs import check_output
     from .schedule.generate import generate_trace
     from .schedule.run import parse_cluster
     check_table_path(output)
-    if not overwrite and os.path.lexists(output):
-        raise file_exists_error(output)
+    check_output(output, inputs=(gpus_file,), overwrite=overwrite)
     gpu, n = parse_cluster(cluster, _gpus(gpus_file))
     df = generate_trace(jobs, gpu, n, seed, mean_interarrival_hours, gpu_presets=_gpus(gpus_file))
-    write_table_atomic(df, output)
+    write_table_atomic(df, output, replace=overwrite)
     console.print(f"wrote {output}: {_plural(df.height, 'job')} over {df['arrival_hours'].max():.1f} h for "
                   f"{n:,} x {gpu} (seed {seed})", markup=False, highlight=False)
 
@@ -1196,7 +1235,8 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
                                                           "for every job's plans (repeat)"),
              output: Optional[Path] = typer.Option(None, "-o", "--output-dir", help="results folder: jobs.parquet, "
                                                    "segments.parquet, summary.parquet, gantt-<policy>.png"),
-             overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty -o folder"),
+             overwrite: bool = typer.Option(False, "--overwrite", help="replace an -o folder an earlier schedule "
+                                            "wrote (never an input, a results folder or a folder of other files)"),
              memory_margin: Optional[float] = typer.Option(None, "--memory-margin", help="leave out plans whose "
                                                            "memory headroom is below this fraction of the GPU's HBM"),
              calibration: Optional[Path] = CalibrationOpt,
@@ -1207,10 +1247,11 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
     job completion times, makespan, utilisation and cost per job and in total."""
     from .analysis.optimal import parse_setting
     from .analysis.report import print_frame
-    from .io.writer import check_output_folder
-    from .schedule.run import POLICY_ORDER, comparison, comparison_text, schedule as run, write_schedule
+    from .io.outputs import check_output
+    from .schedule.run import POLICY_ORDER, SCHEDULE_OUTPUT, comparison, comparison_text, schedule as run, write_schedule
+    read = (trace_file, calibration, gpus_file)
     if output is not None:
-        check_output_folder(output, overwrite, "schedule results")
+        check_output(output, "-o", inputs=read, overwrite=overwrite, folder=SCHEDULE_OUTPUT)
     res = run(trace_file, cluster, policy or POLICY_ORDER, restart_s,
               dict(parse_setting(t) for t in settings or ()), _calibration(calibration), _gpus(gpus_file),
               memory_margin)
@@ -1229,7 +1270,7 @@ def schedule(trace_file: Path = typer.Argument(..., help="job trace, .csv or .pa
                   f"{len(res.curves.kinds)} job kinds in {res.curve_seconds:.2f} s; replays {res.replay_seconds:.2f} s",
                   markup=False, highlight=False)
     if output is not None:
-        names = write_schedule(res, output, overwrite)
+        names = write_schedule(res, output, overwrite, inputs=read)
         console.print(f"wrote {output}: {', '.join(names)}", markup=False, highlight=False)
 
 

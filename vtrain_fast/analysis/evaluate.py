@@ -600,29 +600,31 @@ def check_table_path(path: str | Path, option: str = "-o") -> None:
                          "e.g. -o results.parquet (Parquet) or -o results.csv (CSV)")
 
 
-def write_table_atomic(df: pl.DataFrame, path: str | Path) -> None:
+def write_table_atomic(df: pl.DataFrame, path: str | Path, replace: bool = True) -> None:
     """Write ``df`` to ``path`` as CSV (suffix ``.csv``) or Parquet (``.parquet``, ``.pq``),
-    through a temporary name and an atomic rename.
+    through a temporary name and an atomic rename; with ``replace`` false an existing ``path``
+    is never replaced (:func:`~vtrain_fast.io.errors.write_atomically`).
 
     Raises
     ------
     InputError
-        If the suffix is not one of :data:`TABLE_SUFFIXES`, or ``path`` is a folder or lies
-        under a file.
+        If the suffix is not one of :data:`TABLE_SUFFIXES`, ``path`` is a folder or lies under a
+        file, or exists and ``replace`` is false.
     """
     check_table_path(path)
     if Path(path).suffix.lower() == ".csv":
-        write_atomically(path, lambda tmp: df.write_csv(tmp))
+        write_atomically(path, lambda tmp: df.write_csv(tmp), replace=replace)
     else:
-        write_parquet_atomic(df, path)
+        write_parquet_atomic(df, path, replace)
 
 
-def write_parquet_atomic(df: pl.DataFrame, path: str | Path) -> None:
-    """Write ``df`` to ``path`` through a temporary name and an atomic rename.
+def write_parquet_atomic(df: pl.DataFrame, path: str | Path, replace: bool = True) -> None:
+    """Write ``df`` to ``path`` through a temporary name and an atomic rename (``replace``:
+    as :func:`write_table_atomic`).
 
     Raises
     ------
     InputError
-        If ``path`` is a folder or lies under a file.
+        If ``path`` is a folder or lies under a file, or exists and ``replace`` is false.
     """
-    write_atomically(path, lambda tmp: pq.write_table(df.to_arrow(), tmp, compression="zstd"))
+    write_atomically(path, lambda tmp: pq.write_table(df.to_arrow(), tmp, compression="zstd"), replace=replace)

@@ -17,11 +17,14 @@ import numpy as np
 import polars as pl
 
 from ..io.errors import InputError
+from ..io.outputs import FolderOutput
 from .query import (BREAKDOWN_COLUMNS, DEFAULT_MEMORY_MARGIN, feasible_plans, feasible_sample, pareto, with_memory_headroom,
                     varying_job_columns)
 from .report import _fmt, _plan_label, frontier_figure, save_figure
 
 OBJECTIVES = ("cost_usd", "train_days")
+# What `report` writes into its folder: the only entries --overwrite replaces (io.outputs).
+REPORT_OUTPUT = FolderOutput("report", ("index.html", "frontier.png", "mfu.png", "breakdown.png", "optimal.png"))
 TOP_PLANS = 8
 # The colours of the time parts (tab10 order), the same in every report.
 PART_COLOURS = {"compute_s": "#1f77b4", "tp_comm_s": "#ff7f0e", "cp_comm_s": "#8c564b", "ep_comm_s": "#e377c2",
@@ -305,7 +308,9 @@ def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False, w
         A study file with an ``[optimal]`` table (:func:`vtrain_fast.analysis.optimal.read_config`):
         adds the compute-optimal curve.
     overwrite : bool
-        Replace an existing non-empty ``out_dir``.
+        Replace an existing non-empty ``out_dir`` that an earlier report wrote (never an input,
+        a results folder, a folder holding other files, nor the current folder:
+        :func:`vtrain_fast.io.outputs.check_output`).
     where : sequence of str
         Only the plans meeting these ``COLUMN OP VALUE`` conditions, in every figure and table
         (:func:`~vtrain_fast.analysis.query.where_filter`).
@@ -322,17 +327,19 @@ def write_report(folder, out_dir, optimal_study=None, overwrite: bool = False, w
     Raises
     ------
     InputError
-        ``out_dir`` a file, or non-empty without ``overwrite``; an unfinished folder or one without
+        ``out_dir`` a file, non-empty without ``overwrite``, or one the output rule keeps
+        (:func:`vtrain_fast.io.outputs.check_output`); an unfinished folder or one without
         a feasible plan; a bad study file.
     """
-    from ..io.writer import check_output_folder, write_folder_atomic
+    from ..io.outputs import check_output
+    from ..io.writer import write_folder_atomic
     folder, out = Path(folder), Path(out_dir)
-    check_output_folder(out, overwrite, "report")
+    check_output(out, inputs=(folder, optimal_study), overwrite=overwrite, folder=REPORT_OUTPUT)
     from .query import check_memory_margin, where_filter
     where_filter("command line", list(where))          # bad conditions fail before any work
     check_memory_margin("command line", memory_margin)
     if optimal_study is not None:
         from .optimal import read_config
         read_config(optimal_study)           # a bad study file fails before any work
-    write_folder_atomic(out, lambda tmp: _build(folder, tmp, optimal_study, where, memory_margin))
+    write_folder_atomic(out, lambda tmp: _build(folder, tmp, optimal_study, where, memory_margin), "report")
     return out / "index.html"

@@ -73,17 +73,18 @@ def free_bytes(path) -> int | None:
     return usage.free if usage.total else None     # /sys, /proc: no size to tell
 
 
-def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
+def write_failure(path, exc: Exception, what: str = "output file") -> InputError:
     """The :class:`InputError` for a write to ``path`` that failed with ``exc`` (disk full,
     file-size limit, read-only or unwritable place): the path, the system's reason, the free
-    space on that disk and the fix."""
+    space on that disk and the fix. ``exc`` is an :class:`OSError`, or an error of a library
+    that states the system's code in its text (Polars' ``ComputeError``: ``... (os error 28)``)."""
     free = free_bytes(path)
     room = f"; {format_bytes(free)} free there" if free is not None else ""
-    code = exc.errno
+    code = getattr(exc, "errno", None)
     if code is None:       # Polars and Arrow put the system's code in the text: "... (os error 28)"
         m = re.search(r"(?:os error|errno) (\d+)", str(exc))
         code = int(m.group(1)) if m else None
-    reason = exc.strerror or (os.strerror(code) if code else str(exc) or type(exc).__name__)
+    reason = getattr(exc, "strerror", None) or (os.strerror(code) if code else str(exc) or type(exc).__name__)
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         fix = ("free some space (or raise the file-size limit, ulimit -f) or choose another -o, then rerun the "
                "same command: finished work is kept")
@@ -91,6 +92,13 @@ def write_failure(path, exc: OSError, what: str = "output file") -> InputError:
         fix = "choose a folder you can write to (-o), or fix its permissions, then rerun the same command"
     return InputError(str(path), what, str(path), "a place that can be written, with room",
                       f"writing it failed: {reason}{room}; {fix}")
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """True for an :class:`OSError`, and for a library's error that reports one in its text
+    (Polars raises ``ComputeError: ... (os error 28)`` when the disk is full)."""
+    return isinstance(exc, OSError) or (type(exc).__name__ == "ComputeError"
+                                        and re.search(r"os error \d+", str(exc)) is not None)
 
 
 # Longest name of one file or folder most file systems allow, in bytes (NAME_MAX).

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import InputError, format_bytes, write_atomically, write_failure
+from .outputs import FolderOutput
 
 MANIFEST = "manifest.json"
 PART_GLOB = "part-*.parquet"
@@ -61,40 +62,52 @@ def write_json_atomic(path: Path, obj) -> None:
     write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), "manifest", fsync=True, check=False)
 
 
-def check_output_folder(out: Path, overwrite: bool, what: str) -> None:
-    """Refuse an output folder that is a file, or not empty without ``overwrite`` (before any work).
+def write_folder_atomic(out: Path, build, what: str = "output folder") -> None:
+    """Call ``build(tmp)`` to fill a temporary folder beside ``out``, then rename it into place
+    (an existing ``out`` is moved aside first and removed after), so that an interrupted run
+    leaves either the old folder or the whole new one, never a half-written one. Whether ``out``
+    may be replaced is :func:`vtrain_fast.io.outputs.check_output`'s to say, before any work.
 
     Raises
     ------
     InputError
+        If a write fails (disk full, file-size limit, unwritable place; an ``OSError`` or a
+        Polars ``ComputeError`` with the system's code): naming ``out``, the system's reason and
+        the free space (:func:`~vtrain_fast.io.errors.write_failure`). The old folder is kept
+        and the temporary ones are removed.
     """
-    if out.exists() and not out.is_dir():
-        raise InputError("command line", "-o", str(out), f"a folder for the {what}", "name a folder, e.g. -o out/")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise InputError("command line", "-o", str(out), "an empty or new folder",
-                         "add --overwrite to replace it, or name another folder")
-
-
-def write_folder_atomic(out: Path, build) -> None:
-    """Call ``build(tmp)`` to fill a temporary folder beside ``out``, then rename it into place
-    (an existing ``out`` is moved aside first and removed after), so that an interrupted run
-    leaves either the old folder or the whole new one, never a half-written one."""
     import tempfile
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+
+    from .errors import is_write_failure
+    out = Path(os.path.abspath(out))
+    tmp = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         build(tmp)
         os.chmod(tmp, 0o755)
-        if out.exists():
+        if os.path.lexists(out):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.rename(out, old / "r")
-            os.rename(tmp, out)
+            try:
+                os.rename(out, old / "r")
+            except OSError:
+                old.rmdir()
+                raise
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(old / "r", out)       # the old folder back in place
+                old.rmdir()
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
+    except Exception as e:
+        if not is_write_failure(e):
+            raise
+        raise write_failure(out, e, what) from None
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -231,6 +244,10 @@ def is_sweep_file(name: str) -> bool:
     """True for the entries a sweep writes into its folder: manifests, part files, their
     temporary names, and the ``reduce/`` folder of candidates."""
     return name == CANDIDATE_DIR or bool(_OWNED_RE.match(name))
+
+
+# What a sweep writes into its folder: --overwrite deletes these entries only (clear_folder).
+SWEEP_OUTPUT = FolderOutput("sweep", whole=False, owns=is_sweep_file)
 
 
 def clear_folder(folder: Path) -> None:

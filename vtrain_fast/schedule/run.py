@@ -9,10 +9,16 @@ from pathlib import Path
 
 import polars as pl
 
+from ..io.outputs import FolderOutput, check_output
+
 from .policies import POLICIES
 from .replay import DEFAULT_RESTART_S, SUMMARY_COLUMNS, Replay, check_policy, check_restart_s, replay
 
 POLICY_ORDER = tuple(POLICIES)
+# The manifest's kind, and what `schedule` writes into its folder: the only entries --overwrite replaces.
+SCHEDULE_KIND = "vtrain-fast schedule"
+SCHEDULE_OUTPUT = FolderOutput("schedule", ("jobs.parquet", "segments.parquet", "summary.parquet", "manifest.json",
+                                            *(f"gantt-{p}.png" for p in POLICY_ORDER)), manifest_kind=SCHEDULE_KIND)
 
 
 def parse_cluster(text: str, gpu_presets: dict | None = None) -> tuple[str, int]:
@@ -127,23 +133,27 @@ def comparison_text(cmp: dict) -> str:
             f"makespan {pct(cmp['makespan_change'])}")
 
 
-def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gantt: bool = True) -> list[str]:
+def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gantt: bool = True,
+                   inputs=()) -> list[str]:
     """Write ``out/`` atomically (:func:`vtrain_fast.io.writer.write_folder_atomic`):
     ``jobs.parquet`` (every policy's per-job rows), ``segments.parquet`` (the allocations over
     time), ``summary.parquet``, ``gantt-<policy>.png`` and ``manifest.json`` (the inputs, and the
-    size and SHA-256 of every file, written last). Returns the file names.
+    size and SHA-256 of every file, written last). Returns the file names. ``inputs``: the files
+    the run read (the trace, calibration, GPU files), which ``out`` may not replace.
 
     Raises
     ------
     InputError
-        ``out`` a file, or a non-empty folder without ``overwrite``.
+        ``out`` a file, a non-empty folder without ``overwrite``, or one the output rule keeps
+        (:func:`vtrain_fast.io.outputs.check_output`: an input, a results folder, a folder
+        holding other files); a failed write (disk full: the path and the free space).
     """
     from .. import __version__
     from ..analysis.report import save_figure
-    from ..io.writer import check_output_folder, file_record, write_folder_atomic, write_json_atomic
+    from ..io.writer import file_record, write_folder_atomic, write_json_atomic
     from .gantt import gantt_figure
     out = Path(out)
-    check_output_folder(out, overwrite, "schedule results")
+    check_output(out, inputs=inputs, overwrite=overwrite, folder=SCHEDULE_OUTPUT)
     names = []
 
     def build(tmp: Path):
@@ -158,13 +168,13 @@ def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gant
                 save_figure(gantt_figure(r, res.num_gpus, f"{res.num_gpus:,} x {res.gpu}"), tmp / name)
                 records[name] = file_record(tmp / name, 0)
         write_json_atomic(tmp / "manifest.json", dict(
-            kind="vtrain-fast schedule", version=__version__, gpu=res.gpu, num_gpus=res.num_gpus,
+            kind=SCHEDULE_KIND, version=__version__, gpu=res.gpu, num_gpus=res.num_gpus,
             restart_s=res.restart_s, policies=list(res.replays), jobs=res.trace.height, files=records,
             summary=[{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.summary.items()}
                      for r in res.replays.values()],
             summary_columns=SUMMARY_COLUMNS))
         names.extend(list(records) + ["manifest.json"])
-    write_folder_atomic(out, build)
+    write_folder_atomic(out, build, "schedule results")
     return names
 
 
