@@ -32,6 +32,10 @@ def check_input_file(path, what: str, limit: int) -> int:
     p = Path(path)
     try:
         st = os.stat(p)
+    except FileNotFoundError:
+        raise InputError(str(p), "file", str(p), f"an existing, readable {what} (nothing exists at {p})",
+                         f"it cannot be opened (no such file or folder); check the path (relative to "
+                         f"{Path.cwd()})") from None
     except (OSError, ValueError) as e:      # ValueError: a NUL byte in the path
         reason = getattr(e, "strerror", None) or str(e)
         raise InputError(str(p), "file", str(p), f"an existing, readable {what}",

@@ -140,7 +140,7 @@ def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gant
     """
     from .. import __version__
     from ..analysis.report import save_figure
-    from ..io.writer import check_output_folder, file_record, write_folder_atomic, write_json_atomic
+    from ..io.writer import SCHEDULE_KIND, check_output_folder, file_record, write_folder_atomic, write_json_atomic
     from .gantt import gantt_figure
     out = Path(out)
     check_output_folder(out, overwrite, "schedule results")
@@ -158,7 +158,7 @@ def write_schedule(res: ScheduleResult, out: Path, overwrite: bool = False, gant
                 save_figure(gantt_figure(r, res.num_gpus, f"{res.num_gpus:,} x {res.gpu}"), tmp / name)
                 records[name] = file_record(tmp / name, 0)
         write_json_atomic(tmp / "manifest.json", dict(
-            kind="vtrain-fast schedule", version=__version__, gpu=res.gpu, num_gpus=res.num_gpus,
+            kind=SCHEDULE_KIND, version=__version__, gpu=res.gpu, num_gpus=res.num_gpus,
             restart_s=res.restart_s, policies=list(res.replays), jobs=res.trace.height, files=records,
             summary=[{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.summary.items()}
                      for r in res.replays.values()],
