@@ -133,11 +133,12 @@ def toml_error(text: str, message: str, where: str, what: str) -> InputError:
         if twice is not None:
             key, first, again = twice
             short = key.rsplit(".", 1)[-1]
-            return InputError(f"{where}, line {again}", ("table " if key.startswith("[") else "key ") + key, "given twice (also on line "
-                              f"{first})", "each key and table once in a TOML file",
-                              f"keep one of lines {first} and {again}; to try several values, give them as "
-                              f"one list, e.g. {short} = [1, 2]" if not key.startswith("[") else
-                              f"merge the two {key} tables into one")
+            table = key.startswith("[")
+            fix = (f"merge the two {key} tables into one" if table else
+                   f"keep one of lines {first} and {again}; to try several values, give them as one list, e.g. "
+                   f"{short} = [1, 2]")
+            return InputError(f"{where}, line {again}", ("table " if table else "key ") + key,
+                              f"given twice (also on line {first})", "each key and table once in a TOML file", fix)
         return InputError(f"{where}, line {line}" if line else where, "TOML", reason,
                           f"each key and table once in a {what} (https://toml.io)",
                           "a key or table is given twice (or a key is also a table): keep one")
