@@ -37,13 +37,17 @@ def test_evaluate_rejects_out_of_range_integers(tmp_path, row, column):
     assert not (tmp_path / "out.parquet").exists()
 
 
-def test_evaluate_rejects_header_only_duplicates_and_output_names(tmp_path):
-    for text, needle in ((HEADER + "\n", "rows"), (HEADER + ",gpu\n" + GOOD + ",a100-sxm4-80gb\n", "duplicated"),
-                         (HEADER + ",mfu\n" + GOOD + ",0.5\n", "mfu")):
+def test_evaluate_rejects_header_only_and_duplicates_and_sets_output_names_aside(tmp_path):
+    for text, needle in ((HEADER + "\n", "rows"), (HEADER + ",gpu\n" + GOOD + ",a100-sxm4-80gb\n", "duplicated")):
         csv = tmp_path / "in.csv"
         csv.write_text(text)
         r = run("evaluate", csv, "-o", tmp_path / "out.parquet")
         assert r.exit_code == 2 and needle in r.output, r.output
+    # an output column (a result of vtrain-fast) is set aside with a note and recomputed, never read
+    csv.write_text(HEADER + ",mfu\n" + GOOD + ",0.5\n")
+    r = run("evaluate", csv, "-o", tmp_path / "out.parquet")
+    assert r.exit_code == 0 and "holds earlier results" in " ".join(r.output.split()), r.output
+    assert pl.read_parquet(tmp_path / "out.parquet")["mfu"][0] != 0.5
 
 
 def test_evaluate_output_to_a_folder_is_a_clear_error(tmp_path):

@@ -563,12 +563,12 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     own_models = load_models(models) if models else None      # a bad model file fails before the CSV is read
     # a file of earlier results (every output column, e.g. `pareto -o plans.csv`): its outputs are recomputed
     plans, old_outputs = without_earlier_results(read_csv(csv))
-    if old_outputs:
-        console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'output column')}); they are "
-                      "recomputed, not read, with its cluster columns (pareto -o writes the sweep's) and the "
-                      "calibration given here (--calibration: a sweep's calibration file is not in the file)",
-                      style="yellow", markup=False)
     df = evaluate_frame(plans, str(csv), _calibration(calibration), _gpus(gpus), own_models)
+    if old_outputs:         # (a table refused says why, without this note)
+        console.print(f"note: {csv} holds earlier results ({_plural(len(old_outputs), 'result column')}, e.g. "
+                      f"{old_outputs[0]}); they are recomputed, not read, with its cluster columns (pareto -o writes "
+                      "the sweep's) and the calibration given here (--calibration: a sweep's calibration file is not "
+                      "in the file)", style="yellow", markup=False)
     write_table_atomic(df, output, replace=overwrite)
     counts = dict(df["status"].value_counts().sort("status").rows())
     from .analysis.query import BREAKDOWN_COLUMNS, HEADLINE_COLUMNS
@@ -786,6 +786,7 @@ def optimal(ctx: typer.Context,
     if inference_mfu is not None:
         given["inference_mfu"] = inference_mfu
     args = dict(given, settings=dict(parse_setting(t) for t in settings or ()))
+    from_file: dict = {}         # option -> the study file's key it came from
     if config is not None:       # the file's values, less those the command line gives
         def typed(k):            # (typer's own click: compare the source by name)
             src = ctx.get_parameter_source(k)
@@ -795,8 +796,15 @@ def optimal(ctx: typer.Context,
         budget_typed = any(typed(k) for k in budget_keys)        # a budget typed replaces the file's
         args.update({k: v for k, v in study.items() if k != "settings" and not typed(k)
                      and not (budget_typed and k in budget_keys)})
+        from_file = {"--" + k.replace("_", "-"): f"optimal.{k}" for k in study if k != "settings" and not typed(k)
+                     and not (budget_typed and k in budget_keys)}
+        from_file.update({f"--set {k}": f"optimal.settings.{k}" for k in study.get("settings", {})
+                          if k not in args["settings"]})
         args["settings"] = {**study.get("settings", {}), **args["settings"]}
-    res = find(**args, calibration=_calibration(calibration), gpu_presets=_gpus(gpus_file))
+    try:
+        res = find(**args, calibration=_calibration(calibration), gpu_presets=_gpus(gpus_file))
+    except InputError as e:      # a value of the study file is blamed on the file, not the command line
+        raise _from_study_file(e, config, from_file) from None
     console.print(optimal_table(res))
     console.print(f"searched {res.shapes} shapes ({res.curve['num_parameters'].min():.3g} to "
                   f"{res.curve['num_parameters'].max():.3g} parameters with a feasible plan), "
@@ -809,6 +817,29 @@ def optimal(ctx: typer.Context,
     if output is not None:
         write_table_atomic(res.curve, output, replace=overwrite)
         console.print(f"wrote {_plural(res.curve.height, 'shape')} (best plan each; optimum marked) to {output}")
+
+
+def _from_study_file(e: InputError, config: Optional[Path], from_file: dict) -> InputError:
+    """``e`` (an error of :func:`~vtrain_fast.analysis.optimal.optimal`, which names command-line
+    options) naming the study file ``config`` and its key where the value came from the file
+    (``from_file``: option -> key, e.g. ``--budget-usd`` -> ``optimal.budget_usd``); else ``e``."""
+    option = e.key
+    if e.where == "command line" and option == "budget" and e.value:     # two budgets
+        given = [o for part in str(e.value).split(" and ") for o in part.split("/")]
+        if all(o in from_file for o in given):
+            return InputError(str(config), "[optimal] budget", ", ".join(from_file[o] for o in given),
+                              "exactly one of budget_usd, gpu_hours, or gpus with days",
+                              "keep one budget in the file's [optimal] table (a budget option on the command line "
+                              "replaces the file's)")
+        return e
+    if e.where == "command line" and option == "--set":
+        option = "--set " + str(e.value).split("=", 1)[0]
+    if e.where != "command line" or option not in from_file:
+        return e
+    key = from_file[option]
+    fix = e.fix.replace(f"give {e.key} ", f"give {key} ").replace(e.key, key) if e.key != "--set" else e.fix
+    return InputError(str(config), key, e.value, e.allowed,
+                      (fix + "; " if fix else "") + f"{option.split()[0]} on the command line overrides the file's value")
 
 
 @app.command()

@@ -1,7 +1,6 @@
 """Evaluate explicit configurations (one per CSV row) with the same kernel as sweeps."""
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..engine.chunks import output_arrays
-from ..io.errors import InputError, check_output_file, did_you_mean, write_atomically
+from ..io.errors import InputError, check_output_file, did_you_mean, similar_names, write_atomically
 from ..io.inputs import MAX_TABLE_BYTES, check_input_file
 from ..hardware.gpus import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from ..model.layout import Layout, world_size
@@ -23,7 +22,7 @@ from ..model.moe import MLA_FIELDS, kernel_values
 from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, FLOAT_SETTINGS, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
-from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, SETTING_COLUMNS, setting_values
+from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, RESULT_COLUMNS, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
                    check_precision, check_mxfp8, check_reserved)
@@ -222,9 +221,12 @@ def check_column_names(columns, where: str) -> None:
     through as a label while its input silently takes the default.
 
     A column is refused when, lower-cased with spaces and hyphens as underscores, it equals an
-    input column (``Recompute``, ``Num Tokens``), or when :func:`difflib.get_close_matches`
-    finds an input column the file lacks at ratio >= :data:`NEAR_MISS_CUTOFF`
-    (``recomputation``, ``num_token``). Other columns pass through unchanged.
+    input column (``Recompute``, ``Num Tokens``), or when :func:`~vtrain_fast.io.errors.similar_names`
+    finds an input column the file lacks at ratio >= :data:`NEAR_MISS_CUTOFF` both ways
+    (``recomputation``, ``num_token``). vtrain-fast's own result columns
+    (:data:`~vtrain_fast.io.schema.RESULT_COLUMNS`: ``num_steps``, ``cost_usd``, ...) are never
+    taken for misspelt inputs (:func:`evaluate_frame` names them as results). Other columns pass
+    through unchanged.
 
     Parameters
     ----------
@@ -241,7 +243,7 @@ def check_column_names(columns, where: str) -> None:
     known = {_normalised(k): k for k in INPUT_NAMES}
     present = set(columns)
     for col in columns:
-        if col in INPUT_NAMES or _normalised(col) in LABELS:
+        if col in INPUT_NAMES or col in RESULT_COLUMNS or _normalised(col) in LABELS:
             continue
         norm = _normalised(col)
         if norm in UNMODELLED:
@@ -249,8 +251,7 @@ def check_column_names(columns, where: str) -> None:
                              f"{UNMODELLED[norm]}: drop the column to price the plan without it")
         target = known.get(norm) or ALIASES.get(norm)
         if target is None:
-            close = difflib.get_close_matches(norm, [k for k in known if known[k] not in present],
-                                              n=1, cutoff=NEAR_MISS_CUTOFF)
+            close = similar_names(norm, [k for k in known if known[k] not in present], NEAR_MISS_CUTOFF)
             target = known[close[0]] if close else None
         if target is not None:
             fix = f"rename the column {col!r} to {target!r}"
@@ -302,7 +303,11 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     if dup:
         raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
                          "each column once", "remove the repeated column from the header")
+    check_not_a_jobs_table(df.columns, where)
     check_column_names(df.columns, where)
+    if df.height == 0:          # a header alone: say so before any missing column
+        raise InputError(where, "rows", 0, "at least one configuration row under the header",
+                         "add rows under the header (one plan a row)")
     models = models or MODEL_PRESETS
     if "model" in df.columns:
         names = df["model"].cast(pl.String).to_list()
@@ -324,12 +329,13 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
         raise InputError(where, "missing column(s)", ", ".join(missing),
                          "a header with the required columns " + ", ".join(REQUIRED) + " (the shape columns, or a "
                          "model column naming a model preset)", fix)
-    clash = [c for c in df.columns if c in OUTPUT_NAMES or c == "status"]
+    clash = [c for c in df.columns if c in RESULT_COLUMNS]
     if clash:
-        raise InputError(where, "column", clash[0], "input columns; output column names are reserved: "
-                         + ", ".join(("status",) + OUTPUT_NAMES), "rename or drop the column")
-    if df.height == 0:
-        raise InputError(where, "rows", 0, "at least one configuration row", "add rows under the header")
+        raise InputError(where, "column", clash[0], "input columns; the names of vtrain-fast's result columns "
+                         "are reserved: " + ", ".join(RESULT_COLUMNS),
+                         f"{clash[0]!r} is a result that vtrain-fast computes (evaluate, pareto -o, plan -o, optimal "
+                         "-o and advise -o write it), not an input: drop the column (`vtrain-fast evaluate`, show and export "
+                         "set such columns aside themselves and recompute them)")
     n = df.height
     ints = {c: _int_column(df, c, where, None) for c in REQUIRED if c != "gpu"}
     h, a = ints["hidden_size"], ints["num_attention_heads"]
@@ -377,7 +383,8 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             check_flash_attention(preset, where, f"row {i + 2}, column use_flash_attn")
             check_precision(preset, where, f"row {i + 2}, column precision")
             check_mxfp8(preset, where, f"row {i + 2}, column fp8_recipe")
-            check_reserved(preset, values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
+            # the GPU without the row's value: the fix names the value it keeps otherwise
+            check_reserved(known[gpu[i]], values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
         # "dp": the data-parallel-with-context group (dp x cp), as model.step.plan_case reads it
         row_sizes = {"tp": int(ints["tp"][i]), "pp": int(ints["pp"][i]), "dp": int(ints["dp"][i]) * int(cp[i]),
@@ -510,16 +517,36 @@ def with_model_shapes(df: pl.DataFrame, models: dict | None = None) -> pl.DataFr
 
 
 def without_earlier_results(plans: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
-    """``plans`` without the output columns of earlier results, when it holds every one of them (a
-    file written by ``pareto -o``, ``evaluate -o`` or ``plan -o``: they are recomputed, not read),
-    and the columns dropped; else ``plans`` as it is (a few output names among the inputs stay an
-    error in :func:`evaluate_frame`). The outputs added last (``params.LATE_OUTPUTS``: context and
-    expert parallelism) may be missing from an older file."""
-    from ..model.params import LATE_OUTPUTS
-    if not (set(OUTPUT_NAMES) - set(LATE_OUTPUTS)) | {"status"} <= set(plans.columns):
-        return plans, []
-    old = [c for c in plans.columns if c in OUTPUT_NAMES or c == "status"]
-    return plans.drop(old), old
+    """``plans`` without the result columns of earlier results
+    (:data:`~vtrain_fast.io.schema.RESULT_COLUMNS`: ``status``, the output columns, the memory
+    headroom), and the columns dropped: a table written by ``evaluate -o``, ``pareto -o``, ``plan
+    -o``, ``optimal -o`` or ``advise -o`` (all or some of them) is priced again from its plan
+    columns; its results are recomputed, never read as inputs. The caller says so (a note)."""
+    old = [c for c in plans.columns if c in RESULT_COLUMNS]
+    return (plans.drop(old), old) if old else (plans, [])
+
+
+# Columns only the per-job table of ``vtrain-fast schedule`` (its jobs.parquet) has.
+SCHEDULE_JOB_MARKS = ("policy", "job_id", "jct_hours", "first_plan", "last_plan")
+
+
+def check_not_a_jobs_table(columns, where: str) -> None:
+    """Refuse the per-job table of ``vtrain-fast schedule`` (``jobs.parquet``) as a table of plans:
+    its rows are jobs of a trace, each priced on plans that changed over time (``first_plan``,
+    ``last_plan`` as text), not one plan in plan columns.
+
+    Raises
+    ------
+    InputError
+        Naming the file, what it is, and where the plans are.
+    """
+    if set(SCHEDULE_JOB_MARKS) <= set(columns) and "tp" not in columns:
+        raise InputError(where, "table", "the per-job table of `vtrain-fast schedule` (jobs.parquet)",
+                         "a table of plans, one plan a row (the plan columns gpu, tp, pp, dp, micro_batch_size, "
+                         "global_batch_size, ...: evaluate -o, pareto -o, plan -o, optimal -o or advise -o write them)",
+                         "its rows are jobs of a trace, with their plans only as text (first_plan, last_plan); to "
+                         "price or export a job's plan, write its columns as for `vtrain-fast evaluate` (README, "
+                         "Evaluate), or run `vtrain-fast advise --model MODEL --gpus GPU:N` for it")
 
 
 def read_csv(path: str | Path, as_text: bool = False) -> pl.DataFrame:
@@ -559,6 +586,9 @@ def read_csv(path: str | Path, as_text: bool = False) -> pl.DataFrame:
         return (pl.read_csv(p, infer_schema=False, separator=separator) if as_text
                 else pl.read_csv(p, infer_schema_length=None, separator=separator))
     except Exception as e:  # polars raises several error types for malformed CSV
+        if "utf-8" in str(e).lower() or "utf8" in str(e).lower():     # a cell below the header
+            raise InputError(str(p), "encoding", str(e).splitlines()[0], "UTF-8 text (ASCII is UTF-8)",
+                             not_utf8_fix(p, "LATIN1")) from None
         raise InputError(str(p), "CSV", str(e).splitlines()[0],
                          f"a {SEPARATOR_NAMES[separator]}-separated file with a header row") from None
 
@@ -567,11 +597,39 @@ def read_csv(path: str | Path, as_text: bool = False) -> pl.DataFrame:
 SEPARATOR_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
 
 
+# Byte-order marks of the text encodings a CSV is refused in (UTF-32 first: its little-endian
+# mark begins with UTF-16's).
+WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 LE"), (b"\x00\x00\xfe\xff", "UTF-32 BE"),
+             (b"\xff\xfe", "UTF-16 LE"), (b"\xfe\xff", "UTF-16 BE"))
+
+
+def not_utf8_fix(path, encoding: str) -> str:
+    """How to turn the CSV ``path`` written in ``encoding`` into UTF-8."""
+    return (f"save it as UTF-8 text (a spreadsheet's \"CSV UTF-8\"; or iconv -f {encoding} -t UTF-8 {path} > "
+            f"{Path(path).with_name(Path(path).stem + '-utf8.csv')}) and read that file")
+
+
 def csv_separator(path) -> str:
     """The column separator of the CSV file ``path``, from its header line: ``,`` unless the
-    header has no comma and a semicolon or a tab (spreadsheets in many locales write ``;``)."""
+    header has no comma and a semicolon or a tab (spreadsheets in many locales write ``;``).
+
+    Raises
+    ------
+    InputError
+        A header in UTF-16 or UTF-32 (a byte-order mark, or NUL bytes: spreadsheets' "Unicode
+        text"), or not UTF-8 text: its column names could not be read.
+    """
     with open(path, "rb") as f:
-        header = f.readline(1 << 16).decode("utf-8", errors="replace")
+        raw = f.readline(1 << 16)
+    wide = next((enc for bom, enc in WIDE_BOMS if raw.startswith(bom)), None)
+    if wide or b"\x00" in raw:
+        raise InputError(str(path), "encoding", wide or "UTF-16 or UTF-32 (NUL bytes in the header)",
+                         "UTF-8 text (ASCII is UTF-8)", not_utf8_fix(path, (wide or "UTF-16").split()[0]))
+    try:
+        header = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(str(path), "encoding", f"byte {e.start} of the header, {raw[e.start:e.start + 1]!r}",
+                         "UTF-8 text (ASCII is UTF-8)", not_utf8_fix(path, "LATIN1")) from None
     if "," in header:
         return ","
     counts = {sep: header.count(sep) for sep in (";", "\t")}
@@ -594,10 +652,11 @@ def check_table_path(path: str | Path, option: str = "-o") -> None:
     check_output_file(path)
     if Path(path).is_dir():
         raise InputError("command line", option, str(path), "a file name, not a folder",
-                         f"e.g. -o {Path(path) / 'results.parquet'}")
+                         f"e.g. {option} {Path(path) / 'results.parquet'}")
     if Path(path).suffix.lower() not in TABLE_SUFFIXES:
+        stem = Path(path).with_suffix("")
         raise InputError("command line", option, str(path), "a file name ending in " + ", ".join(TABLE_SUFFIXES),
-                         "e.g. -o results.parquet (Parquet) or -o results.csv (CSV)")
+                         f"e.g. {option} {stem}.parquet (Parquet) or {option} {stem}.csv (CSV)")
 
 
 def write_table_atomic(df: pl.DataFrame, path: str | Path, replace: bool = True) -> None:

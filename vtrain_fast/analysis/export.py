@@ -28,6 +28,7 @@ import ast
 import keyword
 import math
 import re
+import os
 import shlex
 import textwrap
 from dataclasses import dataclass
@@ -1155,6 +1156,11 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     from ..io.schema import DERIVED_NAMES
     from .query import DEFAULT_MEMORY_MARGIN, feasible_plans, where_filter, with_cluster_columns, with_memory_headroom
     path = Path(source)
+    set_aside: list = []
+    if not os.path.lexists(path):
+        raise InputError(str(path), "PLAN", str(source), "an existing results folder, or an existing .csv / .parquet "
+                         f"table of plans (nothing exists at {path})", f"check the path (relative to {Path.cwd()}); "
+                         "`vtrain-fast sweep SPEC.toml -o DIR` writes a results folder, `pareto DIR -o plans.csv` a table")
     if path.is_dir():
         where_filter("command line", where)
         df = feasible_plans(path, where=list(where)).collect()
@@ -1164,7 +1170,7 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     elif path.suffix.lower() in (".csv", ".parquet", ".pq"):
         # a table of earlier results (pareto -o, evaluate -o, plan -o, advise -o) is priced again from its
         # inputs; its memory marks too (recomputed below, not read: a label may be stale)
-        plans, _ = without_earlier_results(read_csv(path))
+        plans, set_aside = without_earlier_results(read_csv(path))
         plans = plans.drop([c for c in DERIVED_NAMES if c in plans.columns])
         priced = evaluate_frame(plans, str(path), models=models)
         df = with_memory_headroom(priced.lazy(), {"gpus": {g: None for g in priced["gpu"].unique().to_list()}},
@@ -1187,15 +1193,21 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
         df = df.sort("cost_usd")
     if row is None and df.height > 1:
         raise InputError(str(path), "plans", df.height, "one plan",
-                         "narrow it with --where (e.g. 'tp==8', 'num_gpus==1024'), or pick one with --row K "
-                         "(0 = the cheapest of them)")
+                         ("narrow it with --where (e.g. 'tp==8', 'num_gpus==1024'), or pick one with --row K "
+                          "(0 = the cheapest of them)") if path.is_dir() else
+                         f"pick one with --row K (0 = the cheapest of its {df.height} ok plans; --where reads results "
+                         "folders only)")
     k = row or 0
     if not 0 <= k < df.height:
         raise InputError(str(path), "--row", k, f"0 to {df.height - 1}", "pick a row that exists")
     plan = df.row(k, named=True)
     jobs = [c for c in ("model", "num_tokens") if c in df.columns and df[c].n_unique() > 1]
     notes = tuple(f"picked among plans of {' and '.join(f'{df[c].n_unique()} {c} values' for c in jobs)} "
-                  f"(cheapest first); narrow with --where, e.g. '{jobs[0]}=={plan[jobs[0]]}'" for _ in jobs[:1])
+                  f"(cheapest first); " + (f"narrow with --where, e.g. '{jobs[0]}=={plan[jobs[0]]}'" if path.is_dir()
+                                           else "pick another with --row K") for _ in jobs[:1])
+    if set_aside:
+        notes += (f"{path} holds earlier results ({len(set_aside)} result columns, e.g. {set_aside[0]}); they are "
+                  "recomputed from its plan columns, not read",)
     if plan.get("memory_tight"):
         notes += (f"memory: {plan['memory_per_gpu_GiB']:.1f} GiB per GPU, {plan['memory_headroom_GiB']:.1f} GiB left: "
                   f"within {DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM (tight: allocator fragmentation or larger NCCL "

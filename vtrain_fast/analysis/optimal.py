@@ -615,7 +615,12 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     ).sort("num_parameters")
     opt = int(curve["loss"].arg_min())
     curve = curve.with_columns(optimum=pl.Series(np.arange(curve.height) == opt))
+    from ..model.settings import SETTINGS
+    # the settings searched as axes, and those priced at other than their default (DEFAULT_SETTINGS,
+    # --set): the written curve evaluates to the same plans (`vtrain-fast evaluate`, show, export)
     extra = [c for c in spec.setting_axes if c in curve.columns]
+    extra += [st.name for st in SETTINGS if st.name in curve.columns and st.name not in extra
+              and any(v != st.default for v in curve[st.name].to_list())]
     curve = curve.select([c for c in CURVE_COLUMNS if c in curve.columns] + extra)
     best = curve.row(opt, named=True)
 

@@ -514,10 +514,11 @@ def merge_shards(folder: str | Path) -> dict:
         missing = [k for k in range(1, n + 1) if (k, n) not in found]
         unfinished = [k for (k, _), m in sorted(found.items()) if not m.get("complete")]
         if missing or unfinished:
-            raise InputError(str(folder), "shards", f"{len(found)} of {n} present",
-                             f"all {n} shards, finished",
-                             f"missing: {missing or 'none'}; unfinished: {unfinished or 'none'}; "
-                             "run (or rerun, to resume) those shards, then merge again")
+            from ..io.errors import number_ranges
+            raise InputError(str(folder), "shards", f"{len(missing):,} of {n:,} missing, {len(unfinished):,} unfinished",
+                             f"all {n:,} shards, finished",
+                             f"missing: {number_ranges(missing)}; unfinished: {number_ranges(unfinished)}; "
+                             f"run (or rerun, to resume) those shards (--shard K/{n}), then merge again")
         for (k, n_), m in found.items():
             check_manifest(m, folder / shard_manifest_name((k, n_)), whole=False)
         keys = {m["sweep_key"] for m in found.values()}

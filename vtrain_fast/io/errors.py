@@ -36,14 +36,49 @@ def _toml(value) -> str:
     return repr(value)
 
 
+def similar_names(value: str, candidates, cutoff: float = 0.6, n: int = 1) -> list:
+    """The (at most ``n``) ``candidates`` most like ``value``, case-insensitive: those whose
+    :class:`difflib.SequenceMatcher` ratio with ``value`` is at least ``cutoff`` both ways, best
+    first. (The ratio depends on the order of the two strings: ``num_steps`` against
+    ``num_experts`` scores 0.7 one way and 0.5 the other, and the two name different things; the
+    smaller of the two is the one to trust.)"""
+    v = str(value).lower()
+    scored = []
+    for c in candidates:
+        low = str(c).lower()
+        ratio = min(difflib.SequenceMatcher(None, v, low).ratio(), difflib.SequenceMatcher(None, low, v).ratio())
+        if ratio >= cutoff:
+            scored.append((ratio, c))
+    scored.sort(key=lambda t: -t[0])       # stable: the candidates' order breaks ties
+    return [c for _, c in scored[:n]]
+
+
 def did_you_mean(value: str, candidates, otherwise: str) -> str:
-    """A fix naming the candidate closest to ``value`` (:func:`difflib.get_close_matches`,
-    ratio >= 0.6, case-insensitive; else the first that starts with ``value``, 3+ characters),
-    else ``otherwise``."""
-    close = difflib.get_close_matches(value.lower(), list(candidates), n=1, cutoff=0.6)
+    """A fix naming the candidate closest to ``value`` (:func:`similar_names`: ratio >= 0.6 both
+    ways, case-insensitive; else the first that starts with ``value``, 3+ characters), else
+    ``otherwise``: never a name that merely shares a prefix such as ``num_`` with ``value``."""
+    close = similar_names(value, candidates)
     if not close and len(value) >= 3:     # a short form of a long name: 'memory', 'iter'
-        close = [c for c in candidates if c.lower().startswith(value.lower())][:1]
+        close = [c for c in candidates if str(c).lower().startswith(value.lower())][:1]
     return f"did you mean {close[0]!r}?" if close else otherwise
+
+
+def number_ranges(numbers, limit: int = 10) -> str:
+    """Whole numbers as compact ranges, at most ``limit`` of them: ``2-9999``, ``1, 3-5, 8``,
+    ``1, 3, 5, ... (and 4,997 more)``; for a message that must stay one line however many
+    numbers there are."""
+    nums = sorted(set(int(k) for k in numbers))
+    runs = []
+    for k in nums:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs]
+    if len(text) > limit:
+        left = sum(b - a + 1 for a, b in runs[limit:])
+        return ", ".join(text[:limit]) + f", ... (and {left:,} more)"
+    return ", ".join(text) or "none"
 
 
 def format_bytes(n: float) -> str:

@@ -166,6 +166,10 @@ DERIVED_COLUMNS = (
            "default 0.05 for the tables' 'tight' mark)"),
 )
 DERIVED_NAMES = tuple(c.name for c in DERIVED_COLUMNS)
+# The columns that only vtrain-fast writes, its results (evaluate -o, pareto -o, plan -o, optimal -o,
+# advise -o; schedule's jobs.parquet some of them): a table of plans that holds one is read as
+# earlier results, whose results are recomputed from the plan columns, never read as inputs.
+RESULT_COLUMNS = ("status",) + OUTPUT_NAMES + DERIVED_NAMES
 
 
 # Short headers of the printed tables (the Parquet files keep the full names); accepted wherever

@@ -586,6 +586,10 @@ def check_manifest(manifest: dict, path: str | Path, whole: bool = True) -> None
             bad("num_rows", manifest.get("num_rows"), "the rows of the part files added up")
 
 
+# The manifest "kind" of a `vtrain-fast schedule` output folder (schedule/run.py writes it).
+SCHEDULE_KIND = "vtrain-fast schedule"
+
+
 def read_manifest(folder: str | Path) -> dict:
     """Return the manifest of a finished results folder (not checking its files: see
     :func:`result_paths`).
@@ -593,8 +597,9 @@ def read_manifest(folder: str | Path) -> dict:
     Raises
     ------
     InputError
-        If the folder does not exist, holds no results, or the sweep did not finish (no
-        manifest, or one that is not complete), or the manifest is not a JSON object.
+        If the folder does not exist, holds no results, is a schedule's output folder, or the
+        sweep did not finish (no manifest, or one that is not complete), or the manifest is not
+        a JSON object.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -624,6 +629,11 @@ def read_manifest(folder: str | Path) -> dict:
                          "the sweep was interrupted or is still running; rerun the same command to "
                          "resume it, or rerun it with --overwrite")
     manifest = read_json(path)
+    if manifest.get("kind") == SCHEDULE_KIND:
+        raise InputError(str(folder), "results folder", str(folder), "a folder written by `vtrain-fast sweep`",
+                         "this is a schedule output folder (jobs.parquet, segments.parquet, summary.parquet: "
+                         "written by `vtrain-fast schedule`), not a sweep results folder; give the folder a sweep "
+                         "wrote, or read the schedule's tables themselves (e.g. with polars or pandas)")
     if manifest.get("complete") is not True:
         raise InputError(str(path), "complete", manifest.get("complete"), "true",
                          "the sweep was interrupted or is still running; rerun the same command to "

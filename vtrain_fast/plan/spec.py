@@ -64,13 +64,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..io.errors import InputError, check_plain_name, did_you_mean
-from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes, read_toml
-from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration,
+from ..io.inputs import MAX_TEXT_BYTES, parse_toml, read_input_bytes, read_toml
+from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration, GPUPreset,
                        with_overrides)
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
 from .models import check_priced, arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT_RANGES, MODEL_PRESETS, ModelShape, models_from_tables
@@ -700,17 +699,21 @@ def _description(where, value) -> str:
 def check_reserved(preset, reserved_GiB, where: str, key: str) -> None:
     """Refuse ``reserved_GiB`` (memory kept free per GPU; None: the preset's) at or above the
     memory of ``preset``'s GPU, which would leave the model nothing and mark every plan
-    ``out_of_memory``.
+    ``out_of_memory``. ``preset``: the GPU as it is without the value checked (the fix names its
+    own reserved_GiB, or the presets' when that is the value refused).
 
     Raises
     ------
     InputError
-        Naming ``key``, the value and the GPU's memory.
+        Naming ``key``, the value, the GPU's memory and the value the GPU keeps without it.
     """
     if reserved_GiB is not None and reserved_GiB >= preset.hbm_GiB:
+        own = preset.reserved_GiB
+        usual = (f"{preset.name} keeps {own:g} GiB when it is not given" if own < preset.hbm_GiB
+                 else f"the GPU presets keep {GPUPreset.reserved_GiB:g} GiB")
         raise InputError(where, key, reserved_GiB, f"less than the {preset.hbm_GiB:g} GiB of memory of "
                          f"{preset.name} (hbm_GiB)", "reserved_GiB is the memory kept free per GPU (CUDA "
-                         f"context, NCCL, allocator; default {preset.reserved_GiB:g}): give a few GiB, e.g. 6.0")
+                         f"context, NCCL, allocator; {usual}): give a few GiB, e.g. 6.0")
 
 
 def check_name(where: str, name) -> None:
@@ -875,11 +878,7 @@ def parse_spec(text: str, path: str = "<spec>", calibration: dict | None = None,
     InputError
         Malformed TOML, unknown key, wrong type, value out of range, unknown preset.
     """
-    text = text.lstrip("\ufeff")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(path, "TOML", str(e), "valid TOML (https://toml.io)") from None
+    doc = parse_toml(text, path, "sweep spec")
     _check_keys(path, "", doc, _TOP)
     for req in ("model", "training", "cluster", "parallel"):
         if req not in doc:

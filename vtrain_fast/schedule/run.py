@@ -10,13 +10,13 @@ from pathlib import Path
 import polars as pl
 
 from ..io.outputs import FolderOutput, check_output
+from ..io.writer import SCHEDULE_KIND
 
 from .policies import POLICIES
 from .replay import DEFAULT_RESTART_S, SUMMARY_COLUMNS, Replay, check_policy, check_restart_s, replay
 
 POLICY_ORDER = tuple(POLICIES)
-# The manifest's kind, and what `schedule` writes into its folder: the only entries --overwrite replaces.
-SCHEDULE_KIND = "vtrain-fast schedule"
+# What `schedule` writes into its folder (its manifest of kind SCHEDULE_KIND): the only entries --overwrite replaces.
 SCHEDULE_OUTPUT = FolderOutput("schedule", ("jobs.parquet", "segments.parquet", "summary.parquet", "manifest.json",
                                             *(f"gantt-{p}.png" for p in POLICY_ORDER)), manifest_kind=SCHEDULE_KIND)
 
