@@ -49,7 +49,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 validate: $(STAMP)
-	$(BIN)/vtrain-fast validate --plot results/validation.png
+	$(BIN)/vtrain-fast validate --plot results/validation.png --overwrite
 
 bench: $(STAMP)
 	$(BIN)/python -m vtrain_fast.bench
@@ -62,7 +62,7 @@ clean:
 CAL := results/calibration-a100.toml
 calibrate: $(STAMP)
 	rm -f $(CAL)
-	$(BIN)/vtrain-fast validate --write-measurements results/measurements -o results/validation-before.parquet
+	$(BIN)/vtrain-fast validate --write-measurements results/measurements -o results/validation-before.parquet --overwrite
 	$(BIN)/vtrain-fast calibrate-nccl vtrain_fast/data/vtrain/nccl_allreduce_a100/*.csv --gpu a100-sxm4-80gb -o $(CAL)
 	$(BIN)/vtrain-fast calibrate results/measurements/vtrain_single.csv --gpu a100-sxm4-80gb --calibration $(CAL) -o $(CAL) \
 	  --param hbm_efficiency --param kernel_overhead_s --param host_launch_s \

@@ -229,3 +229,18 @@ def test_overwrite_replaces_an_earlier_file(tiny_sweep, tmp_path, cli):
     res = cli("pareto", tiny_sweep, "-o", out, "--overwrite")
     assert res.exit_code == 0, res.output
     assert pl.read_csv(out).height > 0
+
+
+def test_validate_replaces_a_named_file_only_with_overwrite(tmp_path, cli):
+    """validate -o onto an existing table of the user's is refused without --overwrite (it was replaced
+    silently); its own default file stays regenerable (the Makefile reruns it)."""
+    out = tmp_path / "mine.parquet"
+    out.write_bytes(b"the user's own table")
+    res = cli("validate", "--set", "moe", "-o", out)
+    assert res.exit_code == 2, res.output
+    assert "--overwrite" in res.output and out.read_bytes() == b"the user's own table"
+    plot = tmp_path / "p.png"
+    plot.write_bytes(b"a picture")
+    res = cli("validate", "--set", "published", "-o", tmp_path / "v.parquet", "--plot", plot)
+    assert res.exit_code == 2, res.output
+    assert plot.read_bytes() == b"a picture" and not (tmp_path / "v.parquet").exists()

@@ -942,7 +942,8 @@ def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
                  None, "--write-measurements", help="also write the measured sets as evaluate/calibrate CSVs into this folder"),
              which: str = typer.Option("vtrain", "--set", help="vtrain: vTrain's 1,549 A100 iteration times; published: "
                                        "the 79 published runs of vtrain_fast/data/published (held out); moe: the 203 "
-                                       "published mixture-of-experts runs (moe_runs.csv, held out)")):
+                                       "published mixture-of-experts runs (moe_runs.csv, held out)"),
+             overwrite: bool = OverwriteOpt):
     """Compare predictions with vTrain's 1,549 measured A100 iteration times (--set published:
     with 79 published training runs of 7 sources; --set moe: with 203 published MoE runs)."""
     import polars as pl
@@ -953,12 +954,14 @@ def validate(output: Optional[Path] = typer.Option(None, "-o", "--output",
         raise InputError("command line", "--set", which, "one of " + ", ".join(VALIDATION_SETS))
     from .io.outputs import check_output
     default = {"moe": "results/validation_moe.parquet", "published": "results/validation_published.parquet"}
+    explicit = output is not None
     output = output or Path(default.get(which, "results/validation.parquet"))
-    # validate regenerates its files on every run (replaced without --overwrite); never an input, nor a device
-    check_output(output, inputs=(calibration,), overwrite=True)
+    # its own default file (under results/) is regenerated on every run; a file named with -o or --plot
+    # is replaced only with --overwrite, as every command's; never an input, nor a device
+    check_output(output, inputs=(calibration,), overwrite=overwrite or not explicit)
     if plot:
         check_plot_path(plot)
-        check_output(plot, "--plot", inputs=(calibration,), overwrite=True)
+        check_output(plot, "--plot", inputs=(calibration,), overwrite=overwrite)
     if which == "moe" and plot:
         raise InputError("command line", "--plot", str(plot), "--plot with --set vtrain or --set published",
                          "leave --plot out: --set moe writes its per-row results (-o) but draws no plot yet")

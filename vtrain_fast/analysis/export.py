@@ -337,6 +337,14 @@ def launch_geometry(row: dict, gpus_per_node: int) -> tuple[int, int, tuple[str,
     return nodes, per, (note,)
 
 
+def _priced_line(row: dict) -> str:
+    """The header note every target starts with: the model label, the GPU and the predicted time (the label
+    goes through the target's escaping rule like every other note)."""
+    model = row.get("model")
+    return (f"model {model}: " if model not in (None, "") else "") + (
+        f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted")
+
+
 def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     """The Megatron-LM ``pretrain_gpt.py`` arguments of a plan.
 
@@ -362,7 +370,7 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
           "--tokenizer-type", "NullTokenizer", "--vocab-size", str(int(row["vocab_size"]))]
     notes = [f"vtrain-fast export: the plan as Megatron-LM (NVIDIA/Megatron-LM {MEGATRON_LM_COMMIT[:8]}) runs it; "
              "add your data, tokenizer, optimizer and checkpoint arguments",
-             f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted"]
+             _priced_line(row)]
     notes += list(extra_notes)
     mla = bool(g("multi_latent_attention"))
     if qg != a and not mla:
@@ -897,7 +905,7 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
     notes = [f"vtrain-fast export: the plan as torchtitan (pytorch/torchtitan {TORCHTITAN_COMMIT[:8]}) runs it, a "
              f"recipe module: torchtitan imports it (--module {module}) and calls {TORCHTITAN_FUNCTION}() (--config); "
              "add your data, tokenizer, optimizer and checkpoint settings",
-             f"priced on {row.get('gpu', '?')}: {row.get('iteration_time_s', float('nan')):.4g} s per iteration predicted"]
+             _priced_line(row)]
     notes += list(extra_notes)
     notes.append(f"starts from torchtitan's {recipe}() (torchtitan/models/llama3/config_registry.py): its AdamW "
                  "optimizer, LR schedule, c4 data, tokenizer (hf_assets_path), checkpointing, validation and "
