@@ -115,7 +115,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         try:
             done = read_json(folder / "manifest.json")
             if done.get("complete"):
-                check_manifest(done, folder / "manifest.json")
+                check_manifest(done, folder / "manifest.json", final=False)    # result fields: folder_problems
         except (OSError, ValueError):      # the run refuses it with the reason
             done = {}
         # a finished folder whose files fail their check goes on: the run rebuilds them
