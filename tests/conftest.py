@@ -126,6 +126,9 @@ def vouch_for_files(folder: Path) -> None:
                        Path(folder) / n)
     manifest["files"] = {n: file_record(Path(folder) / n, pq.ParquetFile(Path(folder) / n).metadata.num_rows)
                          for n in manifest["parts"]}
+    for info in manifest["chunks"].values():      # a chunk's record of its own part: the same record
+        if info.get("part") in manifest["files"]:
+            info["file"] = manifest["files"][info["part"]]
     path.write_text(json.dumps(manifest))
 
 

@@ -123,7 +123,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
         try:
             done = read_json(folder / "manifest.json")
             if done.get("complete"):
-                check_manifest(done, folder / "manifest.json")
+                check_manifest(done, folder / "manifest.json", final=False)    # result fields: folder_problems
         except (OSError, ValueError):      # the run refuses it with the reason
             done = {}
         # a finished folder whose files fail their check goes on: the run rebuilds them
@@ -678,7 +678,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     chosen, _, notes = read_plan(plan, where, row, own_models)
     for note in notes:
         console.print(f"note: {printable(note)}", style="yellow", markup=False)
-    detail = show_plan(chosen)
+    detail = show_plan(chosen, timeline=True if timeline is not None or events is not None else None)
     console.print(f"[bold]{escape(detail.title())}[/]")
     tt = Table(title="iteration time (s)")
     tt.add_column("part")
@@ -714,8 +714,11 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
             console.print(f"in host memory, {c.removesuffix('_GiB')}: "
                           + ", ".join(f"stage {r['stage']} {r[c]:.2f} GiB" for r in detail.memory.iter_rows(named=True)),
                           highlight=False, markup=False)
+    from .analysis.show import MAX_TIMELINE_OPS
+    simulated = (f"{detail.simulated_pipeline_s:.4f} s in the event timeline" if detail.events.height else
+                 f"no event timeline ({detail.timeline_ops:,} operations, over the {MAX_TIMELINE_OPS:,} simulated)")
     console.print(f"pipeline: {detail.pipeline_s:.4f} s in the model ((m - 1) x slowest + sum of stages, fill "
-                  f"and drain / vpp), {detail.simulated_pipeline_s:.4f} s in the event timeline; memory_per_gpu_GiB "
+                  f"and drain / vpp), {simulated}; memory_per_gpu_GiB "
                   f"{detail.kernel['memory_per_gpu_GiB']:.2f} (stage {fullest})", highlight=False)
     if output is not None:
         write_table_atomic(detail.memory, output, replace=overwrite)

@@ -89,6 +89,7 @@ is never recommended (under either rule).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -395,12 +396,34 @@ def _positive(option: str, value, hi: float, whole: bool = False):
 
 def data_parallel_size(plan: dict, num_gpus: int, global_batch_size: int) -> int | None:
     """The largest ``dp`` up to ``num_gpus / (tp x pp)`` that divides the global batch in
-    micro-batches (``global_batch_size % (dp x micro_batch_size) == 0``), or None."""
+    micro-batches (``global_batch_size % (dp x micro_batch_size) == 0``), or None.
+
+    ``dp x micro_batch_size`` divides the global batch exactly when the micro-batch size does and
+    ``dp`` divides the micro-batches, so ``dp`` is the largest divisor of
+    ``global_batch_size / micro_batch_size`` up to the bound (:func:`largest_divisor_at_most`):
+    a walk over the divisors, not over every size up to the GPUs."""
     most = num_gpus // (plan["tp"] * plan["pp"])
-    for d in range(most, 0, -1):
-        if global_batch_size % (d * plan["micro_batch_size"]) == 0:
-            return d
-    return None
+    b = plan["micro_batch_size"]
+    if most < 1 or global_batch_size % b:
+        return None
+    return largest_divisor_at_most(global_batch_size // b, most)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def largest_divisor_at_most(n: int, most: int) -> int:
+    """The largest divisor of ``n >= 1`` that is at most ``most >= 1`` (trial division up to
+    ``sqrt(n)``, at most 10^4 steps for the largest global batch a spec takes)."""
+    if n <= most:
+        return n
+    best, i = 1, 1
+    while i * i <= n:
+        if n % i == 0:
+            if i <= most:
+                best = max(best, i)
+            if n // i <= most:
+                best = max(best, n // i)
+        i += 1
+    return best
 
 
 def prerequisite(tech: Technique, ladder=None) -> Technique | None:

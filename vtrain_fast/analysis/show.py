@@ -67,6 +67,11 @@ MEMORY_PARTS = ("weights_GiB", "gradients_GiB", "optimizer_GiB", "fp8_weights_Gi
 HOST_PARTS = ("host_activations_GiB", "host_states_GiB")
 HOST_STATE_BYTES_PER_PARAM = 16.0
 EVENT_KINDS = ("forward", "recompute", "backward", "send", "dp_reduce", "optimizer", "overhead")
+# Forward and backward operations (2 pp m vpp) the event timeline simulates at most: the simulation
+# takes about 5 us per operation on the README's reference machine (a pp 96 plan of 6,144
+# micro-batches, 1.2 M operations and 2.9 M events: 6 s), so 2 M take about 10 s. A plan beyond it
+# is shown without its timeline (``--timeline`` and ``--events`` are refused with its size).
+MAX_TIMELINE_OPS = 2_000_000
 
 
 @dataclass
@@ -89,11 +94,12 @@ class PlanDetail:
         :data:`HOST_PARTS` (host memory, not in the total).
     events : polars.DataFrame
         ``stage``, ``start_s``, ``end_s``, ``kind`` (:data:`EVENT_KINDS`), ``micro_batch``, ``chunk``
-        (-1 where none) of one iteration.
+        (-1 where none) of one iteration; no rows when the timeline was not simulated
+        (:attr:`timeline_ops` over :data:`MAX_TIMELINE_OPS`).
     pipeline_s : float
         The kernel's pipeline part, ``m max T_i + (sum T_i - max T_i) / vpp`` (seconds).
     simulated_pipeline_s : float
-        The event simulation's flush time (seconds).
+        The event simulation's flush time (seconds); NaN when it was not simulated.
     kernel : dict
         Every output column as the kernel computes it from the plan's inputs.
     """
@@ -106,11 +112,12 @@ class PlanDetail:
     pipeline_s: float
     simulated_pipeline_s: float
     kernel: dict = field(default_factory=dict)
+    timeline_ops: int = 0
 
     @property
     def makespan_s(self) -> float:
-        """End of the simulated iteration (seconds)."""
-        return float(self.events["end_s"].max())
+        """End of the simulated iteration (seconds; NaN without a simulated timeline)."""
+        return float(self.events["end_s"].max()) if self.events.height else float("nan")
 
     def title(self) -> str:
         """The plan in one line: model, GPU, tp/pp/dp/vpp, micro-batch size, recomputation (the labels
@@ -246,7 +253,24 @@ def simulate_pipeline(forward_s, backward_s, send_s, m: int, vpp: int = 1, recom
     return events
 
 
-def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
+def check_timeline_size(ops: int) -> None:
+    """Refuse the timeline (``show --timeline`` or ``--events``) of a plan with more than
+    :data:`MAX_TIMELINE_OPS` operations.
+
+    Raises
+    ------
+    InputError
+        Naming the operations, the limit and its cost.
+    """
+    if ops > MAX_TIMELINE_OPS:
+        raise InputError("plan", "--timeline / --events", f"a timeline of {ops:,} operations (2 x pp x micro-batches x vpp)",
+                         f"at most {MAX_TIMELINE_OPS:,} operations (the event simulation takes about 5 us each, "
+                         "10 s for the limit, on the README's reference machine)",
+                         "leave both options out to see the plan's time and memory, or show a plan with fewer "
+                         "micro-batches or stages (--where, --row)")
+
+
+def show_plan(plan: dict, gpus: dict | None = None, timeline: bool | None = None) -> PlanDetail:
     """One plan part by part: time breakdown, memory per stage, timeline (see the module docstring).
 
     Parameters
@@ -256,6 +280,9 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
         :func:`~vtrain_fast.analysis.evaluate.evaluate_frame`'s output).
     gpus : dict, optional
         GPU name -> GPUPreset (default: the presets).
+    timeline : bool, optional
+        Simulate the event timeline: None (default) when it has at most :data:`MAX_TIMELINE_OPS`
+        operations, True always (refused beyond the limit), False never.
 
     Returns
     -------
@@ -264,7 +291,8 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
     Raises
     ------
     InputError
-        A plan the kernel does not price (a shape error, a refused setting).
+        A plan the kernel does not price (a shape error, a refused setting); ``timeline`` True for
+        a timeline over :data:`MAX_TIMELINE_OPS` operations (:func:`check_timeline_size`).
     """
     (L, h, a, g, f, v, s, B, b), lay, recompute, tokens, hw, arch = kernel_inputs(plan, gpus)
     out = np.full((NUM_OUTPUTS, 1), np.nan)
@@ -307,11 +335,15 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
     stage_rec = [w * share[1] for w in work]
     stage_bwd = [w * share[2] for w in work]
     send = pp_s / (2.0 * vs) if p > 1 else 0.0
-    events = simulate_pipeline(stage_fwd, stage_bwd, [send] * p, m, vs, stage_rec)
-    flush = max(e[2] for e in events)
+    n_ops = 2 * p * m * vs
+    if timeline:
+        check_timeline_size(n_ops)
+    simulate = timeline is not False and n_ops <= MAX_TIMELINE_OPS
+    events = simulate_pipeline(stage_fwd, stage_bwd, [send] * p, m, vs, stage_rec) if simulate else []
+    flush = max(e[2] for e in events) if events else float("nan")
     # after the flush: the exposed DP reduction outside the micro-batches, the optimizer, the host overhead
     tail_dp = max(0.0, kernel["iteration_time_s"] - pipeline_s - kernel["optimizer_s"] - kernel["overhead_s"])
-    for r in range(p):
+    for r in range(p if events else 0):
         t0 = flush
         for kind, dur in (("dp_reduce", tail_dp), ("optimizer", kernel["optimizer_s"]),
                           ("overhead", kernel["overhead_s"])):
@@ -327,7 +359,7 @@ def show_plan(plan: dict, gpus: dict | None = None) -> PlanDetail:
                            "backward_s": stage_bwd, "send_s": [2.0 * vs * send] * p, "in_flight": in_flight})
     time_s = {name: kernel[name] for name in TIME_PARTS}
     time_s["iteration_time_s"] = kernel["iteration_time_s"]
-    return PlanDetail(dict(plan), time_s, stages, mem, ev, pipeline_s, flush, kernel)
+    return PlanDetail(dict(plan), time_s, stages, mem, ev, pipeline_s, flush, kernel, n_ops)
 
 
 def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, layers, n16, nm, vs):
@@ -411,39 +443,113 @@ COLOURS = {"forward": "#4C72B0", "recompute": "#8172B3", "backward": "#55A868", 
            "dp_reduce": "#C44E52", "optimizer": "#937860", "overhead": "#8C8C8C"}
 
 
+# The timeline figure: 14 in at 130 dpi, about this many pixel columns for the time axis.
+TIMELINE_WIDTH_IN, TIMELINE_DPI = 14.0, 130
+TIMELINE_COLUMNS = int(TIMELINE_WIDTH_IN * TIMELINE_DPI * 0.9)
+# Stage rows drawn at full height (0.55 in each); more stages share that height.
+TIMELINE_ROWS = 40
+
+
+def _busy_by_column(starts, ends, edges) -> np.ndarray:
+    """Seconds of the intervals ``[starts, ends)`` (disjoint, sorted by start) inside each column
+    between consecutive ``edges``: the busy time up to each edge, differenced."""
+    if starts.size == 0:
+        return np.zeros(edges.size - 1)
+    dur = ends - starts
+    before = np.concatenate(([0.0], np.cumsum(dur)))           # busy time before interval k
+    k = np.searchsorted(starts, edges, side="right") - 1        # the interval that starts last before the edge
+    inside = np.where(k >= 0, np.clip(edges - starts[np.maximum(k, 0)], 0.0, dur[np.maximum(k, 0)]), 0.0)
+    upto = before[np.maximum(k, 0)] * (k >= 0) + inside
+    return np.diff(upto)
+
+
+# Pixel rows of one stage in the aggregated timeline (a share of a column to 1 / this).
+TIMELINE_SUBROWS = 10
+
+
+def _column_image(ev: pl.DataFrame, p: int, span: float, kinds) -> np.ndarray:
+    """RGB image of the timeline, :data:`TIMELINE_SUBROWS` rows per stage (stage 0 on top) and
+    :data:`TIMELINE_COLUMNS` columns over ``[0, span]``: in each column a stage's rows are filled
+    bottom-up with each kind's colour in proportion to the time it takes in that column, idle
+    (white) last, and the stage's top row left white to separate the stages."""
+    from matplotlib.colors import to_rgb
+    edges = np.linspace(0.0, span, TIMELINE_COLUMNS + 1)
+    busy = np.zeros((len(kinds), p, TIMELINE_COLUMNS))
+    for j, kind in enumerate(kinds):
+        sub = ev.filter(pl.col("kind") == kind).sort("stage", "start_s")
+        for (stage,), part in sub.group_by(["stage"], maintain_order=True):
+            busy[j, int(stage)] = _busy_by_column(part["start_s"].to_numpy(), part["end_s"].to_numpy(), edges)
+    upto = np.cumsum(busy, axis=0) / np.diff(edges)[None, None, :]        # share up to each kind
+    rows = TIMELINE_SUBROWS - 1
+    centre = (np.arange(rows)[::-1] + 0.5) / rows                       # top row first
+    which = (upto[:, :, None, :] < centre[None, None, :, None]).sum(axis=0)  # (stage, row, column): kind, len = idle
+    palette = np.array([to_rgb(COLOURS[kd]) for kd in kinds] + [to_rgb("white")])
+    img = np.ones((p, TIMELINE_SUBROWS, TIMELINE_COLUMNS, 3))
+    img[:, 1:] = palette[which]
+    return img.reshape(p * TIMELINE_SUBROWS, TIMELINE_COLUMNS, 3)
+
+
 def plot_timeline(detail: PlanDetail, path) -> None:
     """Write the timeline of one iteration as a PNG: one row per pipeline stage (stage 0 on top),
-    coloured boxes by kind, micro-batch numbers where they fit, idle time white."""
+    coloured boxes by kind, micro-batch numbers where they fit, idle time white.
+
+    Each kind is one collection of boxes (not an artist per event). When a stage has more events
+    than the figure has pixel columns (:data:`TIMELINE_COLUMNS`) the boxes could not be told apart:
+    the timeline is drawn as an image instead, each column of a stage coloured by the kind that
+    takes most of that column's time, and the figure says so.
+
+    Raises
+    ------
+    InputError
+        The plan has no simulated timeline (over :data:`MAX_TIMELINE_OPS`, :func:`check_timeline_size`).
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
+    check_timeline_size(detail.timeline_ops)
     ev = detail.events
     p = int(ev["stage"].max()) + 1
     span = detail.makespan_s
-    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * p))
-    for kind in EVENT_KINDS:
-        sub = ev.filter(pl.col("kind") == kind)
-        if sub.height == 0:
-            continue
-        for stage, start, end, mbatch, chunk in sub.select("stage", "start_s", "end_s", "micro_batch",
-                                                           "chunk").iter_rows():
-            ax.broken_barh([(start, end - start)], (p - 1 - stage - 0.4, 0.8), facecolors=COLOURS[kind],
-                           edgecolor="white" if (end - start) > span / 300 else "none", linewidth=0.4)
-            if mbatch >= 0 and kind in ("forward", "backward") and (end - start) > span / 120:
-                ax.text((start + end) / 2, p - 1 - stage, str(mbatch), ha="center", va="center", fontsize=6,
-                        color="white")
-    ax.set_yticks(range(p))
-    ax.set_yticklabels([f"stage {p - 1 - i}" for i in range(p)])
+    kinds = [kd for kd in EVENT_KINDS if (ev["kind"] == kd).any()]
+    per_stage = int(ev.group_by("stage").len()["len"].max())
+    fig, ax = plt.subplots(figsize=(TIMELINE_WIDTH_IN, 1.0 + 0.55 * min(p, TIMELINE_ROWS)))
+    note = ""
+    if per_stage > TIMELINE_COLUMNS:
+        ax.imshow(_column_image(ev, p, span, kinds), extent=(0.0, span, -0.5, p - 0.5), aspect="auto",
+                  interpolation="nearest")
+        note = (f"{ev.height:,} events, up to {per_stage:,} per stage, more than the figure's {TIMELINE_COLUMNS:,} "
+                f"pixel columns: each column ({span / TIMELINE_COLUMNS * 1e3:.3g} ms) of a stage is filled bottom-up "
+                "with each kind's share of its time")
+    else:
+        for kind in kinds:
+            sub = ev.filter(pl.col("kind") == kind)
+            x0, x1 = sub["start_s"].to_numpy(), sub["end_s"].to_numpy()
+            y = (p - 1 - sub["stage"].to_numpy()).astype(float)
+            verts = np.stack([np.column_stack([x0, y - 0.4]), np.column_stack([x0, y + 0.4]),
+                              np.column_stack([x1, y + 0.4]), np.column_stack([x1, y - 0.4])], axis=1)
+            wide = (x1 - x0) > span / 300
+            ax.add_collection(PolyCollection(verts, facecolors=COLOURS[kind],
+                                             edgecolors=np.where(wide, "white", "none").tolist(), linewidths=0.4))
+            if kind in ("forward", "backward"):
+                mb = sub["micro_batch"].to_numpy()
+                for i in np.flatnonzero(((x1 - x0) > span / 120) & (mb >= 0)):
+                    ax.text((x0[i] + x1[i]) / 2, y[i], str(mb[i]), ha="center", va="center", fontsize=6,
+                            color="white")
+    step = -(-p // TIMELINE_ROWS)
+    ticks = list(range(0, p, step))
+    ax.set_yticks([p - 1 - s for s in ticks])
+    ax.set_yticklabels([f"stage {s}" for s in ticks])
     ax.set_xlim(0, span * 1.01)
     ax.set_ylim(-0.6, p - 0.4)
-    ax.set_xlabel("time in the iteration (s)")
-    kinds = [kd for kd in EVENT_KINDS if (ev["kind"] == kd).any()]
+    ax.set_xlabel("time in the iteration (s)" + (f"\n{note}" if note else ""), fontsize=9 if note else None)
     fig.legend(handles=[Patch(color=COLOURS[kd], label=kd.replace("_", " ")) for kd in kinds]
                + [Patch(facecolor="white", edgecolor="grey", label="idle (bubble)")],
                loc="lower center", ncol=len(kinds) + 1, fontsize=8, frameon=False)
     ax.set_title(f"{detail.title()}\niteration {detail.time_s['iteration_time_s']:.3f} s (model), "
                  f"{detail.makespan_s:.3f} s (simulated timeline)", fontsize=9, parse_math=False)
-    fig.tight_layout(rect=(0, 0.08 if p > 2 else 0.15, 1, 1))
-    fig.savefig(path, dpi=130, format="png")
+    height = 1.0 + 0.55 * min(p, TIMELINE_ROWS)
+    fig.tight_layout(rect=(0, min(0.15, (0.6 if note else 0.35) / height) if p > 2 else 0.15, 1, 1))
+    fig.savefig(path, dpi=TIMELINE_DPI, format="png")
     plt.close(fig)

@@ -30,7 +30,8 @@ from ..plan.spec import SweepSpec, variant_label
 from .chunks import (CANDIDATE_SCHEMA, DICTIONARY_COLUMNS, INDEX_COLUMN, ROW_BUFFERS_PER_LANE, STORAGE_SCHEMA,
                      ChunkEvaluator, Keep, Plan, _LaneSink, parse_keep, plan_sweep, reduce_candidates, run_chunk)
 from ..io.writer import (FINAL, MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
-                     candidate_name, check_files, check_manifest, clear_folder, file_problem, is_sweep_file,
+                     _record_problem, candidate_name, check_files, check_manifest, clear_folder, file_problem,
+                     final_problem, is_sweep_file,
                      part_name, read_json, rebuild_fix, remove_leftovers, shard_manifest_name, write_json_atomic)
 
 
@@ -124,9 +125,11 @@ def _damaged_chunks(folder: Path, state: dict, chunks: range) -> list[tuple[int,
 
 def _final_problems(folder: Path, state: dict) -> list[tuple[str, str]]:
     """``(name, problem)`` of the files a finished manifest lists that fail their check."""
-    files = state.get("files") or {}
-    return [(n, prob) for n in state.get("parts") or []
-            if n in files and (prob := file_problem(folder, files[n], state["sweep_key"]))]
+    files = state.get("files") if isinstance(state.get("files"), dict) else {}
+    parts = state.get("parts") if isinstance(state.get("parts"), list) else []
+    return [(n, prob) for n in parts
+            if isinstance(n, str) and isinstance(files.get(n), dict) and not _record_problem(files[n])
+            and (prob := file_problem(folder, files[n], state["sweep_key"]))]
 
 
 # Keys a finished manifest adds to the run's state (:func:`finalize`); dropped when a damaged
@@ -178,11 +181,14 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                              "its spec, --keep and chunking agree, so the calibration or the cost model's code "
                              "changed since it ran: its rows would not match new ones")
                              + "); pass --overwrite to replace it, or choose another -o")
-        check_manifest(old, path, whole=shard is None)
+        check_manifest(old, path, whole=shard is None, final=False)     # the result fields: below
         damaged = _damaged_chunks(folder, old, chunks)
         chunk_files = {n for _, n, _ in damaged}
         final = ([(n, prob) for n, prob in _final_problems(folder, old) if n not in chunk_files]
                  if old.get("complete") and shard is None else [])
+        odd = final_problem(old) if old.get("complete") and shard is None else None
+        if odd:             # a result that disagrees with the chunks is written again from them
+            final.append((MANIFEST, f"at odds with its chunks ({odd[0]} = {odd[1]!r}, where it must be {odd[2]})"))
         if old.get("complete"):
             if not damaged and not final:
                 raise InputError(str(folder), "output folder", str(folder),
@@ -191,7 +197,7 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                                  "recompute it" + (f", or run `vtrain-fast merge {folder}`" if shard else ""))
             for k in _FINAL_KEYS:
                 old.pop(k, None)
-            old["complete"] = False
+            old["complete"], old["num_points"] = False, header["num_points"]     # same sweep key: same grid
             if shard is not None and (folder / MANIFEST).exists():
                 (folder / MANIFEST).unlink()      # the merged result no longer holds: merge again after
             for n, prob in final:

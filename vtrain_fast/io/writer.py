@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -118,14 +119,28 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs) -> dict:
+    """``json`` object hook: a table that names a key twice (two entries of one chunk) is refused,
+    not read as its last entry."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
 def read_json(path: Path) -> dict:
     """Read a JSON object written by :func:`write_json_atomic`.
 
     Raises
     ------
     InputError
-        If the file cannot be read, is not a regular file or too large, is not valid JSON, or
-        holds something other than a JSON object.
+        If the file cannot be read, is not a regular file or too large, is not valid JSON, names
+        a key twice in one object, or holds something other than a JSON object.
     """
     path = Path(path)
     fix = "rerun the sweep with --overwrite to rebuild the folder, or delete it"
@@ -135,7 +150,10 @@ def read_json(path: Path) -> dict:
             raise InputError(str(path), "manifest", str(path),
                              f"a regular file of at most {format_bytes(MAX_MANIFEST_BYTES)} written by vtrain-fast", fix)
         with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+            doc = json.load(fh, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise InputError(str(path), "manifest", f"the key {e.args[0]!r} listed twice in one table",
+                         "each key (each chunk, each file) once, as vtrain-fast writes it", fix) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(str(path), "manifest", f"not JSON ({e})", "a manifest written by vtrain-fast",
                          fix) from None
@@ -522,17 +540,28 @@ def _record_problem(record) -> str | None:
     return None
 
 
-def check_manifest(manifest: dict, path: str | Path, whole: bool = True) -> None:
+def check_manifest(manifest: dict, path: str | Path, whole: bool = True, final: bool = True) -> None:
     """Refuse a manifest whose structure this package could not have written (hand-edited or
-    damaged): the format, the plan, every chunk entry (its number inside the plan, its points
-    as the plan gives them, counts, and a file record whose rows are the chunk's) and, when
-    complete, the parts (each once, each recorded, rows adding up to ``num_rows``) and, for a
-    ``whole`` sweep (not one shard's manifest), every chunk of the plan.
+    damaged): the format, the plan (its chunks the ceiling of its points over the chunk size),
+    every chunk entry (listed once under its own number inside
+    the plan, its points as the plan gives them, counts, and a record of the chunk's own file whose
+    rows are the chunk's) and, when ``final`` and the manifest is complete, that its result agrees
+    with its chunks (:func:`final_problem`).
+
+    Parameters
+    ----------
+    manifest : dict
+    path : str or Path
+        The manifest file, for messages.
+    whole : bool
+        A whole sweep's manifest (not one shard's): a complete one covers every chunk.
+    final : bool
+        Check the result fields too; False where a rerun rebuilds them from the chunks (resume).
 
     Raises
     ------
     InputError
-        Naming the manifest, the field and the fix (rerun the sweep with --overwrite).
+        Naming the manifest, the field and the fix (rerun the sweep, or with --overwrite).
     """
     fix = "the manifest was edited or damaged; rerun the sweep with --overwrite"
 
@@ -549,12 +578,15 @@ def check_manifest(manifest: dict, path: str | Path, whole: bool = True) -> None
     if (not isinstance(plan, dict) or not all(_count(plan.get(k)) for k in ("num_points", "chunk_points", "num_chunks"))
             or not plan["chunk_points"]):
         bad("plan", plan, "the plan a sweep records (num_points, chunk_points, num_chunks)")
+    if plan["num_chunks"] != -(-plan["num_points"] // plan["chunk_points"]):
+        bad("plan.num_chunks", plan["num_chunks"], f"{-(-plan['num_points'] // plan['chunk_points']):,}, the "
+            f"plan's {plan['num_points']:,} points in chunks of {plan['chunk_points']:,}")
     chunks = manifest.get("chunks")
     if not isinstance(chunks, dict):
         bad("chunks", type(chunks).__name__, "a table of finished chunks")
     for key, info in chunks.items():
-        if not key.isdigit() or int(key) >= plan["num_chunks"]:
-            bad("chunks", key, f"chunk numbers 0 to {plan['num_chunks'] - 1}")
+        if not key.isdigit() or key != str(int(key)) or int(key) >= plan["num_chunks"]:
+            bad("chunks", key, f"chunk numbers 0 to {plan['num_chunks'] - 1}, each once")
         c = int(key)
         points = min(plan["chunk_points"], plan["num_points"] - c * plan["chunk_points"])
         if not isinstance(info, dict) or info.get("chunk") != c or info.get("points") != points:
@@ -570,20 +602,110 @@ def check_manifest(manifest: dict, path: str | Path, whole: bool = True) -> None
                 bad(f"chunks.{key}.file", None, "the record of the chunk's file")
             continue
         why = _record_problem(rec)
-        if why or rec["name"] != name or rec["rows"] != info["rows"]:
+        if why or rec["name"] != name or rec["rows"] != info["rows"] or name not in (part_name(c), candidate_name(c)):
             bad(f"chunks.{key}.file", rec.get("name") if isinstance(rec, dict) else rec,
-                why or "the record of the chunk's own file, with the chunk's rows")
-    if manifest.get("complete") and whole:
-        if len(chunks) != plan["num_chunks"]:
-            bad("chunks", f"{len(chunks):,} chunks", f"all {plan['num_chunks']:,} chunks of the plan")
-        files, parts = manifest.get("files"), manifest.get("parts")
-        if not isinstance(files, dict) or not all(not _record_problem(r) and r["name"] == n for n, r in files.items()):
-            bad("files", type(files).__name__, "a record (name, rows, bytes, SHA-256) for each part file")
-        if (not isinstance(parts, list) or not parts or len(set(map(str, parts))) != len(parts)
-                or not all(isinstance(n, str) and n in files for n in parts)):
-            bad("parts", parts, "part files, each once, each with its record under files")
-        if manifest.get("num_rows") != sum(files[n]["rows"] for n in parts):
-            bad("num_rows", manifest.get("num_rows"), "the rows of the part files added up")
+                why or f"the record of the chunk's own file ({part_name(c)} or {candidate_name(c)}), with the "
+                "chunk's rows")
+    if final and manifest.get("complete") and whole:
+        problem = final_problem(manifest)
+        if problem:
+            raise InputError(str(path), *problem, "the manifest was edited or damaged: "
+                             + rebuild_fix(manifest, Path(path).parent) + ", or rerun it with --overwrite")
+
+
+def _reduces(manifest: dict) -> bool:
+    """True for a sweep that keeps a reduction of its rows (``--keep frontier`` or ``top``): one
+    result file merged from the chunks' candidates, not the chunks' own part files."""
+    return str(manifest.get("keep", "all")).startswith(("frontier", "top"))
+
+
+def final_problem(manifest: dict) -> tuple[str, object, str] | None:
+    """Where a finished whole sweep's result fields disagree with its chunks (a hand-edited or
+    damaged manifest), as ``(field, value, what it must be)``, or None when every field agrees:
+
+    * ``chunks``: every chunk of the plan, their points adding up to ``plan.num_points``, which is
+      ``num_points``;
+    * ``files``: a record for each part file and no other, and ``parts`` each part once;
+    * ``parts``: the chunks' own part files, each with the record its chunk holds (``--keep all`` /
+      ``feasible``; with no row at all, the one empty part), or the one merged result file
+      ``part-000000.parquet`` (``--keep frontier`` / ``top``);
+    * ``num_rows``: the rows of the part files added up (and of the chunks, keep all / feasible);
+    * ``status_counts`` and ``pruned_points``: the chunks' added up;
+    * the points: the grid of the spec the manifest records (:func:`spec_points`), where it can
+      be counted.
+
+    The structure of the manifest (:func:`check_manifest` with ``final=False``) must be checked
+    first. A rerun of the sweep rebuilds these fields from the chunks.
+    """
+    from .schema import STATUS_LABELS
+    plan, chunks = manifest["plan"], manifest["chunks"]
+    if len(chunks) != plan["num_chunks"]:
+        return "chunks", f"{len(chunks):,} chunks", f"all {plan['num_chunks']:,} chunks of the plan"
+    files, parts = manifest.get("files"), manifest.get("parts")
+    if not isinstance(files, dict) or not all(not _record_problem(r) and r["name"] == n for n, r in files.items()):
+        return "files", type(files).__name__, "a record (name, rows, bytes, SHA-256) for each part file"
+    if (not isinstance(parts, list) or not parts or not all(isinstance(n, str) for n in parts)
+            or len(set(parts)) != len(parts) or set(parts) != set(files)):
+        return "parts", parts, "the part files, each once, each with its record under files and no other record"
+    if _reduces(manifest):
+        if parts != [part_name(0)]:
+            return "parts", parts, f"[{part_name(0)!r}], the one result merged from the chunks' candidates"
+    else:
+        own = {info["file"]["name"]: info["file"] for info in chunks.values() if info.get("part")}
+        if own or parts != [part_name(0)] or files[part_name(0)]["rows"]:
+            missing = sorted(set(own) - set(parts))
+            if missing or set(parts) != set(own):
+                return ("parts", f"{len(parts):,} part files" + (f" (without {missing[0]}, which chunk "
+                        f"{_expected_chunk(missing[0])} lists)" if missing else ""),
+                        f"the {len(own):,} part files the chunks list, each once")
+            changed = [n for n in parts if files[n] != own[n]]
+            if changed:
+                return f"files.{changed[0]}", "a record unlike its chunk's", "the record its chunk holds"
+        rows = sum(info["rows"] for info in chunks.values())
+        if manifest.get("num_rows") != rows:
+            return "num_rows", manifest.get("num_rows"), f"{rows:,}, the rows of the chunks added up"
+    rows = sum(files[n]["rows"] for n in parts)
+    if manifest.get("num_rows") != rows:
+        return "num_rows", manifest.get("num_rows"), f"{rows:,}, the rows of the part files added up"
+    counts = [0] * len(STATUS_LABELS)
+    for info in chunks.values():
+        for i, n in enumerate(info["status_counts"][:len(counts)]):
+            counts[i] += n
+    if manifest.get("status_counts") != dict(zip(STATUS_LABELS, counts)):
+        return "status_counts", manifest.get("status_counts"), "the chunks' status counts added up"
+    pruned = sum(info["pruned"] for info in chunks.values())
+    if manifest.get("pruned_points") != pruned:
+        return "pruned_points", manifest.get("pruned_points"), f"{pruned:,}, the chunks' pruned points added up"
+    if manifest.get("num_points") != plan["num_points"]:
+        return "num_points", manifest.get("num_points"), f"the plan's {plan['num_points']:,} points (plan.num_points)"
+    points = spec_points(manifest)
+    if points is not None and points != plan["num_points"]:
+        return "num_points", plan["num_points"], f"{points:,}, the points of the spec the manifest records"
+    return None
+
+
+def spec_points(manifest: dict) -> int | None:
+    """The points of the grid of the spec a manifest records (its ``spec`` text, the machines of its
+    ``machine_vectors`` and the shapes of its ``model_files``), or None where that spec cannot be
+    read back here (a GPU of a ``--gpus`` file, a preset this version lacks)."""
+    text = manifest.get("spec")
+    machines = manifest.get("machine_vectors")
+    if not isinstance(text, str) or not isinstance(machines, dict) or not machines:
+        return None
+    shapes = (manifest.get("model_files") or {}).get("models") if isinstance(manifest.get("model_files"), dict) else None
+    return _spec_points(text, str(manifest.get("spec_path") or "<spec>"), len(machines),
+                        len(shapes) if isinstance(shapes, list) else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _spec_points(text: str, path: str, machines: int, shapes: int | None) -> int | None:
+    from ..plan.spec import parse_spec
+    try:
+        spec = parse_spec(text, path)
+    except (InputError, OSError, RecursionError):
+        return None
+    models = len(spec.models) if shapes is None else shapes
+    return spec.num_points // (len(spec.models) * len(spec.gpus)) * models * machines
 
 
 # The manifest "kind" of a `vtrain-fast schedule` output folder (schedule/run.py writes it).
@@ -667,7 +789,9 @@ def check_files(folder: Path, records, fix: str, sweep_key: str | None = None) -
 
 def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]:
     """Every file ``manifest`` records (the parts it lists and each chunk's file) that fails its
-    check (:func:`file_problem`).
+    check (:func:`file_problem`), and the manifest itself when it is finished but its result
+    fields disagree with its chunks (:func:`final_problem`; its structure checked first,
+    :func:`check_manifest` with ``final=False``).
 
     Returns
     -------
@@ -679,7 +803,11 @@ def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]
         if isinstance(info, dict) and isinstance(info.get("file"), dict):
             records.setdefault(info["file"]["name"], info["file"])
     key = manifest.get("sweep_key")
-    return [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r, key))]
+    out = [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r, key))]
+    problem = final_problem(manifest) if manifest.get("complete") and not manifest.get("shard") else None
+    if problem:
+        out.append((MANIFEST, f"at odds with its chunks ({problem[0]} = {problem[1]!r}, where it must be {problem[2]})"))
+    return out
 
 
 def result_paths(folder: str | Path) -> list[Path]:

@@ -175,6 +175,48 @@ class SweepSpec:
             "global_batch_size", "recompute"))
 
 
+# Values the model axis and the gpu axis may hold. Both are built value by value before a sweep
+# (or its dry run) starts and held in memory while it runs, so their size is checked first, as the
+# product of the lengths of the lists that make them (arithmetic: nothing is built). Measured on the
+# 2-core development VM of the README's Speed section: a model shape takes about 15 us and 0.7 KB
+# (10^6 shapes: 17 s, 0.7 GB), a machine 0.2 to 1 ms (16 plan kinds compared per machine; every
+# training switch as an axis, 16,384 machines: 3.4 s; 90,000 distinct ones: 90 s). The limits keep
+# either axis to seconds, and the gpu axis to every one of 15 switches as an axis (2^15 machines).
+MAX_MODEL_SHAPES = 100_000
+MAX_MACHINES = 1 << 15
+_AXIS_LIMITS = {"model shapes": (MAX_MODEL_SHAPES, "about 2 s and 70 MB"),
+                "machines": (MAX_MACHINES, "7 to 30 s")}
+
+
+def check_axis_length(where: str, key: str, length: int, what: str) -> None:
+    """Refuse a model axis of more than :data:`MAX_MODEL_SHAPES` shapes, or a gpu axis of more
+    than :data:`MAX_MACHINES` machines, before building it.
+
+    Parameters
+    ----------
+    where : str
+        The spec file, for the message.
+    key : str
+        Which axis and the lists that make it, in words.
+    length : int
+        Its values: the product of the lengths of the lists it combines (exact).
+    what : str
+        ``"model shapes"`` or ``"machines"``.
+
+    Raises
+    ------
+    InputError
+        Naming the size, the limit and its cost, and how to narrow the lists.
+    """
+    limit, cost = _AXIS_LIMITS[what]
+    if length > limit:
+        raise InputError(where, key, f"{length:,} {what} ({length:.2g})",
+                         f"at most {limit:,} {what} (each is built and held in memory before the sweep starts; "
+                         f"{limit:,} take {cost} on the README's reference machine)",
+                         "shorten the lists whose product makes the axis, or split them over several specs "
+                         "(one sweep per slice of a list)")
+
+
 def _as_list(where, key, value, allowed="values"):
     if isinstance(value, list):
         if not value:
@@ -331,6 +373,9 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
         precision in the lists, its fp8 mxfp8 machines are left out with a note).
     """
     presets, skipped, skipped_fp8, skipped_mxfp8, unmet = [], [], [], [], {}
+    check_axis_length(where, "the gpu axis (cluster.gpu x the training settings' lists)",
+                      len(names) * math.prod(len(v) for v in settings.values()), "machines")
+    seen = set()
     for name in names:
         for combo in itertools.product(*settings.values()):
             values = canonical_values(dict(zip(settings, combo)))
@@ -357,7 +402,8 @@ def machine_variants(names, settings: dict, overrides: dict, calibration: dict, 
                     skipped_mxfp8.append(name)
                 continue
             check_mxfp8(g, where, "training.fp8_recipe")
-            if g not in presets:            # a switched-off setting may repeat a machine exactly
+            if g not in seen:               # a switched-off setting may repeat a machine exactly
+                seen.add(g)
                 presets.append(g)
     notes = tuple(f"{name} has no FlashAttention kernel (flash_attention_efficiency 0): its use_flash_attn = "
                   "true machines are left out" for name in skipped)
@@ -679,6 +725,8 @@ def _models(where, t: dict, known: dict | None = None) -> tuple:
         axes.setdefault("ffn_hidden_size", (0,))
         axes.setdefault("vocab_size", (DEFAULT_VOCAB_SIZE,))
         keys = list(axes)
+        check_axis_length(where, "the model axis (model.presets + the [model] shape lists)",
+                          len(models) + math.prod(len(v) for v in axes.values()), "model shapes")
         for combo in itertools.product(*(axes[k] for k in keys)):
             kw = dict(zip(keys, combo))
             models.append(ModelShape(name=shape_name(kw, given=shape_keys), **kw).resolved())
