@@ -17,7 +17,7 @@ LAYERS = [
     ("io.errors", "model._jit", "plan.models", "io.inputs", "model.settings", "model.arch", "model.moe", "model.params", "model", "__init__"),  # leaves
     ("model.layout", "model.ops", "model.comm", "model.memory", "model.step", "model.sweep"),  # cost model
     ("io.schema", "hardware.gpus"),                                               # columns; GPUs as data
-    ("plan.spec", "plan.hf", "hardware.calfile", "io.writer"),                    # what to sweep; model files; result folders
+    ("plan.spec", "plan.hf", "hardware.calfile", "io.outputs", "io.writer"),      # what to sweep; model files; the output rule; result folders
     ("plan.grid",),                                                               # spec -> kernel arrays
     ("engine.chunks",),                                                           # one chunk into its file
     ("engine.distributed",),                                                      # chunks on a Dask cluster

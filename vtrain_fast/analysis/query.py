@@ -18,7 +18,8 @@ from ..io.errors import did_you_mean
 from ..model.settings import BY_NAME, SETTINGS, Setting
 from ..io.schema import (CLUSTER_COLUMNS, DERIVED_NAMES, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUMNS, resolve_column,
                      resolve_objectives)
-from ..io.writer import read_manifest, result_paths
+from ..io.writer import read_manifest, rebuild_fix, result_paths
+from ..plan.spec import manifest_grid_problem
 
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "cp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
@@ -421,9 +422,17 @@ def scan_results(folder: str | Path) -> pl.LazyFrame:
     Raises
     ------
     InputError
-        Unfinished folder, or a listed file missing, truncated or damaged.
+        Unfinished folder, a listed file missing, truncated or damaged, or a manifest whose
+        fields disagree (:func:`vtrain_fast.io.writer.final_problem`, and the grid of its spec:
+        :func:`vtrain_fast.plan.spec.manifest_grid_problem`).
     """
-    return pl.scan_parquet([str(p) for p in result_paths(folder)])
+    paths = result_paths(folder)
+    manifest = read_manifest(folder)
+    problem = manifest_grid_problem(manifest)
+    if problem:
+        raise InputError(str(Path(folder) / "manifest.json"), *problem, "the manifest was edited or damaged: "
+                         + rebuild_fix(manifest, folder) + ", or rerun it with --overwrite")
+    return pl.scan_parquet([str(p) for p in paths])
 
 
 def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyFrame:

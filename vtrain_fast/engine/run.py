@@ -26,7 +26,7 @@ from ..io.errors import InputError, check_output_folder, format_bytes, free_byte
 from ..plan.grid import Grid, build_grid
 from ..model.step import NUM_STATUS
 from ..io.schema import STATUS_LABELS
-from ..plan.spec import SweepSpec, variant_label
+from ..plan.spec import SweepSpec, manifest_grid_problem, variant_label
 from .chunks import (CANDIDATE_SCHEMA, DICTIONARY_COLUMNS, INDEX_COLUMN, ROW_BUFFERS_PER_LANE, STORAGE_SCHEMA,
                      ChunkEvaluator, Keep, Plan, _LaneSink, parse_keep, plan_sweep, reduce_candidates, run_chunk)
 from ..io.writer import (FINAL, MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
@@ -186,7 +186,7 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
         chunk_files = {n for _, n, _ in damaged}
         final = ([(n, prob) for n, prob in _final_problems(folder, old) if n not in chunk_files]
                  if old.get("complete") and shard is None else [])
-        odd = final_problem(old) if old.get("complete") and shard is None else None
+        odd = (final_problem(old) or manifest_grid_problem(old)) if old.get("complete") and shard is None else None
         if odd:             # a result that disagrees with the chunks is written again from them
             final.append((MANIFEST, f"at odds with its chunks ({odd[0]} = {odd[1]!r}, where it must be {odd[2]})"))
         if old.get("complete"):
@@ -197,7 +197,10 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                                  "recompute it" + (f", or run `vtrain-fast merge {folder}`" if shard else ""))
             for k in _FINAL_KEYS:
                 old.pop(k, None)
-            old["complete"], old["num_points"] = False, header["num_points"]     # same sweep key: same grid
+            old["complete"] = False
+            # same sweep key: this run's spec, grid, plan and machines are the folder's; a description
+            # edited in the manifest is written again from them
+            old.update({k: v for k, v in header.items() if k not in ("complete", "created", "elapsed_s", "chunks")})
             if shard is not None and (folder / MANIFEST).exists():
                 (folder / MANIFEST).unlink()      # the merged result no longer holds: merge again after
             for n, prob in final:

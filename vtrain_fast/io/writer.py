@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -630,9 +629,10 @@ def final_problem(manifest: dict) -> tuple[str, object, str] | None:
       ``feasible``; with no row at all, the one empty part), or the one merged result file
       ``part-000000.parquet`` (``--keep frontier`` / ``top``);
     * ``num_rows``: the rows of the part files added up (and of the chunks, keep all / feasible);
-    * ``status_counts`` and ``pruned_points``: the chunks' added up;
-    * the points: the grid of the spec the manifest records (:func:`spec_points`), where it can
-      be counted.
+    * ``status_counts`` and ``pruned_points``: the chunks' added up.
+
+    The grid of the spec the manifest records is counted one layer up, where specs are parsed
+    (:func:`vtrain_fast.plan.spec.manifest_grid_problem`: the readers' scan and a rerun call it).
 
     The structure of the manifest (:func:`check_manifest` with ``final=False``) must be checked
     first. A rerun of the sweep rebuilds these fields from the chunks.
@@ -678,34 +678,7 @@ def final_problem(manifest: dict) -> tuple[str, object, str] | None:
         return "pruned_points", manifest.get("pruned_points"), f"{pruned:,}, the chunks' pruned points added up"
     if manifest.get("num_points") != plan["num_points"]:
         return "num_points", manifest.get("num_points"), f"the plan's {plan['num_points']:,} points (plan.num_points)"
-    points = spec_points(manifest)
-    if points is not None and points != plan["num_points"]:
-        return "num_points", plan["num_points"], f"{points:,}, the points of the spec the manifest records"
     return None
-
-
-def spec_points(manifest: dict) -> int | None:
-    """The points of the grid of the spec a manifest records (its ``spec`` text, the machines of its
-    ``machine_vectors`` and the shapes of its ``model_files``), or None where that spec cannot be
-    read back here (a GPU of a ``--gpus`` file, a preset this version lacks)."""
-    text = manifest.get("spec")
-    machines = manifest.get("machine_vectors")
-    if not isinstance(text, str) or not isinstance(machines, dict) or not machines:
-        return None
-    shapes = (manifest.get("model_files") or {}).get("models") if isinstance(manifest.get("model_files"), dict) else None
-    return _spec_points(text, str(manifest.get("spec_path") or "<spec>"), len(machines),
-                        len(shapes) if isinstance(shapes, list) else None)
-
-
-@functools.lru_cache(maxsize=16)
-def _spec_points(text: str, path: str, machines: int, shapes: int | None) -> int | None:
-    from ..plan.spec import parse_spec
-    try:
-        spec = parse_spec(text, path)
-    except (InputError, OSError, RecursionError):
-        return None
-    models = len(spec.models) if shapes is None else shapes
-    return spec.num_points // (len(spec.models) * len(spec.gpus)) * models * machines
 
 
 # The manifest "kind" of a `vtrain-fast schedule` output folder (schedule/run.py writes it).

@@ -62,6 +62,7 @@ of their values (:func:`machine_variants`).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, fields, replace
@@ -1105,3 +1106,41 @@ def spec_caveats(spec) -> list[str]:
                    "runs (no FlashAttention, s <= 2048, full recomputation) come out ~10 % too fast already, "
                    "expect more optimism here; see README 'What the model does not cover'")
     return out
+
+
+def manifest_spec_points(manifest: dict) -> int | None:
+    """The points of the grid of the spec a results folder's manifest records (its ``spec`` text,
+    the machines of its ``machine_vectors`` and the shapes of its ``model_files``), or None where
+    that spec cannot be read back here (a GPU of a ``--gpus`` file, a preset this version lacks)."""
+    text = manifest.get("spec")
+    machines = manifest.get("machine_vectors")
+    if not isinstance(text, str) or not isinstance(machines, dict) or not machines:
+        return None
+    files = manifest.get("model_files")
+    shapes = files.get("models") if isinstance(files, dict) else None
+    return _spec_points(text, str(manifest.get("spec_path") or "<spec>"), len(machines),
+                        len(shapes) if isinstance(shapes, list) else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _spec_points(text: str, path: str, machines: int, shapes: int | None) -> int | None:
+    try:
+        spec = parse_spec(text, path)
+    except (InputError, OSError, RecursionError):
+        return None
+    models = len(spec.models) if shapes is None else shapes
+    return spec.num_points // (len(spec.models) * len(spec.gpus)) * models * machines
+
+
+def manifest_grid_problem(manifest: dict) -> tuple[str, object, str] | None:
+    """Where a finished whole sweep's ``plan.num_points`` is not the grid of the spec its manifest
+    records, as ``(field, value, what it must be)`` (the shape of
+    :func:`vtrain_fast.io.writer.final_problem`'s answer), else None (also when the spec cannot be
+    read back here, or the manifest is a shard's or unfinished)."""
+    plan = manifest.get("plan")
+    if not manifest.get("complete") or manifest.get("shard") or not isinstance(plan, dict):
+        return None
+    points = manifest_spec_points(manifest)
+    if points is not None and points != plan.get("num_points"):
+        return "plan.num_points", plan.get("num_points"), f"{points:,}, the points of the spec the manifest records"
+    return None
