@@ -175,6 +175,7 @@ def _recorded(folder: Path) -> set[int] | None:
         return None
 
 
+@pytest.mark.width_independent      # the sweep's process prints at COLUMNS=200; the local run's exit code only
 def test_sweep_survives_a_killed_worker(tmp_path, cli, processes):
     spec = tmp_path / "real-dask.toml"
     spec.write_text(SPEC, encoding="utf-8")
