@@ -94,15 +94,16 @@ class Processes:
                          for name, p in self.procs.items())
 
     def stop_all(self) -> list[str]:
-        """End every process still running; return the names of those that had to be SIGKILLed."""
-        for p in self.procs.values():
+        """End every process still running, the last started first (SIGTERM, then SIGKILL after
+        GRACE_S) and reap it; return the names of those that had to be SIGKILLed. The scheduler
+        goes last: a worker that closes while the scheduler is still there leaves at once (one
+        told at the same time as the scheduler waits out the grace for it)."""
+        forced = []
+        for name, p in reversed(self.procs.items()):
             if p.poll() is None:
                 _signal_group(p, signal.SIGTERM)
-        forced = []
-        deadline = time.monotonic() + GRACE_S
-        for name, p in self.procs.items():
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                p.wait(timeout=GRACE_S)
             except subprocess.TimeoutExpired:
                 forced.append(name)
                 _signal_group(p, signal.SIGKILL)
