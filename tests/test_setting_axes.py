@@ -171,11 +171,14 @@ def _switch_spec(axes) -> str:
 
 
 def test_the_switch_samples_cover_every_switch_and_every_pair():
+    """The sample the repeat-row test sweeps: every switch alone, every pair of switches on one
+    sweep's axes, the same every run."""
     samples = _switch_samples()
     assert "sequence_parallel" in AXIS_SWITCHES and "use_precision_aware_optimizer" not in AXIS_SWITCHES
-    assert all(n in s for n, s in zip(AXIS_SWITCHES, samples))                 # each alone first ...
+    # each alone first, with the switches it requires
+    assert all(n in s for n, s in zip(AXIS_SWITCHES, samples))
     assert ("sequence_parallel",) in samples and ("sequence_parallel", "tp_comm_overlap") in samples
-    assert ("overlap_grad_reduce", "distributed_optimizer", "overlap_param_gather") in samples  # ... with what it requires
+    assert ("overlap_grad_reduce", "distributed_optimizer", "overlap_param_gather") in samples
     together = {frozenset(p) for s in samples for p in itertools.combinations(s, 2)}
     assert together == {frozenset(p) for p in itertools.combinations(AXIS_SWITCHES, 2)}
     assert samples == _switch_samples()          # seeded: the same sample every run
