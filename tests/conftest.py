@@ -2,6 +2,7 @@
 hypothesis profile with a bounded number of examples (the suite must stay well under 3 min)."""
 from __future__ import annotations
 
+import inspect
 import textwrap
 from pathlib import Path
 
@@ -203,3 +204,76 @@ def sweep_all_rows(grid):
     out, status = np.empty((step.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8)
     ks.sweep_chunk(0, n, *grid.kernel_args(), inputs, tokens, out, status)
     return inputs, tokens, out, status
+
+
+# ------------------------------------------------------------------------------ the cli_output mark
+# Tests that read what a vtrain-fast command prints are marked ``cli_output`` here, at collection:
+# CI runs the whole suite once and these again in an 80-column terminal (COLUMNS=80, .ci/run), so
+# that no check depends on the terminal's width. A test reads CLI output when it uses a fixture of
+# CLI_FIXTURES, or when its code, a test helper it calls or a fixture of its test module runs a
+# command: it names the typer app, a command's function, the CLI's consoles, the typer test runner
+# or the CLI module itself (to patch its console), or runs ``python -m vtrain_fast`` or the
+# vtrain-fast script. ``@pytest.mark.width_independent`` leaves a test out (one that sets the
+# width itself and reads nothing else).
+CLI_FIXTURES = frozenset({"cli", "wide_console"})
+
+
+def _cli_entry_points() -> tuple[dict, frozenset]:
+    """The objects that run or print a command (by identity) and their names in vtrain_fast.cli."""
+    from typer.testing import CliRunner
+
+    import vtrain_fast.cli as cli_module
+    objects = {"app": cli_module.app, "console": cli_module.console, "err": cli_module.err,
+               **{c.callback.__name__: c.callback for c in cli_module.app.registered_commands}}
+    return {id(o): o for o in (*objects.values(), cli_module, CliRunner)}, frozenset(objects)
+
+
+def _runs_a_command(code, namespace: dict, seen: set) -> bool:
+    """Whether ``code`` (with its nested functions and the test helpers it calls) runs a command."""
+    from typer.testing import CliRunner
+    entries, entry_names = _cli_entry_points()
+    if code in seen:
+        return False
+    seen.add(code)
+    names = set(code.co_names)
+    if "vtrain_fast.cli" in names and names & entry_names:         # imported in the function
+        return True
+    for name in names:
+        obj = namespace.get(name)
+        if obj is None:
+            continue
+        if id(obj) in entries or isinstance(obj, CliRunner):
+            return True
+        if inspect.isfunction(obj) and _is_test_code(obj) and _runs_a_command(obj.__code__, obj.__globals__, seen):
+            return True
+    consts = set(c for c in code.co_consts if isinstance(c, str))
+    if "vtrain-fast" in consts or {"-m", "vtrain_fast"} <= consts:
+        return True
+    return any(inspect.iscode(c) and _runs_a_command(c, namespace, seen) for c in code.co_consts)
+
+
+def _is_test_code(func) -> bool:
+    """A function defined in a file of this folder (a test helper, not the package's own code)."""
+    return Path(func.__code__.co_filename).resolve().parent == Path(__file__).resolve().parent
+
+
+def _reads_cli_output(item) -> bool:
+    if CLI_FIXTURES & set(item.fixturenames):
+        return True
+    seen: set = set()
+    func = getattr(item, "function", None)
+    if func is not None and _runs_a_command(func.__code__, func.__globals__, seen):
+        return True
+    for name in item.fixturenames:          # fixtures of test modules (conftest's run commands only to set up)
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            f = inspect.unwrap(fixturedef.func)
+            if (inspect.isfunction(f) and _is_test_code(f) and Path(f.__code__.co_filename).name != "conftest.py"
+                    and _runs_a_command(f.__code__, f.__globals__, seen)):
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("width_independent") is None and _reads_cli_output(item):
+            item.add_marker(pytest.mark.cli_output)

@@ -58,9 +58,8 @@ def test_state_dtypes_need_the_precision_aware_optimizer():
 def test_the_export_names_megatrons_flags():
     row = _rows({"use_precision_aware_optimizer": True, "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "bf16"})[0]
     args = list(megatron_args(row, 8).args)
-    i = args.index("--use-precision-aware-optimizer")
+    assert "--use-precision-aware-optimizer" in args
     assert args[args.index("--exp-avg-dtype") + 1] == "fp8" and args[args.index("--exp-avg-sq-dtype") + 1] == "bf16"
-    assert i >= 0
     over = bridge_overrides(row, 8).args
     assert "optimizer.use_precision_aware_optimizer=true" in over and "optimizer.exp_avg_dtype=fp8" in over
     plain = list(megatron_args(_rows({})[0], 8).args)

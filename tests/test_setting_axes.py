@@ -2,6 +2,7 @@
 one machine per combination, and each row equals the row of a sweep that fixes those values."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -104,10 +105,14 @@ def test_rows_of_a_settings_axis_equal_the_sweeps_that_fix_them():
     assert act["activations_GiB"][1] < act["activations_GiB"][0]
 
 
-# every setting of the registry as an axis (vpp = [1, 2], every switch [false, true]), less the
-# optimizer's storage switches (they change only the optimizer's memory and step; each doubles
-# the machines: tests/test_optimizer_states.py and tests/test_offload.py cover them)
+# Every setting of the registry as an axis: vpp = [1, 2], zero_stage = [0, 3] and training switches
+# as [false, true], less the optimizer's storage switches (they change only the optimizer's memory
+# and step; tests/test_optimizer_states.py and tests/test_offload.py cover them) and the parallel
+# switches without effect on dense models (overlap_moe_expert_parallel_comm would only repeat this
+# dense model's rows unmarked: the sweep's repeat status does not see models; test_moe_dispatch).
 OPTIMIZER_STORAGE = ("use_precision_aware_optimizer", "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d")
+AXIS_SWITCHES = tuple(st.name for st in SWITCHES if (st.table == "training" and st.name not in OPTIMIZER_STORAGE)
+                      or (st.table == "parallel" and not st.inert_models))
 ALL_SETTINGS_SPEC = """\
 [model]
 presets = ["gpt3-1.3b"]
@@ -116,9 +121,8 @@ num_tokens = 1e11
 global_batch_size = 64
 micro_batch_size = 2
 recompute = ["full", "selective"]
-""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES if st.table == "training"
-          and st.name not in OPTIMIZER_STORAGE) + """\
 zero_stage = [0, 3]
+{training}
 [cluster]
 gpu = "a100-sxm4-80gb"
 num_gpus = [4, 8]
@@ -126,38 +130,90 @@ num_gpus = [4, 8]
 tp = [1, 2]
 pp = [1, 2]
 vpp = [1, 2]
-""" + "".join(f"{st.name} = [false, true]\n" for st in SWITCHES if st.table == "parallel" and not st.inert_models)
-# (a switch without effect on dense models, overlap_moe_expert_parallel_comm, would only repeat
-# this dense model's rows unmarked: the sweep's repeat status does not see models; test_moe_dispatch)
+{parallel}
+"""
+# The product of all of them (2^12 switch machines) is slow to build and to check: instead every
+# switch alone, then a seeded sample of combinations of COMBO_SIZE switches that together put every
+# pair of switches on one sweep's axes (random.Random(SEED); of CANDIDATES random draws the one that
+# covers the most pairs not covered yet, until none is left). A switch brings in the switches it
+# requires (overlap_param_gather: distributed_optimizer and overlap_grad_reduce).
+COMBO_SIZE, CANDIDATES, SEED = 5, 20, 26
 
 
-def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(tmp_path):
-    """Brute force over every setting: evaluate each `repeat` row on its own (evaluate never
-    marks repeats) and find a kept row of the same plan with bit-identical outputs."""
+def _with_requirements(names) -> tuple[str, ...]:
+    out = set(names)
+    while True:
+        more = {k for n in out for k, v in BY_NAME[n].requires if k in AXIS_SWITCHES and v is True} - out
+        if not more:
+            return tuple(n for n in AXIS_SWITCHES if n in out)
+        out |= more
+
+
+def _switch_samples() -> list[tuple[str, ...]]:
+    """Every switch alone, then the seeded sample of combinations that covers every pair."""
+    import random
+    rng = random.Random(SEED)
+    samples = [_with_requirements([n]) for n in AXIS_SWITCHES]
+    left = set(itertools.combinations(AXIS_SWITCHES, 2))
+    while left:
+        draws = [_with_requirements(rng.sample(AXIS_SWITCHES, COMBO_SIZE)) for _ in range(CANDIDATES)]
+        best = max(draws, key=lambda axes: len(left & set(itertools.combinations(axes, 2))))
+        left -= set(itertools.combinations(best, 2))
+        samples.append(best)
+    return samples
+
+
+def _switch_spec(axes) -> str:
+    lines = {"training": [], "parallel": []}
+    for n in axes:
+        lines[BY_NAME[n].table].append(f"{n} = [false, true]")
+    return ALL_SETTINGS_SPEC.format(training="\n".join(lines["training"]), parallel="\n".join(lines["parallel"]))
+
+
+def test_the_switch_samples_cover_every_switch_and_every_pair():
+    """The sample the repeat-row test sweeps: every switch alone, every pair of switches on one
+    sweep's axes, the same every run."""
+    samples = _switch_samples()
+    assert "sequence_parallel" in AXIS_SWITCHES and "use_precision_aware_optimizer" not in AXIS_SWITCHES
+    # each alone first, with the switches it requires
+    assert all(n in s for n, s in zip(AXIS_SWITCHES, samples))
+    assert ("sequence_parallel",) in samples and ("sequence_parallel", "tp_comm_overlap") in samples
+    assert ("overlap_grad_reduce", "distributed_optimizer", "overlap_param_gather") in samples
+    together = {frozenset(p) for s in samples for p in itertools.combinations(s, 2)}
+    assert together == {frozenset(p) for p in itertools.combinations(AXIS_SWITCHES, 2)}
+    assert samples == _switch_samples()          # seeded: the same sample every run
+
+
+def _canonical(v):
+    return "nan" if isinstance(v, float) and math.isnan(v) else v
+
+
+@pytest.mark.parametrize("axes", _switch_samples(), ids=[f"alone-{n}" for n in AXIS_SWITCHES] + [
+    f"combination-{k}" for k in range(len(_switch_samples()) - len(AXIS_SWITCHES))])
+def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(axes):
+    """Evaluate each `repeat` row on its own (evaluate never marks repeats) and find a kept row of
+    the same plan with bit-identical outputs; and no two kept rows are one plan priced alike."""
     from vtrain_fast.analysis.evaluate import evaluate_frame
     from vtrain_fast.model.step import OUTPUT_NAMES
-    rows = _rows(ALL_SETTINGS_SPEC)
+    rows = _rows(_switch_spec(axes)).with_columns(pl.col("gpu").cast(pl.String), pl.col("recompute").cast(pl.String))
     rep = rows.filter(pl.col("status") == "repeat")
     kept = rows.filter(pl.col("status") != "repeat")
     assert rep.height > 0 and kept.height > 0
     plan = ["num_gpus", "tp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute"]
     inputs = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "gpu", "tp", "pp", "dp",
               "micro_batch_size", "global_batch_size", "num_tokens", "recompute", *SETTING_COLUMNS]
-    again = evaluate_frame(rep.select(inputs).with_columns(pl.col("gpu").cast(pl.String),
-                                                           pl.col("recompute").cast(pl.String)), "rows")
-    outs = [c for c in OUTPUT_NAMES]
-    for r in again.iter_rows(named=True):
-        twins = kept.filter(*[pl.col(c) == r[c] for c in plan if c != "recompute"],
-                            pl.col("recompute").cast(pl.String) == r["recompute"],
-                            pl.col("use_flash_attn") == r["use_flash_attn"])
-        assert any(all(_same(t[c], r[c]) for c in outs) for t in twins.iter_rows(named=True)), r
-    # and no two kept rows are one plan priced alike under different settings; except that with
-    # both pipeline-split flags, (L + 2) / 2 - 1 = L / 2: at pp = 2 they split as evenly as none
-    # (a rule the registry's vocabulary of sizes equal to 1 cannot state, so those rows are priced)
+    again = evaluate_frame(rep.select(inputs), "rows")
+    twin = plan + ["use_flash_attn"] + list(OUTPUT_NAMES)        # a set of the kept rows: one look-up a row
+    priced = {tuple(map(_canonical, r)) for r in kept.select(twin).iter_rows()}
+    for r in again.select(twin).iter_rows():
+        assert tuple(map(_canonical, r)) in priced, dict(zip(twin, r))
+    # no two kept rows are one plan priced alike under different settings; except that with both
+    # pipeline-split flags, (L + 2) / 2 - 1 = L / 2: at pp = 2 they split as evenly as none (a
+    # rule the registry's vocabulary of sizes equal to 1 cannot state, so those rows are priced)
     ok = kept.filter(pl.col("status").is_in(["ok", "out_of_memory"]),
                      ~((pl.col("pp") == 2) & pl.col("account_for_embedding_in_pipeline_split")
                        & pl.col("account_for_loss_in_pipeline_split")))
-    assert ok.select(plan + outs).n_unique() == ok.height
+    assert ok.select(plan + list(OUTPUT_NAMES)).n_unique() == ok.height
 
 
 def test_gpu_column_names_each_gpu_once():

@@ -31,6 +31,29 @@ def stack_folder_with(folder, key, gemm_efficiency):
     return folder
 
 
+@pytest.fixture(scope="module")
+def fitting(runs):
+    """A fresh fit of every stack that has one (:func:`published.fit_stack`), computed once for
+    the tests that read fits (a fit is deterministic): ``(fits, seen)``, ``fits`` stack key -> its
+    groups, ``seen`` the row ids every call of :func:`calibrate.fit` was given (a spy)."""
+    import vtrain_fast.analysis.calibrate as C
+    seen = []
+    real = C.fit
+
+    def spy(df, *a, **k):
+        seen.extend(df["id"].to_list())
+        return real(df, *a, **k)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C, "fit", spy)
+        fits = {key: P.fit_stack(key, runs) for key, stack in P.STACKS.items() if stack.fit}
+    return fits, seen
+
+
+@pytest.fixture(scope="module")
+def fits(fitting):
+    return fitting[0]
+
+
 def _expressible_fit_rows(runs):
     return [r for r in runs if P.fit_covers(r) and not P.unexpressible_reasons(r)]
 
@@ -71,13 +94,13 @@ def test_split_reads_no_measurement(runs):
     assert P.fit_roles(changed) == P.fit_roles(runs)
 
 
-def test_every_stack_fit_holds_rows_out_and_has_more_fitted_rows_than_parameters(runs):
+def test_every_stack_fit_holds_rows_out_and_has_more_fitted_rows_than_parameters(runs, fits):
     roles = P.fit_roles(runs)
     for key, stack in P.STACKS.items():
         if stack.fit is None:
             assert not any(r["source_key"] == key and not P.unexpressible_reasons(r) for r in runs)
             continue
-        for g in P.fit_stack(key, runs):
+        for g in fits[key]:
             assert g["held_out"], (key, g["gpu"])
             assert len(g["fitted"]) > len(stack.fit.params), (key, g["gpu"])
             assert {roles[i] for i in g["fitted"]} == {P.FITTED}
@@ -85,30 +108,21 @@ def test_every_stack_fit_holds_rows_out_and_has_more_fitted_rows_than_parameters
 
 
 # ------------------------------------------------------------------------------ the fit
-def test_a_stack_fit_never_sees_its_held_out_rows(runs, monkeypatch):
-    import vtrain_fast.analysis.calibrate as C
+def test_a_stack_fit_never_sees_its_held_out_rows(runs, fitting):
     roles = P.fit_roles(runs)
-    seen = []
-    real = C.fit
-
-    def spy(df, *a, **k):
-        seen.extend(df["id"].to_list())
-        return real(df, *a, **k)
-    monkeypatch.setattr(C, "fit", spy)
-    for key, stack in P.STACKS.items():
-        if stack.fit:
-            P.fit_stack(key, runs)
+    fits, seen = fitting
+    assert set(fits) == {key for key, stack in P.STACKS.items() if stack.fit}
     assert seen and {roles[i] for i in seen} == {P.FITTED}
     assert len(seen) == len(set(seen)) == sum(v == P.FITTED for v in roles.values())
 
 
-def test_held_out_measurements_do_not_move_the_fit(runs):
+def test_held_out_measurements_do_not_move_the_fit(runs, fits):
     """Doubling every held-out row's measured value leaves every fitted parameter unchanged."""
     roles = P.fit_roles(runs)
     doubled = [dict(r, measured_value=r["measured_value"] * 2.0) if roles.get(r["id"]) == P.HELD_OUT else r
                for r in runs]
     for key in ("bloom176b", "korthikanti22"):
-        a = P.fit_stack(key, runs)
+        a = fits[key]
         b = P.fit_stack(key, doubled)
         for ga, gb in zip(a, b):
             for p in P.STACKS[key].fit.params:
@@ -127,8 +141,8 @@ def test_fitted_values_stay_in_the_calibration_ranges(runs):
     assert all(n is None or "bound" in n or "benchmark" in n for n in notes.values())
 
 
-def _differences(folder, runs) -> list[str]:
-    """Where the stack files in ``folder`` differ from a fresh fit (values and fitted rows)."""
+def _differences(folder, fits) -> list[str]:
+    """Where the stack files in ``folder`` differ from the fresh fits ``fits`` (values and fitted rows)."""
     from vtrain_fast.io.inputs import read_toml
     out = []
     for key, stack in P.STACKS.items():
@@ -140,7 +154,7 @@ def _differences(folder, runs) -> list[str]:
             continue
         shipped = P.load_stack_calibration(key, folder)
         meta = read_toml(path, "calibration").get("meta", {})
-        for g in P.fit_stack(key, runs):
+        for g in fits[key]:
             for preset in (g["gpu"], *g["share"]):
                 if preset not in shipped:
                     out.append(f"{key}: no [{preset}]")
@@ -151,18 +165,18 @@ def _differences(folder, runs) -> list[str]:
                         out.append(f"{key} {preset} {f.name}: file {a!r}, fresh fit {b!r}")
                 if meta.get(preset, {}).get("fitted_rows") != ", ".join(g["fitted"]):
                     out.append(f"{key} {preset}: fitted_rows differ")
-        extra = set(shipped) - {p for g in P.fit_stack(key, runs) for p in (g["gpu"], *g["share"])}
+        extra = set(shipped) - {p for g in fits[key] for p in (g["gpu"], *g["share"])}
         out += [f"{key}: table [{p}] no fit writes" for p in sorted(extra)]
     return out
 
 
-def test_the_shipped_stack_files_equal_a_fresh_fit(runs):
+def test_the_shipped_stack_files_equal_a_fresh_fit(fits):
     """`make calibrate-published` regenerates them: run it after a model or data change."""
-    assert _differences(None, runs) == []
+    assert _differences(None, fits) == []
 
 
-def test_a_stale_stack_file_is_caught(runs, tmp_path):
-    diff = _differences(stack_folder_with(tmp_path, "narayanan21", 0.5), runs)
+def test_a_stale_stack_file_is_caught(fits, tmp_path):
+    diff = _differences(stack_folder_with(tmp_path, "narayanan21", 0.5), fits)
     assert diff and all(d.startswith("narayanan21 a100-sxm4-80gb gemm_efficiency") for d in diff)
 
 
