@@ -381,10 +381,12 @@ def memory_capacity_GiB(manifest: dict) -> dict[str, float]:
     """
     from ..hardware.gpus import PRESETS
     from ..model.params import HW_FIELDS
+    from ..plan.spec import gpu_of_label
     k = HW_FIELDS.index("hbm_bytes")
     out: dict[str, float] = {}
+    axes = manifest.get("setting_axes") or ()
     for label, vec in (manifest.get("machine_vectors") or {}).items():
-        out.setdefault(label.split(" ")[0], float(vec[k]) / 1024.0 ** 3)
+        out.setdefault(gpu_of_label(label, axes), float(vec[k]) / 1024.0 ** 3)
     for name in manifest.get("gpus") or {}:
         if name not in out and name in PRESETS:
             out[name] = PRESETS[name].hbm_GiB

@@ -555,6 +555,12 @@ def variant_label(preset, axes) -> str:
     return " ".join([preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k in axes])
 
 
+def gpu_of_label(label: str, axes) -> str:
+    """The GPU name of a :func:`variant_label` (``label`` without its values of the ``axes``): a
+    GPU's own name may hold spaces (``a100-sxm4-40gb big``), so the label is read from its end."""
+    return label.rsplit(" ", len(axes))[0] if axes else label
+
+
 def has_flash_attention(preset) -> bool:
     """Whether ``preset`` has FlashAttention kernels (``flash_attention_efficiency > 0``)."""
     return preset.calibration.flash_attention_efficiency > 0.0
