@@ -603,6 +603,7 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
                                                                                "(default: print it)"),
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
                                                                                 "model column may name"),
+           gpus: Optional[Path] = GpusOpt,
            overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write the launch arguments that run one plan: Megatron-LM's pretrain_gpt.py flags, named as
     Megatron-LM names them (checked against its parser's flags at the commit the script names),
@@ -615,7 +616,7 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     from .plan.spec import load_models
     module = TORCHTITAN_MODULE
     if output is not None:            # before any work, as every command with -o
-        check_output(output, inputs=(plan, *(models or ())), overwrite=overwrite)
+        check_output(output, inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
         if to == "torchtitan":        # torchtitan imports the file by its name (--module)
             if output.suffix != ".py" or not output.stem.isidentifier() or keyword.iskeyword(output.stem):
                 raise InputError(str(output), "output file", str(output), "NAME.py, NAME a Python module name "
@@ -623,7 +624,7 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
                                  f"e.g. -o {output.with_name('plan_' + ''.join(c if c.isalnum() else '_' for c in output.stem) + '.py')}")
             module = output.stem
     own_models = load_models(models) if models else None
-    result = export_plan(plan, to, where, row, own_models, module=module)
+    result = export_plan(plan, to, where, row, own_models, module=module, gpus=_gpus(gpus))
     text = result.text()
     if not _emit_text(text, output, "launch script" if to != "torchtitan" else "recipe module", overwrite):
         return
@@ -649,6 +650,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
                                                                "(0: the cheapest)"),
          models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
                                                                               "model column may name"),
+         gpus: Optional[Path] = GpusOpt,
          timeline: Optional[Path] = typer.Option(None, "--timeline", help="write the timeline of one iteration "
                                                                           "per pipeline stage here (.png)"),
          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the memory table (stages x "
@@ -660,7 +662,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     micro-batch, memory per stage broken down, and (--timeline) one iteration's schedule per stage."""
     from rich.table import Table
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.export import printable, read_plan
+    from .analysis.export import plan_gpus, printable, read_plan
     from .analysis.show import HOST_PARTS, MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
     from .io.errors import InputError, write_atomically
     from .io.outputs import check_output
@@ -668,17 +670,18 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     for path, option in ((output, "-o"), (events, "--events")):
         if path is not None:
             check_table_path(path, option)
-            check_output(path, option, inputs=(plan, *(models or ())), overwrite=overwrite)
+            check_output(path, option, inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
     if timeline is not None:
         if timeline.suffix.lower() != ".png":
             raise InputError(str(timeline), "--timeline", timeline.name, "a .png file name",
                              "name the timeline file with .png")
-        check_output(timeline, "--timeline", inputs=(plan, *(models or ())), overwrite=overwrite)
+        check_output(timeline, "--timeline", inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
     own_models = load_models(models) if models else None
-    chosen, _, notes = read_plan(plan, where, row, own_models)
+    known = plan_gpus(plan, _gpus(gpus))
+    chosen, _, notes = read_plan(plan, where, row, own_models, known)
     for note in notes:
         console.print(f"note: {printable(note)}", style="yellow", markup=False)
-    detail = show_plan(chosen, timeline=True if timeline is not None or events is not None else None)
+    detail = show_plan(chosen, known, timeline=True if timeline is not None or events is not None else None)
     console.print(f"[bold]{escape(detail.title())}[/]")
     tt = Table(title="iteration time (s)")
     tt.add_column("part")
