@@ -3,7 +3,6 @@ message naming the file, key or column, the value and what is allowed."""
 from __future__ import annotations
 
 import functools
-import keyword
 import os
 import sys
 from pathlib import Path
@@ -618,10 +617,13 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     if output is not None:            # before any work, as every command with -o
         check_output(output, inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
         if to == "torchtitan":        # torchtitan imports the file by its name (--module)
-            if output.suffix != ".py" or not output.stem.isidentifier() or keyword.iskeyword(output.stem):
+            from .analysis.export import recipe_module_problem
+            problem = recipe_module_problem(output.name)
+            if problem:
+                stem = ''.join(c if c.isascii() and c.isalnum() else '_' for c in output.stem)
                 raise InputError(str(output), "output file", str(output), "NAME.py, NAME a Python module name "
-                                 "(letters, digits, _): torchtitan imports the recipe with --module NAME",
-                                 f"e.g. -o {output.with_name('plan_' + ''.join(c if c.isalnum() else '_' for c in output.stem) + '.py')}")
+                                 "(letters, digits, _) that imports as itself: torchtitan imports the recipe with "
+                                 f"--module NAME", f"{problem}; e.g. -o {output.with_name('plan_' + stem + '.py')}")
             module = output.stem
     own_models = load_models(models) if models else None
     result = export_plan(plan, to, where, row, own_models, module=module, gpus=_gpus(gpus))

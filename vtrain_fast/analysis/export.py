@@ -1140,6 +1140,27 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
     return Export("torchtitan", tuple(body), tuple(notes), launcher, source)
 
 
+def recipe_module_problem(name: str) -> str | None:
+    """Why ``name`` (``-o NAME.py`` of ``--to torchtitan``) cannot be the recipe module that
+    ``torchrun -m torchtitan.train --module NAME`` imports, or None: not ``.py``; not a Python
+    identifier, or a keyword; one Python reads as another name (identifiers are NFKC-normalised:
+    ``ｆoo`` is imported as ``foo``); or a module the run itself imports (torchtitan, torch, a
+    standard library module), which the file, first on the import path, would replace."""
+    import keyword
+    import sys
+    import unicodedata
+    stem, suffix = os.path.splitext(name)
+    if suffix != ".py":
+        return f"{name!r} does not end in .py"
+    if not stem.isidentifier() or keyword.iskeyword(stem):
+        return f"{stem!r} is not a Python module name"
+    if unicodedata.normalize("NFKC", stem) != stem:
+        return f"Python imports {stem!r} as {unicodedata.normalize('NFKC', stem)!r}, which is not this file"
+    if stem in ("torchtitan", "torch", "__init__", "__main__") or stem in sys.stdlib_module_names:
+        return f"{stem!r} is the name of a module the run imports (the file would replace it)"
+    return None
+
+
 def plan_gpus(source: str | Path, gpus: dict | None = None) -> dict:
     """The GPUs a plan of ``source`` may name: ``gpus`` (the presets and a ``--gpus`` file's, default
     the presets), and for a results folder the ``[gpus.<name>]`` tables of the spec its manifest

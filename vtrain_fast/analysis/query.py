@@ -113,7 +113,9 @@ def where_filter(where: str, conditions) -> tuple:
             raise InputError(where, "--where", cond, "COLUMN OP VALUE with OP one of <=, <, >=, >, ==, !=",
                              "e.g. --where 'memory_per_gpu_GiB<=72' --where 'gpu==h100-sxm-80gb' (quote it "
                              "in the shell)")
-        col, op, raw = resolve_column(m.group(1)), m.group(2), m.group(3).strip("'\"")
+        col, op, raw = resolve_column(m.group(1)), m.group(2), m.group(3)
+        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":      # one pair of quotes around the value
+            raw = raw[1:-1]
         if raw[:1] in "<>=!~":          # 'mem_GiB=<72', 'gpu=~h200': an operator that is not one
             raise InputError(where, "--where", cond, "COLUMN OP VALUE with OP one of <=, <, >=, >, ==, != "
                              "(= alone means ==)", f"write the operator as one of those, e.g. --where "
