@@ -1271,7 +1271,8 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
                   f"within {DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM (tight: allocator fragmentation or larger NCCL "
                   "buffers may not fit; pick a plan with more headroom, e.g. `vtrain-fast pareto --memory-margin`)",)
     gpu = plan.get("gpu")
-    gpn = int(plan.get("gpus_per_node") or (PRESETS[gpu].gpus_per_node if gpu in PRESETS else 8))
+    known = gpus or PRESETS             # a table's GPU of a --gpus file: its nodes, not a preset's
+    gpn = int(plan.get("gpus_per_node") or (known[gpu].gpus_per_node if gpu in known else 8))
     return plan, gpn, notes
 
 
