@@ -3,7 +3,6 @@ message naming the file, key or column, the value and what is allowed."""
 from __future__ import annotations
 
 import functools
-import keyword
 import os
 import sys
 from pathlib import Path
@@ -126,8 +125,10 @@ def sweep(spec: Path = typer.Argument(..., help="sweep spec (TOML)"),
                 check_manifest(done, folder / "manifest.json", final=False)    # result fields: folder_problems
         except (OSError, ValueError):      # the run refuses it with the reason
             done = {}
-        # a finished folder whose files fail their check goes on: the run rebuilds them
-        if done.get("complete") and not folder_problems(folder, done):
+        from .plan.spec import recorded_spec_problem
+        # a finished folder whose files fail their check, or whose manifest disagrees with itself,
+        # goes on: the run rebuilds them
+        if done.get("complete") and not folder_problems(folder, done) and not recorded_spec_problem(done):
             raise InputError(str(folder), "output folder", str(folder), "a new folder or an unfinished sweep",
                              f"it already holds the finished sweep {done.get('name')!r}: read it with "
                              f"`vtrain-fast pareto {folder}`, pass --overwrite to recompute it, or choose "
@@ -603,6 +604,7 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
                                                                                "(default: print it)"),
            models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
                                                                                 "model column may name"),
+           gpus: Optional[Path] = GpusOpt,
            overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing -o file")):
     """Write the launch arguments that run one plan: Megatron-LM's pretrain_gpt.py flags, named as
     Megatron-LM names them (checked against its parser's flags at the commit the script names),
@@ -615,15 +617,18 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     from .plan.spec import load_models
     module = TORCHTITAN_MODULE
     if output is not None:            # before any work, as every command with -o
-        check_output(output, inputs=(plan, *(models or ())), overwrite=overwrite)
+        check_output(output, inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
         if to == "torchtitan":        # torchtitan imports the file by its name (--module)
-            if output.suffix != ".py" or not output.stem.isidentifier() or keyword.iskeyword(output.stem):
+            from .analysis.export import recipe_module_problem
+            problem = recipe_module_problem(output.name)
+            if problem:
+                stem = ''.join(c if c.isascii() and c.isalnum() else '_' for c in output.stem)
                 raise InputError(str(output), "output file", str(output), "NAME.py, NAME a Python module name "
-                                 "(letters, digits, _): torchtitan imports the recipe with --module NAME",
-                                 f"e.g. -o {output.with_name('plan_' + ''.join(c if c.isalnum() else '_' for c in output.stem) + '.py')}")
+                                 "(letters, digits, _) that imports as itself: torchtitan imports the recipe with "
+                                 f"--module NAME", f"{problem}; e.g. -o {output.with_name('plan_' + stem + '.py')}")
             module = output.stem
     own_models = load_models(models) if models else None
-    result = export_plan(plan, to, where, row, own_models, module=module)
+    result = export_plan(plan, to, where, row, own_models, module=module, gpus=_gpus(gpus))
     text = result.text()
     if not _emit_text(text, output, "launch script" if to != "torchtitan" else "recipe module", overwrite):
         return
@@ -649,6 +654,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
                                                                "(0: the cheapest)"),
          models: Optional[List[Path]] = typer.Option(None, "--models", help="model file (repeat) a table's "
                                                                               "model column may name"),
+         gpus: Optional[Path] = GpusOpt,
          timeline: Optional[Path] = typer.Option(None, "--timeline", help="write the timeline of one iteration "
                                                                           "per pipeline stage here (.png)"),
          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the memory table (stages x "
@@ -660,7 +666,7 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     micro-batch, memory per stage broken down, and (--timeline) one iteration's schedule per stage."""
     from rich.table import Table
     from .analysis.evaluate import check_table_path, write_table_atomic
-    from .analysis.export import printable, read_plan
+    from .analysis.export import plan_gpus, printable, read_plan
     from .analysis.show import HOST_PARTS, MEMORY_PARTS, TIME_PARTS, plot_timeline, show_plan
     from .io.errors import InputError, write_atomically
     from .io.outputs import check_output
@@ -668,17 +674,18 @@ def show(plan: Path = typer.Argument(..., help="results folder, or a .csv / .par
     for path, option in ((output, "-o"), (events, "--events")):
         if path is not None:
             check_table_path(path, option)
-            check_output(path, option, inputs=(plan, *(models or ())), overwrite=overwrite)
+            check_output(path, option, inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
     if timeline is not None:
         if timeline.suffix.lower() != ".png":
             raise InputError(str(timeline), "--timeline", timeline.name, "a .png file name",
                              "name the timeline file with .png")
-        check_output(timeline, "--timeline", inputs=(plan, *(models or ())), overwrite=overwrite)
+        check_output(timeline, "--timeline", inputs=(plan, gpus, *(models or ())), overwrite=overwrite)
     own_models = load_models(models) if models else None
-    chosen, _, notes = read_plan(plan, where, row, own_models)
+    known = plan_gpus(plan, _gpus(gpus))
+    chosen, _, notes = read_plan(plan, where, row, own_models, known)
     for note in notes:
         console.print(f"note: {printable(note)}", style="yellow", markup=False)
-    detail = show_plan(chosen, timeline=True if timeline is not None or events is not None else None)
+    detail = show_plan(chosen, known, timeline=True if timeline is not None or events is not None else None)
     console.print(f"[bold]{escape(detail.title())}[/]")
     tt = Table(title="iteration time (s)")
     tt.add_column("part")

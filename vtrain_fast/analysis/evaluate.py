@@ -191,7 +191,10 @@ def _str_column(df, name, where, allowed, default) -> list[str]:
         return [default] * df.height
     out = []
     for i, v in enumerate(df[name].cast(pl.String).to_list()):
-        v = default if v is None or v == "" else v.strip().lower()
+        if v is None or v == "":
+            v = default
+        elif v not in allowed:          # a name as written (a GPU of your own: any case), else any case, padded
+            v = v.strip().lower()
         if v not in allowed:
             raise InputError(where, f"column {name}, row {i + 2}", v, "one of " + ", ".join(allowed),
                              did_you_mean(v, allowed, "a GPU of your own: pass --gpus FILE with its [gpus.<name>] "

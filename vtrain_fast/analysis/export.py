@@ -1140,11 +1140,61 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
     return Export("torchtitan", tuple(body), tuple(notes), launcher, source)
 
 
-def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None) -> tuple[dict, int, tuple]:
+def recipe_module_problem(name: str) -> str | None:
+    """Why ``name`` (``-o NAME.py`` of ``--to torchtitan``) cannot be the recipe module that
+    ``torchrun -m torchtitan.train --module NAME`` imports, or None: not ``.py``; not a Python
+    identifier, or a keyword; one Python reads as another name (identifiers are NFKC-normalised:
+    ``ｆoo`` is imported as ``foo``); or a module the run itself imports (torchtitan, torch, a
+    standard library module), which the file, first on the import path, would replace."""
+    import keyword
+    import sys
+    import unicodedata
+    stem, suffix = os.path.splitext(name)
+    if suffix != ".py":
+        return f"{name!r} does not end in .py"
+    if not stem.isidentifier() or keyword.iskeyword(stem):
+        return f"{stem!r} is not a Python module name"
+    if unicodedata.normalize("NFKC", stem) != stem:
+        return f"Python imports {stem!r} as {unicodedata.normalize('NFKC', stem)!r}, which is not this file"
+    if stem in ("torchtitan", "torch", "__init__", "__main__") or stem in sys.stdlib_module_names:
+        return f"{stem!r} is the name of a module the run imports (the file would replace it)"
+    return None
+
+
+def plan_gpus(source: str | Path, gpus: dict | None = None) -> dict:
+    """The GPUs a plan of ``source`` may name: ``gpus`` (the presets and a ``--gpus`` file's, default
+    the presets), and for a results folder the ``[gpus.<name>]`` tables of the spec its manifest
+    records (:func:`~vtrain_fast.plan.spec.spec_gpus`; a ``--gpus`` file's GPUs are not in the spec:
+    give the file again).
+
+    Raises
+    ------
+    InputError
+        The folder is not a finished results folder, or its spec's ``[gpus]`` tables are refused.
+    """
+    import tomllib
+
+    from ..hardware.gpus import PRESETS
+    from ..io.writer import read_manifest
+    from ..plan.spec import spec_gpus
+    known = dict(gpus or PRESETS)
+    if not Path(source).is_dir():
+        return known
+    manifest = read_manifest(source)
+    try:
+        tables = tomllib.loads(manifest["spec"]).get("gpus")
+    except tomllib.TOMLDecodeError:
+        tables = None
+    return spec_gpus(f"{source}/manifest.json: spec", tables, known)
+
+
+def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None,
+              gpus: dict | None = None) -> tuple[dict, int, tuple]:
     """One plan from ``source``: a results folder (its feasible rows, :func:`~vtrain_fast.analysis.query.feasible_plans`,
     with ``where`` conditions), or a ``.csv`` / ``.parquet`` table of plans (evaluated first, so that
-    every column is filled and checked). With several rows, ``row`` picks one of them in order of
-    ``cost_usd`` (0: the cheapest); without ``row`` a single row is needed.
+    every column is filled and checked, with the GPUs ``gpus``: name -> preset, default the presets).
+    With several rows, ``row`` picks one of them in order of ``cost_usd`` (0: the cheapest); without
+    ``row`` a single row is needed.
 
     Returns
     -------
@@ -1180,7 +1230,7 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
         # inputs; its memory marks too (recomputed below, not read: a label may be stale)
         plans, set_aside = without_earlier_results(read_csv(path))
         plans = plans.drop([c for c in DERIVED_NAMES if c in plans.columns])
-        priced = evaluate_frame(plans, str(path), models=models)
+        priced = evaluate_frame(plans, str(path), gpus=gpus, models=models)
         df = with_memory_headroom(priced.lazy(), {"gpus": {g: None for g in priced["gpu"].unique().to_list()}},
                                   DEFAULT_MEMORY_MARGIN).filter(pl.col("status") == "ok").collect()
         if df.height == 0:
@@ -1221,14 +1271,16 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
                   f"within {DEFAULT_MEMORY_MARGIN:.0%} of the GPU's HBM (tight: allocator fragmentation or larger NCCL "
                   "buffers may not fit; pick a plan with more headroom, e.g. `vtrain-fast pareto --memory-margin`)",)
     gpu = plan.get("gpu")
-    gpn = int(plan.get("gpus_per_node") or (PRESETS[gpu].gpus_per_node if gpu in PRESETS else 8))
+    known = gpus or PRESETS             # a table's GPU of a --gpus file: its nodes, not a preset's
+    gpn = int(plan.get("gpus_per_node") or (known[gpu].gpus_per_node if gpu in known else 8))
     return plan, gpn, notes
 
 
 def export(source: str | Path, to: str, where=(), row: int | None = None, models: dict | None = None,
-           module: str = TORCHTITAN_MODULE) -> Export:
+           module: str = TORCHTITAN_MODULE, gpus: dict | None = None) -> Export:
     """The launch arguments of one plan of ``source`` (:func:`read_plan`) for framework ``to``
-    (:data:`TARGETS`); ``module``: the module name of a torchtitan recipe (``--module``).
+    (:data:`TARGETS`); ``module``: the module name of a torchtitan recipe (``--module``); ``gpus``:
+    the GPUs a table's plans may name (:func:`read_plan`).
 
     Raises
     ------
@@ -1240,7 +1292,7 @@ def export(source: str | Path, to: str, where=(), row: int | None = None, models
         raise InputError("command line", "--to", to, " or ".join(TARGETS),
                          "megatron: Megatron-LM pretrain_gpt.py flags; bridge: Megatron-Bridge / NeMo 2 "
                          "ConfigContainer overrides; torchtitan: a torchtitan recipe module (Trainer.Config)")
-    plan, gpn, notes = read_plan(source, where, row, models)
+    plan, gpn, notes = read_plan(source, where, row, models, gpus)
     if to == "torchtitan":
         return torchtitan_config(plan, gpn, notes, module)
     return (megatron_args if to == "megatron" else bridge_overrides)(plan, gpn, notes)

@@ -19,7 +19,7 @@ from ..model.settings import BY_NAME, SETTINGS, Setting
 from ..io.schema import (CLUSTER_COLUMNS, DERIVED_NAMES, NUMERIC_COLUMNS, SCHEMA, SETTING_COLUMNS, resolve_column,
                      resolve_objectives)
 from ..io.writer import read_manifest, rebuild_fix, result_paths
-from ..plan.spec import manifest_grid_problem
+from ..plan.spec import recorded_spec_problem
 
 GROUP_COLUMNS = ("model", "gpu", "num_tokens", "num_gpus", "num_nodes", "tp", "cp", "pp", "dp",
                  "micro_batch_size", "global_batch_size", "recompute", "num_layers", "hidden_size",
@@ -114,7 +114,9 @@ def where_filter(where: str, conditions) -> tuple:
             raise InputError(where, "--where", cond, "COLUMN OP VALUE with OP one of <=, <, >=, >, ==, !=",
                              "e.g. --where 'memory_per_gpu_GiB<=72' --where 'gpu==h100-sxm-80gb' (quote it "
                              "in the shell)")
-        col, op, raw = resolve_column(m.group(1)), m.group(2), m.group(3).strip("'\"")
+        col, op, raw = resolve_column(m.group(1)), m.group(2), m.group(3)
+        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":      # one pair of quotes around the value
+            raw = raw[1:-1]
         if raw[:1] in "<>=!~":          # 'mem_GiB=<72', 'gpu=~h200': an operator that is not one
             raise InputError(where, "--where", cond, "COLUMN OP VALUE with OP one of <=, <, >=, >, ==, != "
                              "(= alone means ==)", f"write the operator as one of those, e.g. --where "
@@ -382,10 +384,12 @@ def memory_capacity_GiB(manifest: dict) -> dict[str, float]:
     """
     from ..hardware.gpus import PRESETS
     from ..model.params import HW_FIELDS
+    from ..io.schema import gpu_of_label
     k = HW_FIELDS.index("hbm_bytes")
     out: dict[str, float] = {}
+    axes = manifest.get("setting_axes") or ()
     for label, vec in (manifest.get("machine_vectors") or {}).items():
-        out.setdefault(label.split(" ")[0], float(vec[k]) / 1024.0 ** 3)
+        out.setdefault(gpu_of_label(label, axes), float(vec[k]) / 1024.0 ** 3)
     for name in manifest.get("gpus") or {}:
         if name not in out and name in PRESETS:
             out[name] = PRESETS[name].hbm_GiB
@@ -423,12 +427,12 @@ def scan_results(folder: str | Path) -> pl.LazyFrame:
     ------
     InputError
         Unfinished folder, a listed file missing, truncated or damaged, or a manifest whose
-        fields disagree (:func:`vtrain_fast.io.writer.final_problem`, and the grid of its spec:
-        :func:`vtrain_fast.plan.spec.manifest_grid_problem`).
+        fields disagree (:func:`vtrain_fast.io.writer.final_problem`, and its spec and machines:
+        :func:`vtrain_fast.plan.spec.recorded_spec_problem`).
     """
     paths = result_paths(folder)
     manifest = read_manifest(folder)
-    problem = manifest_grid_problem(manifest)
+    problem = recorded_spec_problem(manifest)
     if problem:
         raise InputError(str(Path(folder) / "manifest.json"), *problem, "the manifest was edited or damaged: "
                          + rebuild_fix(manifest, folder) + ", or rerun it with --overwrite")

@@ -229,3 +229,17 @@ def resolve_objectives(where: str, minimize, option: str = "--minimize") -> list
                              f"drop the second {option} {m}")
         out.append(sign + name)
     return out
+
+
+# The machine labels of a results folder (the keys of its manifest's machine_vectors).
+def variant_label(preset, axes) -> str:
+    """``name`` of a gpu-axis machine, followed by its values of the settings ``axes`` (those
+    that vary in the sweep, :attr:`vtrain_fast.plan.spec.SweepSpec.setting_axes`), e.g.
+    ``a100-sxm4-80gb sequence_parallel=true vpp=2``."""
+    return " ".join([preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k in axes])
+
+
+def gpu_of_label(label: str, axes) -> str:
+    """The GPU name of a :func:`variant_label` (``label`` without its values of the ``axes``): a
+    GPU's own name may hold spaces (``a100-sxm4-40gb big``), so the label is read from its end."""
+    return label.rsplit(" ", len(axes))[0] if axes else label

@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -629,15 +630,20 @@ def final_problem(manifest: dict) -> tuple[str, object, str] | None:
       ``feasible``; with no row at all, the one empty part), or the one merged result file
       ``part-000000.parquet`` (``--keep frontier`` / ``top``);
     * ``num_rows``: the rows of the part files added up (and of the chunks, keep all / feasible);
-    * ``status_counts`` and ``pruned_points``: the chunks' added up.
+    * ``status_counts`` and ``pruned_points``: the chunks' added up;
+    * the machines: ``spec``, ``setting_axes``, ``machine_vectors`` and ``gpus`` agree
+      (:func:`cluster_problem`).
 
     The grid of the spec the manifest records is counted one layer up, where specs are parsed
-    (:func:`vtrain_fast.plan.spec.manifest_grid_problem`: the readers' scan and a rerun call it).
+    (:func:`vtrain_fast.plan.spec.recorded_spec_problem`: the readers' scan and a rerun call it).
 
     The structure of the manifest (:func:`check_manifest` with ``final=False``) must be checked
     first. A rerun of the sweep rebuilds these fields from the chunks.
     """
     from .schema import STATUS_LABELS
+    machines = cluster_problem(manifest)
+    if machines:
+        return machines
     plan, chunks = manifest["plan"], manifest["chunks"]
     if len(chunks) != plan["num_chunks"]:
         return "chunks", f"{len(chunks):,} chunks", f"all {plan['num_chunks']:,} chunks of the plan"
@@ -678,6 +684,54 @@ def final_problem(manifest: dict) -> tuple[str, object, str] | None:
         return "pruned_points", manifest.get("pruned_points"), f"{pruned:,}, the chunks' pruned points added up"
     if manifest.get("num_points") != plan["num_points"]:
         return "num_points", manifest.get("num_points"), f"the plan's {plan['num_points']:,} points (plan.num_points)"
+    return None
+
+
+# The cluster values a manifest records per GPU (``gpus``) and the machine vector field each one is,
+# with the factor from the recorded unit to the vector's (GB/s -> B/s, Gbit/s -> B/s, GiB -> bytes).
+_CLUSTER_FIELDS = (("gpus_per_node", "gpus_per_node", 1.0), ("intra_node_GBps", "intra_node_Bps", 1e9),
+                   ("inter_node_Gbps", "inter_node_Bps", 1e9 / 8.0), ("usd_per_gpu_hour", "usd_per_gpu_hour", 1.0),
+                   ("pue", "pue", 1.0), ("reserved_GiB", "reserved_bytes", 1024.0 ** 3))
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def cluster_problem(manifest: dict) -> tuple[str, object, str] | None:
+    """Where a manifest's record of the machines it priced on disagrees with itself, as ``(field,
+    value, what it must be)``, or None: ``spec`` the spec's text; ``setting_axes`` setting names;
+    ``machine_vectors`` (what the kernels priced with) one list of finite numbers per machine,
+    labelled :func:`~vtrain_fast.io.schema.variant_label`; ``gpus`` one record per GPU of those
+    machines and no other, each cluster value (read by ``export``, ``pareto -o``, ``report``) a finite
+    number >= 0, ``gpus_per_node`` a whole number >= 1, and each the value of the GPU's machine
+    vectors. A rerun of the sweep writes these fields again (they follow from its spec)."""
+    from ..model.params import HARDWARE_FIELDS, HW_FIELDS
+    from .schema import gpu_of_label
+    if not isinstance(manifest.get("spec"), str):
+        return "spec", type(manifest.get("spec")).__name__, "the spec's text"
+    axes = manifest.get("setting_axes", [])
+    if not isinstance(axes, list) or not all(isinstance(a, str) and a in HW_FIELDS for a in axes):
+        return "setting_axes", axes, "a list of the settings the sweep varies (names of its settings)"
+    vectors, gpus = manifest.get("machine_vectors"), manifest.get("gpus")
+    if not isinstance(vectors, dict) or not vectors or not all(
+            isinstance(v, list) and len(v) >= len(HARDWARE_FIELDS) and all(map(_number, v)) for v in vectors.values()):
+        return ("machine_vectors", type(vectors).__name__, f"one list of at least {len(HARDWARE_FIELDS)} finite "
+                "numbers per machine the sweep priced on")
+    names = {gpu_of_label(label, axes) for label in vectors}
+    if not isinstance(gpus, dict) or set(gpus) != names or not all(isinstance(g, dict) for g in gpus.values()):
+        return "gpus", sorted(gpus) if isinstance(gpus, dict) else type(gpus).__name__, (
+            f"one record per GPU of the machine vectors ({', '.join(sorted(names))})")
+    for label, vec in vectors.items():
+        name = gpu_of_label(label, axes)
+        for key, field, factor in _CLUSTER_FIELDS:
+            v = gpus[name].get(key)
+            if not _number(v) or v < 0 or (key == "gpus_per_node" and (v != int(v) or v < 1)):
+                return (f"gpus.{name}.{key}", v, "a whole number >= 1" if key == "gpus_per_node" else
+                        "a finite number >= 0")
+            priced = vec[HW_FIELDS.index(field)]
+            if not math.isclose(v * factor, priced, rel_tol=1e-9, abs_tol=1e-12):
+                return f"gpus.{name}.{key}", v, f"{priced / factor:g}, the value the sweep priced {label} with"
     return None
 
 

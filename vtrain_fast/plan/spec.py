@@ -69,6 +69,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..io.errors import InputError, check_plain_name, did_you_mean
+from ..io.schema import variant_label
 from ..io.inputs import MAX_TEXT_BYTES, parse_toml, read_input_bytes, read_toml
 from ..hardware.gpus import (CALIBRATION_RANGES, OVERRIDE_RANGES, PRESETS, Calibration, GPUPreset,
                        with_overrides)
@@ -547,13 +548,6 @@ def refused_cases(presets) -> list[int]:
 def varying_settings(presets, names) -> tuple:
     """Of the settings ``names`` (in that order), those with more than one value among ``presets``."""
     return tuple(k for k in names if len({getattr(g, k) for g in presets}) > 1)
-
-
-def variant_label(preset, axes) -> str:
-    """``name`` of a gpu-axis machine, followed by its values of the settings ``axes`` (those
-    that vary in the sweep, :attr:`SweepSpec.setting_axes`), e.g.
-    ``a100-sxm4-80gb sequence_parallel=true vpp=2``."""
-    return " ".join([preset.name] + [f"{k}={str(getattr(preset, k)).lower()}" for k in axes])
 
 
 def has_flash_attention(preset) -> bool:
@@ -1132,11 +1126,12 @@ def _spec_points(text: str, path: str, machines: int, shapes: int | None) -> int
     return spec.num_points // (len(spec.models) * len(spec.gpus)) * models * machines
 
 
-def manifest_grid_problem(manifest: dict) -> tuple[str, object, str] | None:
-    """Where a finished whole sweep's ``plan.num_points`` is not the grid of the spec its manifest
-    records, as ``(field, value, what it must be)`` (the shape of
-    :func:`vtrain_fast.io.writer.final_problem`'s answer), else None (also when the spec cannot be
-    read back here, or the manifest is a shard's or unfinished)."""
+def recorded_spec_problem(manifest: dict) -> tuple[str, object, str] | None:
+    """Where the spec a finished whole sweep's manifest records disagrees with its plan
+    (``plan.num_points`` not the grid of the recorded spec; the machines' agreement with each other
+    is :func:`vtrain_fast.io.writer.cluster_problem`'s, part of every read of a manifest), as ``(field, value, what it must be)`` (the shape of
+    :func:`vtrain_fast.io.writer.final_problem`'s answer), else None (also for a shard's or an
+    unfinished manifest; the grid is not counted where the spec cannot be read back here)."""
     plan = manifest.get("plan")
     if not manifest.get("complete") or manifest.get("shard") or not isinstance(plan, dict):
         return None
