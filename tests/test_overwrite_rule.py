@@ -123,6 +123,37 @@ def test_report_into_the_current_folder_is_refused_and_leaves_nothing(tiny_sweep
     assert sorted(p.name for p in here.iterdir()) == ["index.html"]
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_sweep_into_the_current_folder_of_the_spec_and_other_files_is_refused(tiny_spec_path, tmp_path, cli,
+                                                                             monkeypatch, overwrite):
+    """`sweep -o .` (with or without --overwrite) wrote its manifest and parts among the user's files, in the
+    folder of its own spec, and made it a results folder; the fix named --overwrite. Refused; nothing written."""
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = cli("sweep", tiny_spec_path.name, "-o", ".", *(["--overwrite"] if overwrite else []))
+    msg = flat(res.output)
+    assert res.exit_code == 2 and "did not write" in msg and "pass --overwrite" not in msg, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_sweep_overwrite_keeps_the_users_files_inside_its_own_results_folder(tiny_spec_path, tmp_path, cli):
+    out = tmp_path / "r"
+    assert cli("sweep", tiny_spec_path, "-o", out).exit_code == 0
+    (out / "front.csv").write_text("the user's frontier")
+    res = cli("sweep", tiny_spec_path, "-o", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert (out / "front.csv").read_text() == "the user's frontier" and (out / "manifest.json").is_file()
+
+
+def test_a_refused_existing_file_names_the_option_that_named_it(tiny_sweep, tmp_path, cli):
+    png = tmp_path / "t.png"
+    png.write_bytes(b"a picture")
+    res = cli("show", tiny_sweep, "--timeline", png)
+    assert res.exit_code == 2 and "choose another --timeline" in flat(res.output), res.output
+    assert png.read_bytes() == b"a picture"
+
+
 # ------------------------------------------------------------------------- all or nothing
 def test_plan_writes_nothing_when_a_job_has_no_plan(tiny_sweep, tmp_path, cli):
     from vtrain_fast.analysis.query import scan_results

@@ -209,10 +209,11 @@ def check_output_folder(path) -> None:
                          f"it is a file; choose another -o, e.g. {p.with_name(p.name + '-results')}")
 
 
-def file_exists_error(path, what: str = "output file") -> InputError:
-    """The :class:`InputError` for an output file that is there already and may not be replaced."""
+def file_exists_error(path, what: str = "output file", option: str = "-o") -> InputError:
+    """The :class:`InputError` for an output file that is there already and may not be replaced
+    (``option``: the option that named it, ``-o``, ``--plot``, ``--timeline``)."""
     return InputError(str(path), what, str(path), "a file that does not exist yet",
-                      "pass --overwrite to replace it, or choose another -o")
+                      f"pass --overwrite to replace it, or choose another {option}")
 
 
 def write_atomically(path, write, what: str = "output file", fsync: bool = False, check: bool = True,

@@ -217,7 +217,7 @@ def check_output(path, option: str = "-o", *, inputs: Iterable = (), overwrite: 
                              f", which is never replaced; name a new folder, e.g. {option} report")
     if folder is None:
         if os.path.lexists(p) and not overwrite:
-            raise file_exists_error(p, what)
+            raise file_exists_error(p, what, option)
         return p
     if not p.is_dir():
         return p
@@ -229,6 +229,17 @@ def check_output(path, option: str = "-o", *, inputs: Iterable = (), overwrite: 
                          f"it is a results folder (it has {next(e.name for e in foreign if _is_manifest(e.name))}), "
                          f"which `{folder.command}` never replaces; choose another {option}, e.g. "
                          f"{_example(p, folder)}")
+    if not folder.whole and not own_manifest:                               # (c), a sweep's folder
+        stray = [e for e in foreign if not e.name.startswith(".lock")]     # (a lock a refused run left)
+        if stray:
+            first = stray[0]
+            inner = find_results_folder(first) if first.is_dir() and not first.is_symlink() else None
+            held = (f"the results folder {inner}" if inner is not None else
+                    f"{first.name}, which `{folder.command}` did not write")
+            raise InputError(str(p), option, str(p), f"a new or empty folder, or a results folder that "
+                             f"`{folder.command}` wrote",
+                             f"it holds {held}, and `{folder.command}` makes a folder its own results folder: "
+                             f"name a new folder, e.g. {_example(p, folder)}")
     if folder.whole and foreign:                                            # (b), (c)
         first = foreign[0]
         inner = find_results_folder(first) if first.is_dir() and not first.is_symlink() else None
