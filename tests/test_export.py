@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -230,6 +231,7 @@ def test_export_reads_the_tables_the_tool_writes_and_keeps_existing_files(tmp_pa
     res = runner.invoke(app, ["export", str(priced), "-o", str(script)])
     assert res.exit_code == 0, res.output
     assert "--expert-model-parallel-size 8" in script.read_text()
+    assert os.access(script, os.X_OK), "the launch script is executable (a shell script, ./run.sh)"
     res = runner.invoke(app, ["export", str(priced), "-o", str(script)])
     assert res.exit_code == 2 and "--overwrite" in res.output and "Traceback" not in res.output
     assert runner.invoke(app, ["export", str(priced), "-o", str(script), "--overwrite"]).exit_code == 0

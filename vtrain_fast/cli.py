@@ -284,15 +284,22 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
                 console=console, keep=("gpu",))
 
 
-def _emit_text(text: str, output: Optional[Path], what: str, overwrite: bool) -> bool:
+def _emit_text(text: str, output: Optional[Path], what: str, overwrite: bool, executable: bool = False) -> bool:
     """Print ``text`` (no ``output``: False) or write it to ``output`` atomically, replacing an
-    existing file only with ``overwrite`` (True)."""
+    existing file only with ``overwrite`` (True); ``executable``: a script, mode 0755 less the umask."""
     from .io.errors import write_atomically
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return False
-    write_atomically(output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), what, replace=overwrite)
+
+    def write(tmp):
+        Path(tmp).write_text(text, encoding="utf-8")
+        if executable:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o777 & ~mask & 0o755)
+    write_atomically(output, write, what, replace=overwrite)
     return True
 
 
@@ -630,7 +637,8 @@ def export(plan: Path = typer.Argument(..., help="results folder, or a .csv / .p
     own_models = load_models(models) if models else None
     result = export_plan(plan, to, where, row, own_models, module=module, gpus=_gpus(gpus))
     text = result.text()
-    if not _emit_text(text, output, "launch script" if to != "torchtitan" else "recipe module", overwrite):
+    if not _emit_text(text, output, "launch script" if to != "torchtitan" else "recipe module", overwrite,
+                      executable=to == "megatron"):
         return
     if to == "torchtitan":
         recipe = result.args[0].split("= ", 1)[1].split("(", 1)[0]         # config = llama3_70b()
