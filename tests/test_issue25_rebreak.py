@@ -180,3 +180,30 @@ def test_where_selects_a_value_that_ends_in_a_quote(box_sweep):
         res = _cli("export", box_sweep / "r", "--where", f"gpu=={value}", "--where", "tp==1", "--row", "0")
         assert res.exit_code == 0, res.output
         assert f"priced on {BOX}:" in res.output
+
+
+def test_show_prices_a_folders_plan_with_the_calibration_and_cluster_values_it_was_swept_with(tmp_path):
+    """A sweep run with --calibration (and a [cluster] price) was shown re-priced with the shipped
+    calibration and the preset's price: 0.039 s where the folder holds 0.054 s. show now takes the
+    machines the manifest records."""
+    from conftest import ONE_POINT_SPEC
+    from vtrain_fast.analysis.export import plan_gpus, read_plan
+    from vtrain_fast.analysis.show import show_plan
+    spec = tmp_path / "one.toml"
+    spec.write_text(ONE_POINT_SPEC.format(training="").replace('num_gpus = 8', 'num_gpus = 8\nusd_per_gpu_hour = 7.5'))
+    cal = tmp_path / "cal.toml"
+    cal.write_text("[a100-sxm4-80gb]\nhbm_efficiency = 0.4\nkernel_overhead_s = 2e-5\n")
+    folder = tmp_path / "r"
+    res = _cli("sweep", str(spec), "-o", str(folder), "--calibration", str(cal))
+    assert res.exit_code == 0, res.output
+    row = pl.read_parquet(folder / "part-000000.parquet").row(0, named=True)
+    known = plan_gpus(folder)
+    assert known["a100-sxm4-80gb"].usd_per_gpu_hour == 7.5
+    assert known["a100-sxm4-80gb"].calibration.hbm_efficiency == 0.4
+    chosen, _, _ = read_plan(folder, gpus=known)
+    detail = show_plan(chosen, known, timeline=False)
+    assert detail.time_s["iteration_time_s"] == pytest.approx(row["iteration_time_s"], rel=1e-12)
+    shipped = show_plan(chosen, timeline=False).time_s["iteration_time_s"]
+    assert not math.isclose(shipped, row["iteration_time_s"], rel_tol=1e-3)     # the test can tell them apart
+    out = " ".join(_cli("show", str(folder)).output.split())
+    assert f"iteration_time_s │ {row['iteration_time_s']:.4f}" in out, out

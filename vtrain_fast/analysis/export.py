@@ -1185,7 +1185,38 @@ def plan_gpus(source: str | Path, gpus: dict | None = None) -> dict:
         tables = tomllib.loads(manifest["spec"]).get("gpus")
     except tomllib.TOMLDecodeError:
         tables = None
-    return spec_gpus(f"{source}/manifest.json: spec", tables, known)
+    return with_recorded_machines(spec_gpus(f"{source}/manifest.json: spec", tables, known), manifest)
+
+
+def with_recorded_machines(gpus: dict, manifest: dict) -> dict:
+    """``gpus`` with each GPU a results folder priced on given the calibration and the cluster values
+    (``gpus_per_node``, link bandwidths, price, PUE, reserve) its manifest records, so that a plan of
+    the folder is shown and exported as the sweep priced it (a sweep run with ``--calibration`` or
+    ``[cluster]`` overrides). The record was checked on reading the manifest
+    (:func:`~vtrain_fast.io.writer.cluster_problem`); a calibration field it lacks keeps the GPU's."""
+    import dataclasses
+
+    from ..hardware.gpus import OVERRIDE_RANGES, Calibration, with_overrides
+    out = dict(gpus)
+    names = {f.name for f in dataclasses.fields(Calibration)}
+    for name, record in (manifest.get("gpus") or {}).items():
+        if name not in out or not isinstance(record, dict):
+            continue
+        base = out[name]
+        cal = record.get("calibration")
+        calibration = None
+        if isinstance(cal, dict):
+            values = {k: v for k, v in cal.items() if k in names and isinstance(v, (int, float))
+                      and not isinstance(v, bool) and math.isfinite(v)}
+            if values:
+                calibration = dataclasses.replace(base.calibration, **values)
+                if calibration == base.calibration:
+                    calibration = None
+        cluster = {k: record[k] for k in OVERRIDE_RANGES if k in record and record[k] != getattr(base, k)}
+        if "gpus_per_node" in cluster:
+            cluster["gpus_per_node"] = int(cluster["gpus_per_node"])
+        out[name] = with_overrides(base, calibration, **cluster)
+    return out
 
 
 def read_plan(source: str | Path, where=(), row: int | None = None, models: dict | None = None,
