@@ -24,6 +24,12 @@ WRITERS = {
     "advise": (["advise", "--model", "gpt3-125m", "--gpus", "a100-sxm4-80gb:8", "-o", "{out}"], ("csv", "parquet")),
 }
 TABLES = [f"{w}.{fmt}" for w, (_, fmts) in WRITERS.items() for fmt in fmts] + ["schedule-jobs.parquet"]
+# The tool's tables that hold no plan, and the words naming each in its refusal.
+NOT_PLANS = {"schedule-segments.parquet": "allocations of `vtrain-fast schedule`",
+             "schedule-summary.parquet": "per-policy summary of `vtrain-fast schedule`",
+             "show-events.parquet": "event timeline of one plan", "show-events.csv": "event timeline of one plan",
+             "show-memory.parquet": "per-stage memory table of one plan",
+             "show-memory.csv": "per-stage memory table of one plan"}
 READERS = ("evaluate", "show", "export")
 
 
@@ -51,6 +57,13 @@ def tables(tiny_sweep, tmp_path_factory) -> dict:
     res = _run("schedule", trace, "--cluster", "a100-sxm4-80gb:16", "--policy", "fifo", "-o", folder / "sched")
     assert res.exit_code == 0, res.output
     out["schedule-jobs.parquet"] = folder / "sched" / "jobs.parquet"
+    out["schedule-segments.parquet"] = folder / "sched" / "segments.parquet"
+    out["schedule-summary.parquet"] = folder / "sched" / "summary.parquet"
+    for fmt in ("csv", "parquet"):
+        events, memory = folder / f"show-events.{fmt}", folder / f"show-memory.{fmt}"
+        res = _run("show", out["plan.csv"], "--row", "0", "--events", events, "-o", memory)
+        assert res.exit_code == 0 and events.is_file() and memory.is_file(), res.output
+        out[events.name], out[memory.name] = events, memory
     return out
 
 
@@ -85,6 +98,21 @@ def test_each_written_table_is_read_by_each_reader(tables, table, reader, tmp_pa
         assert "iteration time" in text and "memory per GPU" in text
     else:
         assert "pretrain_gpt.py" in text or "--tensor-model-parallel-size" in text, text
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("table", sorted(NOT_PLANS))
+def test_a_table_of_the_tool_that_holds_no_plan_is_named_not_renamed(tables, table, reader, tmp_path):
+    """show's events and memory tables and schedule's segments and summary were refused as 'missing
+    columns' or with a rename to an unrelated column; each is named for what it is."""
+    path = tables[table]
+    args = {"evaluate": ["evaluate", path, "-o", tmp_path / "again.parquet"],
+            "show": ["show", path, "--row", "0"], "export": ["export", path, "--row", "0"]}[reader]
+    res = _run(*args)
+    text = flat(res.output)
+    assert res.exit_code == 2 and NOT_PLANS[table] in text, text
+    assert "did you mean" not in text and "rename the column" not in text and "missing column" not in text, text
+    assert not (tmp_path / "again.parquet").exists()
 
 
 def test_a_schedule_folder_is_not_a_sweep(tables):

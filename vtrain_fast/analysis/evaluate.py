@@ -530,26 +530,48 @@ def without_earlier_results(plans: pl.DataFrame) -> tuple[pl.DataFrame, list[str
 
 
 # Columns only the per-job table of ``vtrain-fast schedule`` (its jobs.parquet) has.
-SCHEDULE_JOB_MARKS = ("policy", "job_id", "jct_hours", "first_plan", "last_plan")
+# Tables vtrain-fast writes that are not tables of plans: (columns that mark one, what it is, where
+# its plans are). A table holding every marking column and no ``tp`` column is refused by name.
+OTHER_TABLES = (
+    (("policy", "job_id", "jct_hours", "first_plan", "last_plan"),
+     "the per-job table of `vtrain-fast schedule` (jobs.parquet)",
+     "its rows are jobs of a trace, with their plans only as text (first_plan, last_plan); to price or export a "
+     "job's plan, write its columns as for `vtrain-fast evaluate` (README, Evaluate), or run "
+     "`vtrain-fast advise --model MODEL --gpus GPU:N` for it"),
+    (("stage", "start_s", "end_s", "kind", "micro_batch", "chunk"),
+     "the event timeline of one plan (`vtrain-fast show --events`)",
+     "its rows are the forward / backward operations of the plan `show` was given: export or evaluate that "
+     "plan's own table or results folder instead"),
+    (("stage", "weights_GiB", "gradients_GiB", "optimizer_GiB", "total_GiB"),
+     "the per-stage memory table of one plan (`vtrain-fast show -o`)",
+     "its rows are the pipeline stages of the plan `show` was given: export or evaluate that plan's own "
+     "table or results folder instead"),
+    (("policy", "start_hours", "end_hours", "job_id"),
+     "the allocations of `vtrain-fast schedule` (segments.parquet)",
+     "its rows are a job's nodes over time; the plans are not in it (see jobs.parquet, README Scheduling)"),
+    (("policy", "mean_jct_hours"),
+     "the per-policy summary of `vtrain-fast schedule` (summary.parquet)",
+     "its rows are the scheduling policies; no plan is in it (README Scheduling)"),
+)
 
 
 def check_not_a_jobs_table(columns, where: str) -> None:
-    """Refuse the per-job table of ``vtrain-fast schedule`` (``jobs.parquet``) as a table of plans:
-    its rows are jobs of a trace, each priced on plans that changed over time (``first_plan``,
-    ``last_plan`` as text), not one plan in plan columns.
+    """Refuse a table vtrain-fast wrote that is not a table of plans (:data:`OTHER_TABLES`: the
+    schedule's jobs, segments and summary, show's events and memory tables) by name, instead of
+    reporting its missing plan columns.
 
     Raises
     ------
     InputError
         Naming the file, what it is, and where the plans are.
     """
-    if set(SCHEDULE_JOB_MARKS) <= set(columns) and "tp" not in columns:
-        raise InputError(where, "table", "the per-job table of `vtrain-fast schedule` (jobs.parquet)",
-                         "a table of plans, one plan a row (the plan columns gpu, tp, pp, dp, micro_batch_size, "
-                         "global_batch_size, ...: evaluate -o, pareto -o, plan -o, optimal -o or advise -o write them)",
-                         "its rows are jobs of a trace, with their plans only as text (first_plan, last_plan); to "
-                         "price or export a job's plan, write its columns as for `vtrain-fast evaluate` (README, "
-                         "Evaluate), or run `vtrain-fast advise --model MODEL --gpus GPU:N` for it")
+    have = set(columns)
+    for marks, what, fix in OTHER_TABLES:
+        if set(marks) <= have and "tp" not in have:
+            raise InputError(where, "table", what,
+                             "a table of plans, one plan a row (the plan columns gpu, tp, pp, dp, micro_batch_size, "
+                             "global_batch_size, ...: evaluate -o, pareto -o, plan -o, optimal -o or advise -o "
+                             "write them)", fix)
 
 
 def read_csv(path: str | Path, as_text: bool = False) -> pl.DataFrame:
