@@ -207,3 +207,16 @@ def test_show_prices_a_folders_plan_with_the_calibration_and_cluster_values_it_w
     assert not math.isclose(shipped, row["iteration_time_s"], rel_tol=1e-3)     # the test can tell them apart
     out = " ".join(_cli("show", str(folder)).output.split())
     assert f"iteration_time_s │ {row['iteration_time_s']:.4f}" in out, out
+
+
+def test_torchtitan_refusal_names_the_distributed_optimizer_the_user_set(tmp_path):
+    """A plan with distributed_optimizer = true (recorded as zero_stage 1) was refused as 'zero_stage = 1',
+    a setting the user never wrote."""
+    table = tmp_path / "p.csv"
+    pl.DataFrame([{"model": "llama3-8b", "gpu": "h100-sxm-80gb", "global_batch_size": 64, "tp": 2, "pp": 1, "dp": 8,
+                   "micro_batch_size": 1, "distributed_optimizer": True, "zero_stage": 1,
+                   "recompute": "full"}]).write_csv(table)
+    res = _cli("export", str(table), "--to", "torchtitan")
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "distributed_optimizer = true is not allowed" in text, text
+    assert "distributed_optimizer = false" in text

@@ -783,10 +783,15 @@ def _torchtitan_check(row: dict) -> None:
                       "no ring attention)", "sweep with cp_comm_type = 'all_gather'")
     zero = int(g("zero_stage")) or (1 if bool(g("distributed_optimizer")) else 0)
     if dp * cp > 1 and zero in (1, 2):
-        key, value = ("zero_stage", int(g("zero_stage"))) if int(g("zero_stage")) else ("distributed_optimizer", True)
+        # distributed_optimizer is ZeRO-1 (a sweep may record it as zero_stage 1): name what the user set
+        by_flag = zero == 1 and bool(g("distributed_optimizer"))
+        key, value = ("distributed_optimizer", True) if by_flag else ("zero_stage", zero)
         _titan_refuse(row, key, value, "zero_stage 3 (FSDP2: parameters, gradients and optimizer states sharded) "
                       "or 0 (replicas, DDP) with dp x cp > 1: torchtitan's data parallelism is FSDP2's fully_shard, "
-                      "which has no ZeRO-1 or ZeRO-2", "sweep with zero_stage = 3 (or [0, 3]) for FSDP2")
+                      "which has no ZeRO-1 or ZeRO-2" + (" (distributed_optimizer = true is ZeRO-1: Megatron's "
+                      "distributed optimizer shards the optimizer states)" if by_flag else ""),
+                      "sweep with zero_stage = 3 (or [0, 3]) for FSDP2" + (", or distributed_optimizer = false for "
+                      "replicas" if by_flag else ""))
     if zero == 0 and cp > 1:
         _titan_refuse(row, "zero_stage", 0, "3 with cp > 1 (torchtitan shards the parameters over the cp ranks: "
                       "FSDP2 over dp_shard x cp, distributed/parallel_dims.py)",
