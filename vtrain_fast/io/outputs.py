@@ -156,6 +156,12 @@ def _example(p: Path, folder: FolderOutput | None) -> str:
     return f"-o {stem}-new{suffix}"
 
 
+def _held(entry: Path, folder: FolderOutput) -> str:
+    """How a message names ``entry``, an entry of the output folder the command did not write."""
+    inner = find_results_folder(entry) if entry.is_dir() and not entry.is_symlink() else None
+    return f"the results folder {inner}" if inner is not None else f"{entry.name}, which `{folder.command}` did not write"
+
+
 def check_output(path, option: str = "-o", *, inputs: Iterable = (), overwrite: bool = False,
                  folder: FolderOutput | None = None) -> Path:
     """Refuse an output the command may not write (the rule in this module's docstring); call
@@ -229,26 +235,16 @@ def check_output(path, option: str = "-o", *, inputs: Iterable = (), overwrite: 
                          f"it is a results folder (it has {next(e.name for e in foreign if _is_manifest(e.name))}), "
                          f"which `{folder.command}` never replaces; choose another {option}, e.g. "
                          f"{_example(p, folder)}")
-    if not folder.whole and not own_manifest:                               # (c), a sweep's folder
-        stray = [e for e in foreign if not e.name.startswith(".lock")]     # (a lock a refused run left)
-        if stray:
-            first = stray[0]
-            inner = find_results_folder(first) if first.is_dir() and not first.is_symlink() else None
-            held = (f"the results folder {inner}" if inner is not None else
-                    f"{first.name}, which `{folder.command}` did not write")
-            raise InputError(str(p), option, str(p), f"a new or empty folder, or a results folder that "
-                             f"`{folder.command}` wrote",
-                             f"it holds {held}, and `{folder.command}` makes a folder its own results folder: "
-                             f"name a new folder, e.g. {_example(p, folder)}")
-    if folder.whole and foreign:                                            # (b), (c)
-        first = foreign[0]
-        inner = find_results_folder(first) if first.is_dir() and not first.is_symlink() else None
-        held = (f"the results folder {inner}" if inner is not None else
-                f"{first.name}, which `{folder.command}` did not write")
-        raise InputError(str(p), option, str(p), f"a new or empty folder, or one that `{folder.command}` wrote "
-                         f"({folder.listing()})",
-                         f"it holds {held}; --overwrite replaces only a folder that `{folder.command}` wrote: "
-                         f"choose another {option}, e.g. {_example(p, folder)}")
+    stray = [e for e in foreign if not e.name.startswith(".lock")]         # (a lock a refused run left)
+    if stray and (folder.whole or not own_manifest):                        # (b), (c)
+        if folder.whole:
+            allowed = f"a new or empty folder, or one that `{folder.command}` wrote ({folder.listing()})"
+            why = f"--overwrite replaces only a folder that `{folder.command}` wrote: choose another {option}"
+        else:       # a sweep: its own results folder, files the user added to it kept
+            allowed = f"a new or empty folder, or a results folder that `{folder.command}` wrote"
+            why = f"`{folder.command}` makes a folder its own results folder: name a new folder"
+        raise InputError(str(p), option, str(p), allowed,
+                         f"it holds {_held(stray[0], folder)}; {why}, e.g. {_example(p, folder)}")
     if folder.whole and entries and not overwrite:
         raise InputError(str(p), option, str(p), "an empty or new folder",
                          f"it holds an earlier `{folder.command}` output; add --overwrite to replace it, or "
