@@ -399,7 +399,7 @@ def optimal_table(res) -> Table:
                                                    if r.get("memory_tight") else "")
 
     rows = [
-        ("shape", shape(b), "", shape(s), ""),
+        ("shape", shape(b), "", shape(s) or "outside the sizes searched", ""),
         ("parameters", _fmt(float(b["num_parameters"])), _fmt(n["num_parameters"]), _fmt(None if s is None else float(s["num_parameters"])),
          ratio(b["num_parameters"], n["num_parameters"])),
         ("tokens", _fmt(b["num_tokens"]), _fmt(n["num_tokens"]), _fmt(g(s, "num_tokens")),
