@@ -5,9 +5,9 @@ For one plan (a row of a results folder or an evaluate-style table, :func:`~vtra
 
 * the iteration time broken down (the kernel's output columns, :data:`TIME_PARTS`, which sum to
   ``iteration_time_s``) and each pipeline stage's seconds per micro-batch
-  (:func:`vtrain_fast.model.step.stage_costs`, :func:`~vtrain_fast.model.step.stage_micro_batch_s`);
+  (:func:`vtrain_fast.model.pipeline.stage_costs`, :func:`~vtrain_fast.model.pipeline.stage_micro_batch_s`);
 * memory per pipeline stage, every stage ``0 .. pp - 1`` from its own layer counts (dense, bf16 under
-  FP8, MoE: :func:`~vtrain_fast.model.step.device_layer_count`) and its own micro-batches in flight,
+  FP8, MoE: :func:`~vtrain_fast.model.layer_split.device_layer_count`) and its own micro-batches in flight,
   by part (:data:`MEMORY_PARTS`), with the kernel's formulas
   (:mod:`vtrain_fast.model.memory`); the fullest stage's sum is the kernel's ``memory_per_gpu_GiB``
   (the kernel evaluates the first, the second and the last stage; tests/test_show.py checks they agree);
@@ -43,14 +43,14 @@ import polars as pl
 
 from ..io.errors import InputError
 from ..model import memory, ops
-from ..model import step as k
+from ..model import costs, experts, layer_split, offload, params, pipeline, step
 from ..model.arch import Arch
 from ..model.layout import Layout
 from ..model.params import (H_RESERVED_BYTES, NUM_OUTPUTS, OUTPUT_NAMES, R_ARCH, R_CP, R_DP, R_FFN, R_GBS,
                             R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS, R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
 
 GiB = 1024.0 ** 3
-# The output columns that sum to iteration_time_s (model.step.schedule).
+# The output columns that sum to iteration_time_s (model.pipeline.schedule).
 TIME_PARTS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s", "ep_comm_s", "bubble_s",
               "optimizer_s", "overhead_s", "offload_s")
 # Memory per stage, bytes reported in GiB: fp16 weights, fp16 gradients, fp32 optimizer states (master
@@ -296,39 +296,39 @@ def show_plan(plan: dict, gpus: dict | None = None, timeline: bool | None = None
     """
     (L, h, a, g, f, v, s, B, b), lay, recompute, tokens, hw, arch = kernel_inputs(plan, gpus)
     out = np.full((NUM_OUTPUTS, 1), np.nan)
-    status = k.step(int(L), int(h), int(a), int(g), int(f), int(v), int(s), int(B), int(b), lay, recompute,
+    status = step.step(int(L), int(h), int(a), int(g), int(f), int(v), int(s), int(B), int(b), lay, recompute,
                     tokens, hw, out, 0, arch)
-    if status not in (k.OK, k.OUT_OF_MEMORY):
+    if status not in (params.OK, params.OUT_OF_MEMORY):
         raise InputError("plan", "status", int(status), "a plan the model prices (status ok or out_of_memory)",
                          "see `vtrain-fast evaluate` for the plan's status and fix it")
     kernel = {name: float(out[j, 0]) for j, name in enumerate(OUTPUT_NAMES)}
     t = float(lay.tp)
-    mb = k.micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch, float(lay.cp))
-    split = k.split_costs(L, h, a, g, f, v, s, lay, hw, arch)
-    sc = k.stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
-    sizes = k.schedule_sizes(B, b, lay, recompute, hw, split)
+    mb = costs.micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch, float(lay.cp))
+    split = costs.split_costs(L, h, a, g, f, v, s, lay, hw, arch)
+    sc = pipeline.stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
+    sizes = pipeline.schedule_sizes(B, b, lay, recompute, hw, split)
     p, vs, m = int(lay.pp), int(sizes[9]), int(round(sizes[4]))
     l_first, l_mid, l_last, rc, sel = sizes[5], sizes[6], sizes[7], sizes[10], sizes[11]
     moe = arch.num_experts >= 1.0
     fp8_split = ops.fp8_on(hw)
-    n16 = [k.device_layer_count(i, L, float(p), hw, False, 1.0, 0.0) if fp8_split else 0.0 for i in range(p)]
-    nm = [k.device_layer_count(i, L, float(p), hw, True, arch.moe_layer_step, arch.moe_first_dense_layers)
+    n16 = [layer_split.device_layer_count(i, L, float(p), hw, False, 1.0, 0.0) if fp8_split else 0.0 for i in range(p)]
+    nm = [layer_split.device_layer_count(i, L, float(p), hw, True, arch.moe_layer_step, arch.moe_first_dense_layers)
           if moe else 0.0 for i in range(p)]
     layers = [l_first if i == 0 else (l_last if i == p - 1 else l_mid) for i in range(p)]
     if p == 1:
         layers = [L]
     # per-stage seconds per micro-batch (the kernel's T_i)
     if p == 1:
-        micro = [float(sc[k.C_FIRST_COMPUTE] + sc[k.C_EMB_COMPUTE] + sc[k.C_HEAD_COMPUTE] + sc[k.C_FIRST_TP]
-                       + sc[k.C_EMB_TP] + sc[k.C_HEAD_TP] + sc[k.C_FIRST_DP] + sc[k.C_EMB_DP] + sc[k.C_HEAD_DP]
-                       + sc[k.C_FIRST_CP] + sc[k.C_FIRST_EP] + sc[k.C_FIRST_OFFLOAD])]
+        micro = [float(sc[pipeline.C_FIRST_COMPUTE] + sc[pipeline.C_EMB_COMPUTE] + sc[pipeline.C_HEAD_COMPUTE] + sc[pipeline.C_FIRST_TP]
+                       + sc[pipeline.C_EMB_TP] + sc[pipeline.C_HEAD_TP] + sc[pipeline.C_FIRST_DP] + sc[pipeline.C_EMB_DP] + sc[pipeline.C_HEAD_DP]
+                       + sc[pipeline.C_FIRST_CP] + sc[pipeline.C_FIRST_EP] + sc[pipeline.C_FIRST_OFFLOAD])]
     else:
-        micro = [float(k.stage_micro_batch_s(sc, 0 if i == 0 else (2 if i == p - 1 else 1), n16[i], nm[i]))
+        micro = [float(pipeline.stage_micro_batch_s(sc, 0 if i == 0 else (2 if i == p - 1 else 1), n16[i], nm[i]))
                  for i in range(p)]
-    pp_s = float(sc[k.C_PP])
+    pp_s = float(sc[pipeline.C_PP])
     t_max = max(micro)
     pipeline_s = m * t_max + (sum(micro) - t_max) / vs
-    fwd, rec, bwd = mb[k.M_FWD], rc * mb[k.M_FWD] + sel * mb[k.M_CORE_FWD], mb[k.M_BWD]
+    fwd, rec, bwd = mb[costs.M_FWD], rc * mb[costs.M_FWD] + sel * mb[costs.M_CORE_FWD], mb[costs.M_BWD]
     share = np.array([fwd, rec, bwd]) / (fwd + rec + bwd)
     work = [x - pp_s for x in micro]
     stage_fwd = [w * share[0] for w in work]
@@ -365,11 +365,11 @@ def show_plan(plan: dict, gpus: dict | None = None, timeline: bool | None = None
 def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, layers, n16, nm, vs):
     """Memory of every pipeline stage by part (:data:`MEMORY_PARTS`) and its micro-batches in flight.
 
-    The kernel's (:func:`vtrain_fast.model.step.schedule`) memory, stage ``i`` of ``p`` from its own
+    The kernel's (:func:`vtrain_fast.model.pipeline.schedule`) memory, stage ``i`` of ``p`` from its own
     counts: ``min(p - i, m)`` micro-batches in flight in 1F1B, ``min(m vpp, 2 (p - 1 - i) + (vpp - 1) p + 1)``
     chunks of ``1 / vpp`` of its layers interleaved; the first stage also keeps the embedding's output per
     micro-batch, the last two hidden-state copies and the logits (``6 s b v / t`` bytes); parameters from
-    :func:`~vtrain_fast.model.step.split_costs` (the first with the embedding, the last with the head), a
+    :func:`~vtrain_fast.model.costs.split_costs` (the first with the embedding, the last with the head), a
     middle stage's from its own MoE layers (:func:`~vtrain_fast.model.memory.moe_layer_params_per_rank`).
 
     Returns
@@ -378,21 +378,21 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
     """
     p = int(lay.pp)
     t = float(lay.tp)
-    _, _, dz, zero, _, _, _, _, _, _, rc, sel = k.schedule_sizes(float(m * lay.dp * b), b, lay, recompute, hw, split)
+    _, _, dz, zero, _, _, _, _, _, _, rc, sel = pipeline.schedule_sizes(float(m * lay.dp * b), b, lay, recompute, hw, split)
     regather = zero >= 3.0 and dz > 1.0
     sl = s / float(lay.cp)
     hs = h / ops.sequence_split(t, hw)
     eb = ops.element_bytes(hw)          # bytes of an activation element (4 under fp32 / tf32)
     ce = eb * 0.5
-    rebuilt = sel * mb[k.M_CORE_ACT]
-    full = mb[k.M_ACT_LAYER] - rebuilt
-    edz = split[k.S_EDZ]
+    rebuilt = sel * mb[costs.M_CORE_ACT]
+    full = mb[costs.M_ACT_LAYER] - rebuilt
+    edz = split[costs.S_EDZ]
     w_d, g_d, o_d = memory.state_bytes_per_param(dz, zero, hw)
     w_e, g_e, o_e = memory.state_bytes_per_param(edz, zero, hw)
     p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
     p_moe = p_exp = 0.0
     if arch.num_experts >= 1.0:
-        ep, etp = k.expert_sizes(t, hw)
+        ep, etp = experts.expert_sizes(t, hw)
         p_moe, p_exp = memory.moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch)
     rows, in_flight = [], []
     for i in range(p):
@@ -405,33 +405,33 @@ def stage_memory(L, h, a, g, f, s, b, m, lay, recompute, hw, arch, mb, split, la
             n_in = chunks / vs
         layer_act = memory.stage_activation_bytes_from_layer(layers[i] / (vs if p > 1 else 1), chunks, b, sl, hs,
                                                             full, rc, eb)
-        extras = rebuilt + memory.bf16_layers_extra_bytes(n16[i], n_in, mb[k.M_BF16_ACT], rc) \
-            + memory.bf16_layers_extra_bytes(nm[i], n_in, mb[k.M_MOE_ACT], rc)
+        extras = rebuilt + memory.bf16_layers_extra_bytes(n16[i], n_in, mb[costs.M_BF16_ACT], rc) \
+            + memory.bf16_layers_extra_bytes(nm[i], n_in, mb[costs.M_MOE_ACT], rc)
         host_act = 0.0
         if p == 1:
-            extras += ce * sl * b * hs * 3.0 + mb[k.M_LOGITS]
+            extras += ce * sl * b * hs * 3.0 + mb[costs.M_LOGITS]
             # activation offloading (pp = 1): the first k layers' saved activations in host memory,
             # the dense part off activations_GiB, the bf16 / MoE layers' extra bytes off the extras
-            k_off = k.activation_offload_layers(hw)
+            k_off = offload.activation_offload_layers(hw)
             if k_off > 0.0:
-                host_act = memory.offloaded_activation_bytes(k_off, full, split[k.S_OFF_BF16], mb[k.M_BF16_ACT],
-                                                             split[k.S_OFF_MOE], mb[k.M_MOE_ACT])
+                host_act = memory.offloaded_activation_bytes(k_off, full, split[costs.S_OFF_BF16], mb[costs.M_BF16_ACT],
+                                                             split[costs.S_OFF_MOE], mb[costs.M_MOE_ACT])
                 layer_act -= k_off * full
                 extras -= host_act - k_off * full
         elif i == 0:
             extras += ce * n_in * sl * b * hs
         elif i == p - 1:
-            extras += ce * 2.0 * sl * b * hs + mb[k.M_LOGITS]
+            extras += ce * 2.0 * sl * b * hs + mb[costs.M_LOGITS]
         if i == 0:
-            params, experts = split[k.S_P_FIRST], split[k.S_E_FIRST]
+            n_params, n_experts = split[costs.S_P_FIRST], split[costs.S_E_FIRST]
         elif i == p - 1:
-            params, experts = split[k.S_P_LAST], split[k.S_E_LAST]
+            n_params, n_experts = split[costs.S_P_LAST], split[costs.S_E_LAST]
         else:
-            params, experts = layers[i] * p_layer + nm[i] * (p_moe - p_layer), nm[i] * p_exp
-        fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers[i] - n16[i]) * mb[k.M_FP8_WEIGHTS]
-        parts = (params * w_d + experts * w_e, params * g_d + experts * g_e, params * o_d + experts * o_e,
-                 fp8, split[k.S_GATHERED], layer_act, extras, hw[H_RESERVED_BYTES])
-        host_states = (HOST_STATE_BYTES_PER_PARAM * (params / dz + experts / edz)
+            n_params, n_experts = layers[i] * p_layer + nm[i] * (p_moe - p_layer), nm[i] * p_exp
+        fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers[i] - n16[i]) * mb[costs.M_FP8_WEIGHTS]
+        parts = (n_params * w_d + n_experts * w_e, n_params * g_d + n_experts * g_e, n_params * o_d + n_experts * o_e,
+                 fp8, split[costs.S_GATHERED], layer_act, extras, hw[H_RESERVED_BYTES])
+        host_states = (HOST_STATE_BYTES_PER_PARAM * (n_params / dz + n_experts / edz)
                        if ops.param_offload_on(hw, dz) else 0.0)
         rows.append([i] + [x / GiB for x in parts] + [sum(parts) / GiB, host_act / GiB, host_states / GiB])
         in_flight.append(n_in)
