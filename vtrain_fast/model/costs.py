@@ -224,6 +224,16 @@ def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
 
 
 @jit
+def stage_params(layers, nm, p_layer, p_moe, p_exp):
+    """``(dense, expert)`` parameters per GPU of a pipeline device's ``layers`` transformer layers, ``nm``
+    of them MoE layers: each layer ``p_layer`` (:func:`~vtrain_fast.model.memory.layer_params_per_rank`),
+    an MoE layer its dense part ``p_moe`` (attention, norms, router, shared experts) instead and its
+    local experts' ``p_exp`` (:func:`~vtrain_fast.model.memory.moe_layer_params_per_rank`); the
+    embedding and the head not counted (:func:`split_costs` adds them to the first and the last)."""
+    return layers * p_layer + nm * (p_moe - p_layer), nm * p_exp
+
+
+@jit
 def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     """Costs that depend on the model, the machine and the parallel layout but not on the
     batch sizes or recomputation.
@@ -282,10 +292,9 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     ep, etp = expert_sizes(t, hw)
     if moe:
         p_moe, p_exp = memory.moe_layer_params_per_rank(h, a, g, f, t, ep, etp, arch)
-        p_body += nm_first * (p_moe - p_layer)
-        p_body_last += nm_last * (p_moe - p_layer)
-        p_mid += nm_mid_max * (p_moe - p_layer)
-        e_first, e_mid, e_last = nm_first * p_exp, nm_mid_max * p_exp, nm_last * p_exp
+        p_body, e_first = stage_params(l_first, nm_first, p_layer, p_moe, p_exp)
+        p_body_last, e_last = stage_params(l_last, nm_last, p_layer, p_moe, p_exp)
+        p_mid, e_mid = stage_params(l_mid, nm_mid_max, p_layer, p_moe, p_exp)
         if p <= 2.0:        # no middle stage: its counts enter no maximum
             p_mid = min(p_body, p_body_last)
             e_mid = min(e_first, e_last)

@@ -300,7 +300,12 @@ def stage_micro_batch_s(sc, kind, n16, nm):
     :func:`stage_costs` ``sc``: ``kind`` 0 the first stage (with the embedding), 2 the last (with the
     head, final norm and loss), 1 a middle one, which adds ``n16`` layers kept in bf16 under FP8 and
     ``nm`` MoE layers to a stage of dense FP8 (or bf16) layers (the first and the last carry theirs
-    already). The ``T_i`` of :func:`schedule`'s ``(m - 1) max_i T_i + sum_i T_i``."""
+    already), 3 the only one (``pp = 1``: the embedding and the head too). The ``T_i`` of
+    :func:`schedule`'s ``(m - 1) max_i T_i + sum_i T_i`` (at ``pp = 1``, ``m T``)."""
+    if kind == 3:
+        return (sc[C_FIRST_COMPUTE] + sc[C_EMB_COMPUTE] + sc[C_HEAD_COMPUTE] + sc[C_FIRST_TP] + sc[C_EMB_TP]
+                + sc[C_HEAD_TP] + sc[C_FIRST_DP] + sc[C_EMB_DP] + sc[C_HEAD_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP]
+                + sc[C_FIRST_OFFLOAD])
     if kind == 0:
         return (sc[C_FIRST_COMPUTE] + sc[C_EMB_COMPUTE] + sc[C_FIRST_TP] + sc[C_EMB_TP] + sc[C_PP] + sc[C_FIRST_DP]
                 + sc[C_EMB_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP] + sc[C_FIRST_OFFLOAD])
@@ -309,6 +314,103 @@ def stage_micro_batch_s(sc, kind, n16, nm):
                 + sc[C_HEAD_DP] + sc[C_LAST_CP] + sc[C_LAST_EP] + sc[C_LAST_OFFLOAD])
     return (sc[C_MID_COMPUTE] + sc[C_MID_TP] + sc[C_PP] + sc[C_MID_DP] + sc[C_MID_CP] + sc[C_MID_OFFLOAD]
             + n16 * (sc[C_BF16_COMPUTE] + sc[C_BF16_TP]) + nm * (sc[C_MOE_COMPUTE] + sc[C_MOE_EP] + sc[C_MOE_TP]))
+
+
+@jit_inline
+def stage_memory(i, p, m, vs, layers, n16, nm, params, experts, b, sl, h, t, dz, zero, rc, sel, hw, mb, split):
+    """Bytes pipeline device ``i`` (0 .. ``p - 1``, a float) keeps at the peak of its schedule: its model
+    states and the stored activations of its micro-batches in flight; :func:`schedule` takes the
+    fullest of the first, the second and the last device, :mod:`vtrain_fast.analysis.show` every one.
+
+    Parameters
+    ----------
+    i, p, m, vs : float
+        The device, the pipeline size, micro-batches per pipeline, model chunks per device
+        (:func:`schedule_sizes`).
+    layers, n16, nm : float
+        The device's transformer layers (:func:`~vtrain_fast.model.layer_split.stage_layers`), those
+        kept in bf16 under FP8 and its MoE layers (:func:`~vtrain_fast.model.layer_split.device_layer_count`).
+    params, experts : float
+        Its parameters per GPU, dense and expert (:func:`~vtrain_fast.model.costs.split_costs` for the
+        first and the last, :func:`~vtrain_fast.model.costs.stage_params` for any).
+    b, sl, h, t : float
+        micro_batch_size, this rank's tokens of a sequence (``seq_length / cp``), hidden_size, tp.
+    dz, zero, rc, sel : float
+        The ranks a ZeRO shard spans, the ZeRO stage, 1.0 for full / selective recomputation
+        (:func:`schedule_sizes`).
+    hw : numpy.ndarray
+        Machine vector.
+    mb, split : tuple of float
+        :func:`~vtrain_fast.model.costs.micro_batch_costs` and
+        :func:`~vtrain_fast.model.costs.split_costs` of the configuration.
+
+    Returns
+    -------
+    tuple of float
+        ``(states, activations, layer_activations, host_activations, in_flight, fp8_weights)``: model-state bytes
+        (:func:`~vtrain_fast.model.memory.model_state_bytes` of the dense and the expert parameters,
+        the parameters ZeRO-3 holds gathered, TE's FP8 weight copies), activation bytes on the GPU (the
+        layers' stored activations, ``min(p - i, m)`` micro-batches in flight in 1F1B,
+        ``min(m vpp, 2 (p - 1 - i) + (vpp - 1) p + 1)`` chunks of ``1 / vpp`` of its layers interleaved
+        (Megatron-LM's interleaved schedule); the first device also the embedding's output per
+        micro-batch, the last two hidden-state copies and the logits; the layer a selective
+        recomputation rebuilds; what bf16 and MoE layers store beyond a dense FP8 one), of them the
+        layers' own stored activations, the bytes activation offloading keeps in host memory instead
+        (``pp = 1``), the micro-batches in flight and the bytes of the FP8 weight copies among the states.
+    """
+    full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
+    rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
+    hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
+    eb = ops.element_bytes(hw)          # bytes of an activation element: 2, 4 under fp32 / tf32
+    ce = eb * 0.5                       # the stage's extra terms below are written for 2-byte elements
+    x16_act = mb[M_BF16_ACT]            # a bf16 layer under FP8 saves its linears' inputs in bf16
+    xm_act = mb[M_MOE_ACT]              # an MoE layer's stored bytes beyond a dense layer's
+    last = i == p - 1.0
+    host = 0.0
+    if p == 1.0:
+        n_in = 1.0
+        layer = memory.stage_activation_bytes_from_layer(layers, 1.0, b, sl, hs, full, rc, eb)
+        act = (layer + ce * sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
+               + memory.bf16_layers_extra_bytes(n16, 1.0, x16_act, rc)
+               + memory.bf16_layers_extra_bytes(nm, 1.0, xm_act, rc))
+        # activation offloading (cpu_offloading_num_layers, refused but at pp = 1 without
+        # recomputation): the first k layers' saved activations live in host memory
+        k_off = activation_offload_layers(hw)
+        host = memory.offloaded_activation_bytes(k_off, full, split[S_OFF_BF16], x16_act, split[S_OFF_MOE], xm_act)
+        act -= host
+        layer -= k_off * full
+    elif vs <= 1.0:
+        n_in = min(p - i, m)
+        layer = memory.stage_activation_bytes_from_layer(layers, n_in, b, sl, hs, full, rc, eb)
+        act = layer
+        if i == 0.0:
+            act += ce * n_in * sl * b * hs
+        elif last:
+            act = act + ce * 2.0 * sl * b * hs + mb[M_LOGITS]
+        act = (act + rebuilt + memory.bf16_layers_extra_bytes(n16, n_in, x16_act, rc)
+               + memory.bf16_layers_extra_bytes(nm, n_in, xm_act, rc))
+    else:
+        # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
+        # backward, device i 2(p-1-i) + (vs-1)p, the last device (vs-1)p (Megatron-LM's
+        # interleaved schedule); each chunk holds a stage's layers / vs of one micro-batch
+        # (a device's bf16 layers sit in one chunk: counted at chunks / vs micro-batches in flight)
+        chunks = min(m * vs, 2.0 * (p - 1.0 - i) + (vs - 1.0) * p + 1.0)
+        n_in = chunks / vs
+        layer = memory.stage_activation_bytes_from_layer(layers / vs, chunks, b, sl, hs, full, rc, eb)
+        act = layer
+        if i == 0.0:
+            act += ce * chunks / vs * sl * b * hs
+        elif last:
+            act = act + ce * 2.0 * sl * b * hs + mb[M_LOGITS]
+        act = (act + rebuilt + memory.bf16_layers_extra_bytes(n16, n_in, x16_act, rc)
+               + memory.bf16_layers_extra_bytes(nm, n_in, xm_act, rc))
+    # FP8 weight copies of the device's FP8 layers (0 in bf16); with ZeRO-3 of the layers held gathered
+    regather = zero >= 3.0 and dz > 1.0
+    fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers - n16) * mb[M_FP8_WEIGHTS]
+    # MoE: the experts' states over the expert-data-parallel ranks
+    states = (memory.model_state_bytes(params, dz, zero, hw) + split[S_GATHERED] + fp8
+              + memory.model_state_bytes(experts, split[S_EDZ], zero, hw))
+    return states, act, layer, host, n_in, fp8
 
 
 @jit
@@ -358,7 +460,6 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
      first_dp, mid_dp, last_dp, emb_dp, head_dp,
      first_cp, mid_cp, last_cp, first_ep, last_ep,
      x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window, first_off, mid_off, last_off) = sc
-    regather = zero >= 3.0 and dz > 1.0
     n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
     nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
 
@@ -450,88 +551,29 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     iteration += ep_comm_s
     iteration += offload_s
 
-    # ---- memory per GPU (the fullest of the first, the second and the last stage)
-    full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
-    rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
-    hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
-    eb = ops.element_bytes(hw)          # bytes of an activation element: 2, 4 under fp32 / tf32
-    ce = eb * 0.5                       # the stage's extra terms below are written for 2-byte elements
-    x16_act = mb[M_BF16_ACT]            # a bf16 layer under FP8 saves its linears' inputs in bf16
+    # ---- memory per GPU (the fullest of the first, the second and the last stage: stage_memory)
     n16_second = split[S_BF16_SECOND]
     # the second stage may be the fullest with more layers than the first (uneven stages), or
     # when the first keeps bf16 layers (their activations against the second's FP8 weight copies)
     # (or with more MoE layers than the first: dense first layers)
-    xm_act = mb[M_MOE_ACT]              # an MoE layer's stored bytes beyond a dense layer's
     nm_mid = split[S_MOE_MID_MAX]
     check_mid = p > 2.0 and (l_mid > l_first or n16_first > 0.0 or nm_mid > nm_first)
-    act_mid = 0.0
-    if p == 1.0:
-        act_first = (memory.stage_activation_bytes_from_layer(L, 1.0, b, sl, hs, full, rc, eb)
-                     + ce * sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
-                     + memory.bf16_layers_extra_bytes(n16_first, 1.0, x16_act, rc)
-                     + memory.bf16_layers_extra_bytes(nm_first, 1.0, xm_act, rc))
-        # activation offloading (cpu_offloading_num_layers, refused above but at pp = 1 without
-        # recomputation): the first k layers' saved activations live in host memory
-        act_first -= memory.offloaded_activation_bytes(activation_offload_layers(hw), full, split[S_OFF_BF16], x16_act,
-                                                       split[S_OFF_MOE], xm_act)
-        act_last = act_first
-    elif vs <= 1.0:
-        in_flight = min(p, m)
-        act_first = (memory.stage_activation_bytes_from_layer(l_first, in_flight, b, sl, hs, full, rc, eb)
-                     + ce * in_flight * sl * b * hs + rebuilt
-                     + memory.bf16_layers_extra_bytes(n16_first, in_flight, x16_act, rc)
-                     + memory.bf16_layers_extra_bytes(nm_first, in_flight, xm_act, rc))
-        act_last = (memory.stage_activation_bytes_from_layer(l_last, 1.0, b, sl, hs, full, rc, eb)
-                    + ce * 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
-                    + memory.bf16_layers_extra_bytes(n16_last, 1.0, x16_act, rc)
-                    + memory.bf16_layers_extra_bytes(nm_last, 1.0, xm_act, rc))
-        # the second stage holds min(p - 1, m) micro-batches of l_mid layers: fuller than the first
-        # only with more layers than it (uneven stages) or bf16 layers on the first, never when even
-        if check_mid:
-            act_mid = (memory.stage_activation_bytes_from_layer(l_mid, min(p - 1.0, m), b, sl, hs, full, rc, eb) + rebuilt
-                       + memory.bf16_layers_extra_bytes(n16_second, min(p - 1.0, m), x16_act, rc)
-                       + memory.bf16_layers_extra_bytes(nm_mid, min(p - 1.0, m), xm_act, rc))
-    else:
-        # interleaved: device 0 runs 2(p-1) + (vs-1)p warm-up chunk forwards before its first
-        # backward, device i 2(p-1-i) + (vs-1)p, the last device (vs-1)p (Megatron-LM's
-        # interleaved schedule); each chunk holds a stage's layers / vs of one micro-batch
-        chunks_first = min(m * vs, 2.0 * (p - 1.0) + (vs - 1.0) * p + 1.0)
-        chunks_last = min(m * vs, (vs - 1.0) * p + 1.0)
-        # (a device's bf16 layers sit in one chunk: counted at chunks / vs micro-batches in flight)
-        act_first = (memory.stage_activation_bytes_from_layer(l_first / vs, chunks_first, b, sl, hs, full, rc, eb)
-                     + ce * chunks_first / vs * sl * b * hs + rebuilt
-                     + memory.bf16_layers_extra_bytes(n16_first, chunks_first / vs, x16_act, rc)
-                     + memory.bf16_layers_extra_bytes(nm_first, chunks_first / vs, xm_act, rc))
-        act_last = (memory.stage_activation_bytes_from_layer(l_last / vs, chunks_last, b, sl, hs, full, rc, eb)
-                    + ce * 2.0 * sl * b * hs + mb[M_LOGITS] + rebuilt
-                    + memory.bf16_layers_extra_bytes(n16_last, chunks_last / vs, x16_act, rc)
-                    + memory.bf16_layers_extra_bytes(nm_last, chunks_last / vs, xm_act, rc))
-        if check_mid:
-            chunks_mid = min(m * vs, 2.0 * (p - 2.0) + (vs - 1.0) * p + 1.0)
-            act_mid = (memory.stage_activation_bytes_from_layer(l_mid / vs, chunks_mid, b, sl, hs, full, rc, eb) + rebuilt
-                       + memory.bf16_layers_extra_bytes(n16_second, chunks_mid / vs, x16_act, rc)
-                       + memory.bf16_layers_extra_bytes(nm_mid, chunks_mid / vs, xm_act, rc))
-    p_first = split[S_P_FIRST]
-    p_last = split[S_P_LAST]
-    # FP8 weight copies of a stage's FP8 layers (0 in bf16); with ZeRO-3 of the layers held gathered
-    fp8_first = (memory.ZERO3_GATHERED_LAYERS if regather else l_first - n16_first) * mb[M_FP8_WEIGHTS]
-    fp8_mid = (memory.ZERO3_GATHERED_LAYERS if regather else l_mid - n16_second) * mb[M_FP8_WEIGHTS]
-    fp8_last = (memory.ZERO3_GATHERED_LAYERS if regather else l_last - n16_last) * mb[M_FP8_WEIGHTS]
-    state_first = memory.model_state_bytes(p_first, dz, zero, hw) + split[S_GATHERED] + fp8_first
-    state_last = memory.model_state_bytes(p_last, dz, zero, hw) + split[S_GATHERED] + fp8_last
-    edz = split[S_EDZ]                  # MoE: the experts' states over the expert-data-parallel ranks
-    state_first += memory.model_state_bytes(split[S_E_FIRST], edz, zero, hw)
-    state_last += memory.model_state_bytes(split[S_E_LAST], edz, zero, hw)
+    state_first, act_first, _, _, _, _ = stage_memory(0.0, p, m, vs, l_first, n16_first, nm_first, split[S_P_FIRST],
+                                                   split[S_E_FIRST], b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
+    state_last, act_last = state_first, act_first
+    if p > 1.0:
+        state_last, act_last, _, _, _, _ = stage_memory(p - 1.0, p, m, vs, l_last, n16_last, nm_last, split[S_P_LAST],
+                                                     split[S_E_LAST], b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
         states, act = state_first, act_first
     else:
         states, act = state_last, act_last
-    if act_mid > 0.0:
-        state_mid = (memory.model_state_bytes(split[S_P_MID], dz, zero, hw) + split[S_GATHERED] + fp8_mid
-                     + memory.model_state_bytes(split[S_E_MID], edz, zero, hw))
-        if state_mid + act_mid > states + act:     # uneven stages: the second may be the fullest
+    if check_mid:
+        state_mid, act_mid, _, _, _, _ = stage_memory(1.0, p, m, vs, l_mid, n16_second, nm_mid, split[S_P_MID],
+                                                   split[S_E_MID], b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
+        if act_mid > 0.0 and state_mid + act_mid > states + act:   # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
     mem_total = states + act + hw[H_RESERVED_BYTES]
     if mem_total > hw[H_HBM_BYTES]:
