@@ -121,7 +121,8 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         context-parallel attention beyond one local FlashAttention call
         (:func:`~vtrain_fast.model.ops.cp_attention_forward_extra_s`,
         :func:`~vtrain_fast.model.ops.cp_attention_backward_extra_s`), and the last two values
-        are the exposed K/V exchange of one layer's forward and backward (:func:`~vtrain_fast.model.overlap.cp_exchange_s`);
+        are the exposed K/V exchange of one layer's forward and backward
+        (:func:`~vtrain_fast.model.overlap.cp_exchange_s`);
         both 0.0 at ``cp = 1``.
     """
     s = s / cp                          # context parallelism: this rank's tokens of each sequence
@@ -208,7 +209,8 @@ def fp8_weight_cast_s(h, a, g, f, t, hw, gated=0.0, qw=0.0, arch=DEFAULT_ARCH):
     """Seconds of casting one layer's linear weights (one TP rank's shard,
     :func:`~vtrain_fast.model.memory.linear_weights_per_rank`) to FP8 with their transposes, once
     per iteration: Transformer Engine caches the FP8 weights over the micro-batches of a step
-    (Megatron-LM passes ``is_first_microbatch``), so :func:`~vtrain_fast.model.pipeline.schedule` spreads it over the ``m``
+    (Megatron-LM passes ``is_first_microbatch``), so :func:`~vtrain_fast.model.pipeline.schedule` spreads it over
+    the ``m``
     micro-batches. 4 bytes per weight at ``hbm_Bps * hbm_efficiency``, four kernels (delayed
     scaling); per ``fp8_recipe`` the bytes per weight and kernels per linear of
     :func:`~vtrain_fast.model.ops.fp8_quantize_cost` (tensorwise 6 and 3: the weight's amax pass;
@@ -259,7 +261,8 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
         of the two stages), the Adam seconds of the larger
         stage, 1.0 when the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride`
-        apart) leaves its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one gradient accumulation
+        apart) leaves its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one
+        gradient accumulation
         (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``, over ``d`` with sharded gradients,
         ZeRO-2/3) of a stage's layers, of the embeddings and of the head; with ZeRO-3
         (:func:`~vtrain_fast.model.memory.sharding_stage`) the seconds of one all-gather of a

@@ -32,7 +32,8 @@ def mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated=0.0):
     GEMM under the backward exchange (:func:`tp_backward_hidden_s`), and with ``tp_comm_overlap``
     FC1 after the all-gather, FC2 before the reduce-scatter and FC2's data gradient after the
     backward all-gather (:func:`tp_comm_overlap_hidden_s`). An MoE layer has no dense MLP: its
-    tensor-parallel exchange is the attention's only (:func:`~vtrain_fast.model.pipeline.schedule` takes the MLP's exchange,
+    tensor-parallel exchange is the attention's only (:func:`~vtrain_fast.model.pipeline.schedule` takes the MLP's
+    exchange,
     less this, off the layer's), and its experts' tokens travel by :func:`~vtrain_fast.model.experts.ep_exchange_s`."""
     if t <= 1.0:
         return 0.0
@@ -103,7 +104,8 @@ def tp_backward_hidden_s(b, s, h, a, g, f, t, exchange_s, hw, gated=0.0, qw=0.0,
     seconds: the all-reduce, or with sequence parallelism the reduce-scatter, half of the
     exchange) is hidden up to the length of its weight-gradient GEMM:
     ``min(exchange_s, wgrad_qkv) + min(exchange_s, wgrad_fc1)``; 0 at ``t = 1`` (no exchange).
-    :func:`~vtrain_fast.model.costs.micro_batch_costs` charges it when the machine-vector field ``tp_overlap`` is set, and
+    :func:`~vtrain_fast.model.costs.micro_batch_costs` charges it when the machine-vector field ``tp_overlap`` is
+    set, and
     always with sequence parallelism (Megatron-LM overlaps its reduce-scatter whatever the flag)."""
     if t <= 1.0:
         return 0.0

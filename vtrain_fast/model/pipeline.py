@@ -119,7 +119,8 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     hw : numpy.ndarray
         Machine vector.
     mb, split : tuple of float
-        :func:`~vtrain_fast.model.costs.micro_batch_costs` and :func:`~vtrain_fast.model.costs.split_costs` of this configuration.
+        :func:`~vtrain_fast.model.costs.micro_batch_costs` and :func:`~vtrain_fast.model.costs.split_costs` of this
+        configuration.
 
     Returns
     -------
@@ -435,7 +436,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     hw : numpy.ndarray
         Machine vector.
     mb, split, totals : tuple of float
-        :func:`~vtrain_fast.model.costs.micro_batch_costs`, :func:`~vtrain_fast.model.costs.split_costs` and :func:`~vtrain_fast.model.totals.model_totals` of this
+        :func:`~vtrain_fast.model.costs.micro_batch_costs`, :func:`~vtrain_fast.model.costs.split_costs` and
+        :func:`~vtrain_fast.model.totals.model_totals` of this
         configuration.
     out : numpy.ndarray
         ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`~vtrain_fast.model.params.OUTPUT_NAMES`).

@@ -52,7 +52,8 @@ def validate_split(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     """Status code of the rules that do not involve the batch sizes, for parallel layout ``lay``
     (:data:`~vtrain_fast.model.layout.Layout`) on machine ``hw``: every size positive
     (``BAD_INPUT``), heads and query groups divisible by ``tp`` and hidden by heads unless
-    ``arch.kv_channels`` sets the head width or the model has multi-head latent attention (``BAD_HEADS``), the layers split over ``pp`` stages (:func:`~vtrain_fast.model.layer_split.stage_layers`: evenly, or as the
+    ``arch.kv_channels`` sets the head width or the model has multi-head latent attention (``BAD_HEADS``), the
+    layers split over ``pp`` stages (:func:`~vtrain_fast.model.layer_split.stage_layers`: evenly, or as the
     machine's uneven-stage settings ask; ``BAD_LAYERS``), an MoE model's expert grid
     (:func:`validate_experts`); ``OK`` when all hold."""
     t, p, d = lay.tp, lay.pp, lay.dp
@@ -99,7 +100,8 @@ def refused_experts(lay, hw, arch):
     parallelism together with tensor parallelism needs sequence parallelism ("When using expert
     parallelism and tensor parallelism, sequence parallelism must be used"), and
     ``overlap_moe_expert_parallel_comm`` needs ``ep > 1`` and, at ``pp > 1``, the interleaved
-    schedule (``vpp > 1``) (its refusal with full recomputation: :func:`~vtrain_fast.model.pipeline.schedule`); never for a
+    schedule (``vpp > 1``) (its refusal with full recomputation: :func:`~vtrain_fast.model.pipeline.schedule`);
+    never for a
     dense model."""
     if arch.num_experts < 1.0:
         return False
@@ -126,7 +128,8 @@ def validate_batch(split_status, B, b, d):
 @jit_inline
 def validate_interleaving(L, B, b, p, d, hw):
     """Status code of Megatron-LM's rules for the interleaved schedule (``vpp > 1`` and
-    ``p > 1``): each stage's layers (:func:`~vtrain_fast.model.layer_split.stage_layers`; evenly: ``L / p``) divisible by
+    ``p > 1``): each stage's layers (:func:`~vtrain_fast.model.layer_split.stage_layers`; evenly: ``L / p``)
+    divisible by
     ``vpp`` (``BAD_LAYERS``) and micro-batches per pipeline, ``B / (d * b)``, divisible by ``p``
     (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes :func:`validate_shape` accepted and
     interleaving needs pipeline parallelism (``p > 1``; from 2 stages on since Megatron-LM commit

@@ -23,9 +23,10 @@ from .totals import model_totals
 def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch=DEFAULT_ARCH):
     """Evaluate one configuration and write its outputs into column ``i`` of ``out``.
 
-    Composition: :func:`~vtrain_fast.model.rules.validate_shape`, then :func:`~vtrain_fast.model.costs.micro_batch_costs`, :func:`~vtrain_fast.model.costs.split_costs`
-    and :func:`~vtrain_fast.model.totals.model_totals`, then :func:`~vtrain_fast.model.pipeline.schedule`. The sweep drivers call the same parts but
-    reuse the first three across the points that share them.
+    Composition: :func:`~vtrain_fast.model.rules.validate_shape`, then
+    :func:`~vtrain_fast.model.costs.micro_batch_costs`, :func:`~vtrain_fast.model.costs.split_costs`
+    and :func:`~vtrain_fast.model.totals.model_totals`, then :func:`~vtrain_fast.model.pipeline.schedule`.
+    The sweep drivers call the same parts but reuse the first three across the points that share them.
 
     Parameters
     ----------
