@@ -1,6 +1,6 @@
 """Reference twin of the cost kernels, in plain Python (no Numba, no NumPy).
 
-Every formula in ``vtrain_fast/model/{ops,comm,memory,step,sweep}.py`` is re-stated here from
+Every formula in ``vtrain_fast/model/*.py`` is re-stated here from
 its docstring and the papers it cites, as readable Python, so that ``tests/test_kernels.py`` can
 compare the compiled kernels with an independent statement on random points.
 
@@ -113,7 +113,7 @@ def mla_weights_on_rank(h, a, t, arch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Status codes and output layout (restated; tests check them against model.step)
+# Status codes and output layout (restated; tests check them against model.params)
 # ---------------------------------------------------------------------------------------------
 OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY, REPEAT, REFUSED, BAD_SEQ_LENGTH = range(10)
 
@@ -862,7 +862,7 @@ def stage_activation_bytes(layers_on_stage, in_flight, b, s, h, a, g, f, t, reco
 
 
 # ---------------------------------------------------------------------------------------------
-# step.py: one configuration
+# totals.py, costs.py, pipeline.py, step.py: one configuration
 # ---------------------------------------------------------------------------------------------
 def chinchilla_loss(num_parameters, num_tokens):
     """Hoffmann et al. 2022 Eq. 10 (Approach 3): E + A/N^0.34 + B/D^0.28."""
@@ -1621,7 +1621,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     steps = math.ceil(num_tokens / tokens_per_iter)
     if _precision(hw) == "fp16":
         # dynamic loss scaling skips the overflowing steps: 17 at the start (2^32 down to 2^16 with
-        # hysteresis 2), then 2 per 1,000 clean steps (assumptions restated from model.step)
+        # hysteresis 2), then 2 per 1,000 clean steps (assumptions restated from model.pipeline)
         steps += 17 + math.ceil(2.0 * (num_tokens / tokens_per_iter) / 1000.0)
     train_s = steps * iteration
     gpu_hours = num_gpus * train_s / 3600.0

@@ -14,7 +14,7 @@ from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector, with_overrides
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import comm, memory, ops
-from vtrain_fast.model import step as kstep
+from vtrain_fast.model import costs, overlap, params, rules, step
 from vtrain_fast.model.layout import Layout, dp_cp_size, dp_cp_stride
 from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.plan.spec import parse_spec
@@ -31,10 +31,10 @@ def hw_of(gpu="h100-sxm-80gb", **settings):
 
 
 def run(L, h, a, g, f, v, s, B, b, lay, rc=0, hw=None, gated=1.0, tokens=1e12):
-    out = np.empty((kstep.NUM_OUTPUTS, 1))
-    st = kstep.step(L, h, a, g, f, v, s, B, b, lay, rc, tokens, hw_of() if hw is None else hw, out, 0,
+    out = np.empty((params.NUM_OUTPUTS, 1))
+    st = step.step(L, h, a, g, f, v, s, B, b, lay, rc, tokens, hw_of() if hw is None else hw, out, 0,
                     DEFAULT_ARCH._replace(gated_mlp=float(gated)))
-    return st, dict(zip(kstep.OUTPUT_NAMES, out[:, 0]))
+    return st, dict(zip(params.OUTPUT_NAMES, out[:, 0]))
 
 
 def plans(**cols):
@@ -72,10 +72,10 @@ def test_all_gather_moves_every_ranks_kv_and_is_exposed():
     b, s, h, a, g, t, cp = 1.0, 8192.0, 8192.0, 64.0, 8.0, 8.0, 2.0
     hw = hw_of(cp_comm_type="all_gather")
     kv = ops.cp_kv_bytes(b, s / cp, h, a, g, t)
-    fwd, bwd = kstep.cp_exchange_s(b, s / cp, h, a, g, t, cp, hw)
+    fwd, bwd = overlap.cp_exchange_s(b, s / cp, h, a, g, t, cp, hw)
     assert fwd == comm.group_allgather_s(cp * kv, cp, t, hw) > 0.0         # gathered size cp x kv
     assert bwd == 2.0 * fwd                                                # all-gather + reduce-scatter
-    p2p = kstep.cp_exchange_s(b, s / cp, h, a, g, t, cp, hw_of())
+    p2p = overlap.cp_exchange_s(b, s / cp, h, a, g, t, cp, hw_of())
     assert p2p[0] < fwd and p2p[1] < bwd                                   # the ring hides behind compute
 
 
@@ -102,12 +102,12 @@ def test_activations_follow_korthikanti_with_s_over_cp():
     b, s, h, a, t = 1.0, 8192.0, 12288.0, 96.0, 8.0
     hw = hw_of()
     for cp in (1.0, 2.0, 4.0):
-        mb = kstep.micro_batch_costs(b, s, h, a, a, 4 * h, 51200.0, t, hw, DEFAULT_ARCH, cp)
+        mb = costs.micro_batch_costs(b, s, h, a, a, 4 * h, 51200.0, t, hw, DEFAULT_ARCH, cp)
         sl = s / cp
-        assert mb[kstep.M_ACT_LAYER] == pytest.approx(sl * b * h * (10 + 24 / t) + 4 * b * a / t * sl, rel=1e-12)
+        assert mb[costs.M_ACT_LAYER] == pytest.approx(sl * b * h * (10 + 24 / t) + 4 * b * a / t * sl, rel=1e-12)
     st1, one = run(96, 12288, 96, 96, 4 * 12288, 51200, 8192, 32, 1, Layout(8, 1, 4, 8), hw=hw, gated=0.0)
     st2, two = run(96, 12288, 96, 96, 4 * 12288, 51200, 8192, 32, 1, Layout(8, 2, 4, 8), hw=hw, gated=0.0)
-    assert st1 in (kstep.OK, kstep.OUT_OF_MEMORY) and st2 in (kstep.OK, kstep.OUT_OF_MEMORY)
+    assert st1 in (params.OK, params.OUT_OF_MEMORY) and st2 in (params.OK, params.OUT_OF_MEMORY)
     assert two["activations_GiB"] == pytest.approx(one["activations_GiB"] / 2, rel=1e-12)   # halves exactly
     assert two["model_states_GiB"] == one["model_states_GiB"]          # no ZeRO: states are not sharded
 
@@ -119,13 +119,13 @@ def test_gradients_are_reduced_and_sharded_over_dp_times_cp():
     assert dp_cp_size(lay2) == 8 and dp_cp_stride(lay2) == 4
     for zero in (0, 1, 3):
         hw = hw_of(zero_stage=zero)
-        s2 = kstep.split_costs(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, lay2, hw, DEFAULT_ARCH._replace(gated_mlp=1.0))
-        s1 = kstep.split_costs(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, lay1, hw, DEFAULT_ARCH._replace(gated_mlp=1.0))
-        assert s2[kstep.S_DP] == s1[kstep.S_DP] > 0.0
-        assert s2[kstep.S_OPT] == s1[kstep.S_OPT]
-        p = s2[kstep.S_P_FIRST]
-        assert s2[kstep.S_DP] == (comm.group_reduce_scatter_allgather_s if zero else comm.group_allreduce_s)(
-            2.0 * max(p, s2[kstep.S_P_LAST]), 8.0, 4.0, hw)
+        s2 = costs.split_costs(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, lay2, hw, DEFAULT_ARCH._replace(gated_mlp=1.0))
+        s1 = costs.split_costs(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, lay1, hw, DEFAULT_ARCH._replace(gated_mlp=1.0))
+        assert s2[costs.S_DP] == s1[costs.S_DP] > 0.0
+        assert s2[costs.S_OPT] == s1[costs.S_OPT]
+        p = s2[costs.S_P_FIRST]
+        assert s2[costs.S_DP] == (comm.group_reduce_scatter_allgather_s if zero else comm.group_allreduce_s)(
+            2.0 * max(p, s2[costs.S_P_LAST]), 8.0, 4.0, hw)
         _, r2 = run(32, 4096, 32, 8, 14336, 128256, 8192, 64, 1, lay2, hw=hw)
         _, r1 = run(32, 4096, 32, 8, 14336, 128256, 8192, 64, 1, Layout(4, 1, 4, 2), hw=hw)
         # ZeRO-1: 4 + 12 / (dp x cp) bytes per parameter, not 4 + 12 / dp
@@ -137,8 +137,8 @@ def test_gradients_are_reduced_and_sharded_over_dp_times_cp():
 def test_data_parallel_settings_act_at_dp_1_with_cp():
     """overlap_grad_reduce and the ZeRO stages change a dp = 1 plan when cp > 1 (the gradient group
     is dp x cp): the plan kind's data-parallel bit is set, so sweeps price such rows (no repeat)."""
-    assert kstep.plan_case(Layout(8, 2, 1, 1)) == 4 + 8 + 1
-    assert kstep.plan_case(Layout(8, 1, 1, 1)) == 1
+    assert rules.plan_case(Layout(8, 2, 1, 1)) == 4 + 8 + 1
+    assert rules.plan_case(Layout(8, 1, 1, 1)) == 1
     base = run(32, 4096, 32, 8, 14336, 128256, 8192, 16, 1, Layout(4, 2, 1, 1))[1]
     over = run(32, 4096, 32, 8, 14336, 128256, 8192, 16, 1, Layout(4, 2, 1, 1), hw=hw_of(overlap_grad_reduce=True))[1]
     assert over["dp_comm_s"] < base["dp_comm_s"]
@@ -187,25 +187,25 @@ def test_ring_exchange_is_exposed_across_nodes_and_all_gather_exposes_more():
 def test_cp_comm_type_has_no_effect_at_cp_1():
     a = evaluate_frame(plans(cp=[1]))
     b = evaluate_frame(plans(cp=[1], cp_comm_type=["all_gather"]))
-    for col in kstep.OUTPUT_NAMES:
+    for col in params.OUTPUT_NAMES:
         assert a[col][0] == b[col][0], col
 
 
 # ------------------------------------------------------------------------------ statuses
 def test_seq_length_not_divisible_by_2cp_is_a_status():
     st, out = run(32, 4096, 32, 8, 14336, 128256, 8190, 16, 1, Layout(4, 2, 2, 1))
-    assert st == kstep.BAD_SEQ_LENGTH and math.isnan(out["iteration_time_s"])
-    assert run(32, 4096, 32, 8, 14336, 128256, 8190, 16, 1, Layout(4, 1, 2, 1))[0] == kstep.OK
-    assert run(32, 4096, 32, 8, 14336, 128256, 8196, 16, 1, Layout(4, 2, 2, 1))[0] == kstep.OK   # 8196 % 4 == 0
+    assert st == params.BAD_SEQ_LENGTH and math.isnan(out["iteration_time_s"])
+    assert run(32, 4096, 32, 8, 14336, 128256, 8190, 16, 1, Layout(4, 1, 2, 1))[0] == params.OK
+    assert run(32, 4096, 32, 8, 14336, 128256, 8196, 16, 1, Layout(4, 2, 2, 1))[0] == params.OK   # 8196 % 4 == 0
     df = evaluate_frame(plans(cp=[4, 2], seq_length=[8196, 8196]))
     assert df["status"].to_list() == ["bad_seq_length", "ok"]
 
 
 def test_cp_without_flash_attention_is_refused():
     st, out = run(32, 4096, 32, 8, 14336, 128256, 8192, 16, 1, Layout(4, 2, 2, 1), hw=hw_of(use_flash_attn=False))
-    assert st == kstep.REFUSED and math.isnan(out["mfu"])
+    assert st == params.REFUSED and math.isnan(out["mfu"])
     assert run(32, 4096, 32, 8, 14336, 128256, 8192, 16, 1, Layout(4, 1, 2, 1),
-               hw=hw_of(use_flash_attn=False))[0] in (kstep.OK, kstep.OUT_OF_MEMORY)
+               hw=hw_of(use_flash_attn=False))[0] in (params.OK, params.OUT_OF_MEMORY)
 
 
 def test_evaluate_checks_num_gpus_against_tp_cp_pp_dp():
@@ -257,7 +257,7 @@ def test_small_sweep_with_cp_matches_evaluate_and_the_twin(write_spec, tmp_path,
     assert at2.height > 0 and (at2["cp_comm_s"] >= 0).all()
     # evaluate reads the rows back and prices them alike
     rows = priced.head(40)
-    again = evaluate_frame(rows.select([c for c in rows.columns if c not in kstep.OUTPUT_NAMES and c != "status"])
+    again = evaluate_frame(rows.select([c for c in rows.columns if c not in params.OUTPUT_NAMES and c != "status"])
                            .with_columns(pl.col(pl.Categorical).cast(pl.String)))
     for col in ("iteration_time_s", "memory_per_gpu_GiB", "cp_comm_s", "mfu"):
         assert np.array_equal(again[col].to_numpy(), rows[col].to_numpy()), col

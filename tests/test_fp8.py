@@ -14,7 +14,7 @@ from conftest import ONE_POINT_SPEC, SMALL_SWEEP, check_step_against_twin
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import memory, ops, step
+from vtrain_fast.model import costs, memory, ops
 from vtrain_fast.model.params import HW_FIELDS, PRECISION_FP8
 from vtrain_fast.model.settings import BY_NAME, rules_markdown
 from vtrain_fast.plan.spec import has_fp8, parse_spec
@@ -97,18 +97,18 @@ def test_memory_fp8_weight_copies_and_fp8_saved_inputs():
 
 
 def test_fp8_weight_cast_is_once_per_iteration():
-    cast = step.fp8_weight_cast_s(H, A, G, F, T, FP8)
+    cast = costs.fp8_weight_cast_s(H, A, G, F, T, FP8)
     weights = memory.linear_weights_per_rank(H, A, G, F, T)
     assert cast == pytest.approx(4.0 * weights / (H100.hbm_GBps * 1e9 * H100.calibration.hbm_efficiency)
                                  + 4.0 * H100.calibration.kernel_overhead_s, rel=1e-12)
-    assert step.fp8_weight_cast_s(H, A, G, F, T, BF16) == 0.0
+    assert costs.fp8_weight_cast_s(H, A, G, F, T, BF16) == 0.0
     # compute_s(m) = m c + (m - 1) acc + once-per-iteration terms: doubling the micro-batches
     # leaves the weight cast (12 layers per stage of gpt3-175b at pp 8, tp 8) counted once
     def compute(precision, gbs):
         rows = PLANS[:1].with_columns(precision=pl.lit(precision), global_batch_size=pl.lit(gbs))
         return evaluate_frame(rows)["compute_s"][0]
     once = {p: 2.0 * compute(p, 256) - compute(p, 512) for p in ("bf16", "fp8")}
-    cast_175b = step.fp8_weight_cast_s(12288.0, 96.0, 96.0, 49152.0, 8.0, FP8)
+    cast_175b = costs.fp8_weight_cast_s(12288.0, 96.0, 96.0, 49152.0, 8.0, FP8)
     assert once["fp8"] - once["bf16"] == pytest.approx(12 * cast_175b, rel=1e-6)
 
 

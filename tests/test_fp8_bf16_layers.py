@@ -12,7 +12,7 @@ import pytest
 import reference as ref
 from conftest import check_step_against_twin
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import step
+from vtrain_fast.model import layer_split, layout, params, step
 from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.model.settings import NOT_FP8, BY_NAME, rules_markdown
 
@@ -27,10 +27,10 @@ def hw(**kw):
 
 def run(vec, p=4, t=4, d=2, b=1, rc=0, layers=L):
     """Llama-3-8B-like shape at 8k tokens; returns (status, outputs by name)."""
-    out = np.empty((step.NUM_OUTPUTS, 1))
+    out = np.empty((params.NUM_OUTPUTS, 1))
     code = step.step(float(layers), 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, float(d * b * 8 * p), float(b),
-                     step.Layout(t, 1, d, p), rc, 1e12, vec, out, 0, LLAMA)
-    return code, dict(zip(step.OUTPUT_NAMES, out[:, 0]))
+                     layout.Layout(t, 1, d, p), rc, 1e12, vec, out, 0, LLAMA)
+    return code, dict(zip(params.OUTPUT_NAMES, out[:, 0]))
 
 
 def test_the_counts_are_registry_settings_with_megatron_names_and_no_effect_in_bf16():
@@ -94,7 +94,7 @@ def test_a_few_bf16_layers_cost_between_fp8_and_bf16_and_only_where_they_sit():
 ])
 def test_bf16_layers_are_counted_per_device_by_global_index(start, end, vpp, expected):
     vec = hw(precision="fp8", num_layers_at_start_in_bf16=start, num_layers_at_end_in_bf16=end, vpp=vpp)
-    got = step.bf16_layer_counts(float(L), 4.0, vec)
+    got = layer_split.bf16_layer_counts(float(L), 4.0, vec)
     assert got == tuple(float(x) for x in expected)
     per_device = ref.bf16_layers_per_stage(L, [8, 8, 8, 8], vpp, list(vec))
     assert (per_device[0], per_device[1], per_device[3], sum(per_device[1:3]), max(per_device[1:3]),
@@ -105,7 +105,7 @@ def test_bf16_layer_counts_follow_the_embedding_and_loss_slots():
     # BLOOM-style split: 30 layers + embedding + loss over 4 stages: 7, 8, 8, 7 layers
     vec = hw(precision="fp8", num_layers_at_start_in_bf16=8, num_layers_at_end_in_bf16=1,
              account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
-    assert step.bf16_layer_counts(30.0, 4.0, vec) == (7.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+    assert layer_split.bf16_layer_counts(30.0, 4.0, vec) == (7.0, 1.0, 1.0, 1.0, 1.0, 0.0)
     assert ref.bf16_layers_per_stage(30, [7, 8, 8, 7], 1, list(vec)) == [7, 1, 0, 1]
 
 

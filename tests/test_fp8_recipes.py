@@ -13,7 +13,7 @@ from conftest import ONE_POINT_SPEC, SMALL_SWEEP, check_step_against_twin
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import memory, ops, step
+from vtrain_fast.model import costs, memory, ops
 from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.model.params import FP8_MXFP8, FP8_TENSORWISE, HW_FIELDS
 from vtrain_fast.model.settings import NOT_FP8, BY_NAME, rules_markdown
@@ -68,8 +68,8 @@ def test_tensorwise_is_slower_than_delayed_by_exactly_the_amax_pass():
     assert extra_bwd == pytest.approx(ops.memory_bound_time_s(2.0 * bwd_elems, 8.0, d), rel=1e-9)
     # the weights' cast once per iteration: 6 bytes per weight and 12 kernels instead of 4 and 4
     w = memory.linear_weights_per_rank(H, A, G, F, T)
-    assert step.fp8_weight_cast_s(H, A, G, F, T, tw) == ops.memory_bound_time_s(6.0 * w, 12.0, tw)
-    assert step.fp8_weight_cast_s(H, A, G, F, T, d) == ops.memory_bound_time_s(4.0 * w, 4.0, d)
+    assert costs.fp8_weight_cast_s(H, A, G, F, T, tw) == ops.memory_bound_time_s(6.0 * w, 12.0, tw)
+    assert costs.fp8_weight_cast_s(H, A, G, F, T, d) == ops.memory_bound_time_s(4.0 * w, 4.0, d)
     # GEMMs and memory are the delayed ones
     assert ops.linear_gemm_time_s(4096.0, 4096.0, 4096.0, tw) == ops.linear_gemm_time_s(4096.0, 4096.0, 4096.0, d)
     assert memory.fp8_weight_copy_bytes(H, A, G, F, T, 1.0) == 2.0 * w
@@ -99,10 +99,10 @@ def test_mxfp8_scales_cost_their_sourced_bytes():
     assert saved_d - saved_mx == pytest.approx(saved_d / 32.0)
     # micro_batch_costs carries them (one layer's FP8 weight bytes, activation bytes)
     args = (B, S, H, A, G, F, 51200.0, T)
-    cd = step.micro_batch_costs(*args, delayed, DEFAULT_ARCH)
-    cm = step.micro_batch_costs(*args, mx, DEFAULT_ARCH)
-    assert cm[step.M_FP8_WEIGHTS] - cd[step.M_FP8_WEIGHTS] == pytest.approx(2.0 / 32.0 * w)
-    assert cm[step.M_FP8_CAST] > cd[step.M_FP8_CAST]
+    cd = costs.micro_batch_costs(*args, delayed, DEFAULT_ARCH)
+    cm = costs.micro_batch_costs(*args, mx, DEFAULT_ARCH)
+    assert cm[costs.M_FP8_WEIGHTS] - cd[costs.M_FP8_WEIGHTS] == pytest.approx(2.0 / 32.0 * w)
+    assert cm[costs.M_FP8_CAST] > cd[costs.M_FP8_CAST]
 
 
 def test_mxfp8_memory_vs_delayed_in_evaluate():

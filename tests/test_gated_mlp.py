@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from vtrain_fast.analysis.evaluate import evaluate_frame
-from vtrain_fast.model import memory, step
+from vtrain_fast.model import memory, totals
 from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.plan.models import MODEL_PRESETS
 from vtrain_fast.plan.spec import parse_spec
@@ -23,8 +23,8 @@ def test_three_matrices_and_their_flops():
     two = memory.layer_params(H, A, 8.0, F)
     three = memory.layer_params(H, A, 8.0, F, DEFAULT_ARCH._replace(gated_mlp=1.0))
     assert three - two == pytest.approx(H * F + F)                 # the gate's weight and bias
-    fl2 = step.forward_flops_per_token(1.0, H, A, 8.0, F, 1.0, 1.0)
-    fl3 = step.forward_flops_per_token(1.0, H, A, 8.0, F, 1.0, 1.0, 1.0)
+    fl2 = totals.forward_flops_per_token(1.0, H, A, 8.0, F, 1.0, 1.0)
+    fl3 = totals.forward_flops_per_token(1.0, H, A, 8.0, F, 1.0, 1.0, 1.0)
     assert fl3 - fl2 == pytest.approx(2.0 * H * F)
 
 

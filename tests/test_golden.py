@@ -57,7 +57,7 @@ def sweep_digest(spec) -> str:
     from vtrain_fast.model.sweep import sweep_chunk
     from vtrain_fast.model.sweep import INPUT_NAMES
     from vtrain_fast.model.arch import BY_NAME as ARCH_BY_NAME
-    from vtrain_fast.model.step import OUTPUT_NAMES
+    from vtrain_fast.model.params import OUTPUT_NAMES
     grid = build_grid(spec)
     h = hashlib.sha256()
     b = RowBuffers(CHUNK)

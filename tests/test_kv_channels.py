@@ -14,7 +14,7 @@ from vtrain_fast.model.params import MODEL_FIELDS
 from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import memory, moe, ops, step
+from vtrain_fast.model import costs, layout, memory, moe, ops, params, step, totals
 from vtrain_fast.model import sweep as ks
 from vtrain_fast.model.arch import DEFAULT_ARCH, Arch
 from vtrain_fast.model.params import HW_FIELDS, MD_ARCH, PRECISION_FP8
@@ -37,9 +37,9 @@ def _hw(**settings):
 
 
 def _run(arch, hw, t=1, p=1, d=1, b=1, rc=0, cp=1, h=H):
-    out = np.empty((step.NUM_OUTPUTS, 1))
+    out = np.empty((params.NUM_OUTPUTS, 1))
     code = step.step(float(L * p), float(h), float(A), float(G), float(F), float(V), float(S), float(b * d), float(b),
-                     step.Layout(t, cp, d, p), rc, 1e12, hw, out, 0, arch)
+                     layout.Layout(t, cp, d, p), rc, 1e12, hw, out, 0, arch)
     return code, out[:, 0].copy()
 
 
@@ -57,8 +57,8 @@ def test_kv_channels_h_over_a_is_bit_identical_to_0(k, t, p, cp, rc):
         code1, out1 = _run(arch._replace(kv_channels=float(H // A)), hw, t=t, p=p, cp=cp, rc=rc, d=2)
         assert code0 == code1
         assert np.array_equal(out0, out1, equal_nan=True)
-        if code0 in (step.OK, step.OUT_OF_MEMORY) and k == 0:
-            assert out0[step.O_ITER] > 0.0
+        if code0 in (params.OK, params.OUT_OF_MEMORY) and k == 0:
+            assert out0[params.O_ITER] > 0.0
 
 
 def test_preset_rows_write_0_for_the_default_width():
@@ -93,8 +93,8 @@ def test_wider_heads_cost_their_gemms_by_hand():
     # FLOPs per token: QKV 2 h (qw + 2 qw g / a), projection 2 qw h, scores and context 4 s qw
     dq = qw1 - qw0
     by_hand = 2.0 * H * (dq + 2.0 * dq * G / A) + 2.0 * dq * H + 4.0 * S * dq
-    assert (step.forward_flops_per_token(1.0, H, A, G, F, V, S, 1.0, qw1)
-            - step.forward_flops_per_token(1.0, H, A, G, F, V, S, 1.0)) == pytest.approx(by_hand, rel=1e-12)
+    assert (totals.forward_flops_per_token(1.0, H, A, G, F, V, S, 1.0, qw1)
+            - totals.forward_flops_per_token(1.0, H, A, G, F, V, S, 1.0)) == pytest.approx(by_hand, rel=1e-12)
 
 
 @pytest.mark.parametrize("sp,flash", [(0.0, 0.0), (1.0, 1.0)])
@@ -111,24 +111,24 @@ def test_wider_heads_store_their_activations_by_hand(sp, flash):
     hw = _hw(use_flash_attn=flash, sequence_parallel=sp)
     _, narrow = _run(QWEN, hw, t=2)
     _, wide = _run(QWEN._replace(kv_channels=128.0), hw, t=2)
-    for o in (step.O_ITER, step.O_COMPUTE, step.O_ACT, step.O_STATES, step.O_PARAMS):
-        assert wide[o] > narrow[o], step.OUTPUT_NAMES[o]
-    mb_n = step.micro_batch_costs(1.0, S, H, A, G, F, V, 2.0, hw, QWEN)
-    mb_w = step.micro_batch_costs(1.0, S, H, A, G, F, V, 2.0, hw, QWEN._replace(kv_channels=128.0))
-    assert mb_w[step.M_ACT_LAYER] - mb_n[step.M_ACT_LAYER] == pytest.approx(
+    for o in (params.O_ITER, params.O_COMPUTE, params.O_ACT, params.O_STATES, params.O_PARAMS):
+        assert wide[o] > narrow[o], params.OUTPUT_NAMES[o]
+    mb_n = costs.micro_batch_costs(1.0, S, H, A, G, F, V, 2.0, hw, QWEN)
+    mb_w = costs.micro_batch_costs(1.0, S, H, A, G, F, V, 2.0, hw, QWEN._replace(kv_channels=128.0))
+    assert mb_w[costs.M_ACT_LAYER] - mb_n[costs.M_ACT_LAYER] == pytest.approx(
         S * (qw - H) * (4.0 + 4.0 * G / A) / 2.0, rel=1e-12)
-    assert mb_w[step.M_CORE_FWD] > mb_n[step.M_CORE_FWD]
+    assert mb_w[costs.M_CORE_FWD] > mb_n[costs.M_CORE_FWD]
 
 
 def _totals(shape):
     row = shape.resolved().as_row()
-    return step.model_totals(*map(float, row[:7]), 1e12, Arch(*map(float, row[MD_ARCH:])))
+    return totals.model_totals(*map(float, row[:7]), 1e12, Arch(*map(float, row[MD_ARCH:])))
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b"])
 def test_preset_parameters_are_param_counts(name):
     shape = MODEL_PRESETS[name]
-    assert _totals(shape)[step.T_PARAMS] == moe.param_counts(shape.resolved()).total
+    assert _totals(shape)[totals.T_PARAMS] == moe.param_counts(shape.resolved()).total
 
 
 def test_a_gemma_7b_like_shape_has_its_published_parameters():
@@ -137,7 +137,7 @@ def test_a_gemma_7b_like_shape_has_its_published_parameters():
         gated_mlp=True, vocab_size=256000, seq_length=8192, kv_channels=256, position_embedding_type="rope",
         normalization="RMSNorm", add_bias_linear=False, source="test")}, "<test>")["gemma-7b-like"]
     assert moe.unpriced_reason(gemma) is None
-    n = _totals(gemma)[step.T_PARAMS]
+    n = _totals(gemma)[totals.T_PARAMS]
     assert n == moe.param_counts(gemma.resolved()).total == 8_537_680_896     # Gemma 7B's checkpoint
     # per rank: the attention's weights over t, as the whole layer's
     row = gemma.resolved().as_row()
@@ -151,8 +151,8 @@ def test_a_hidden_size_heads_do_not_divide_is_priced_with_kv_channels():
     """gpt-oss's 2880 / 64 = 45 divides; a shape whose heads do not divide hidden_size is priced when
     kv_channels gives their width, refused (bad_heads) without."""
     hw = _hw(use_flash_attn=1)
-    assert _run(QWEN, hw, h=H + 8)[0] == step.BAD_HEADS
-    assert _run(QWEN._replace(kv_channels=64.0), hw, h=H + 8)[0] in (step.OK, step.OUT_OF_MEMORY)
+    assert _run(QWEN, hw, h=H + 8)[0] == params.BAD_HEADS
+    assert _run(QWEN._replace(kv_channels=64.0), hw, h=H + 8)[0] in (params.OK, params.OUT_OF_MEMORY)
 
 
 def test_qwen3_30b_a3b_sweep_runs_and_is_finite():
@@ -179,12 +179,12 @@ ep = [1, 8]
     g = grid_mod.build_grid(spec)
     inputs, tokens, out, status = sweep_all_rows(g)
     assert (inputs[ks.INPUT_NAMES.index("kv_channels")] == 128).all()
-    feasible = np.isin(status, [step.OK, step.OUT_OF_MEMORY])
+    feasible = np.isin(status, [params.OK, params.OUT_OF_MEMORY])
     assert feasible.sum() >= 8, status
     assert np.isfinite(out[:, feasible]).all()
-    assert (out[step.O_ITER, feasible] > 0.0).all() and (out[step.O_MFU, feasible] < 1.0).all()
+    assert (out[params.O_ITER, feasible] > 0.0).all() and (out[params.O_MFU, feasible] < 1.0).all()
     ep = g.hw_table[inputs[ks.I_GPU], HW_FIELDS.index("ep")]
-    assert (ep == 8).any() and (out[step.O_EP, feasible & (ep == 8)] > 0.0).all()
+    assert (ep == 8).any() and (out[params.O_EP, feasible & (ep == 8)] > 0.0).all()
     # the sweep's rows are step's rows
     cols = ks.rows_from_inputs(inputs)
     ref_out, ref_status = np.empty_like(out), np.empty_like(status)

@@ -14,8 +14,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vtrain_fast"
 # Lowest first. A module of layer k may import modules of layers <= k (never a circle).
 LAYERS = [
     ("analysis", "engine", "hardware", "io", "plan", "schedule"),                 # layer folders' __init__ (docstrings only)
-    ("io.errors", "model._jit", "plan.models", "io.inputs", "model.settings", "model.arch", "model.moe", "model.params", "model", "__init__"),  # leaves
-    ("model.layout", "model.ops", "model.comm", "model.memory", "model.step", "model.sweep"),  # cost model
+    ("io.errors", "model._jit", "plan.models", "plan.loss", "io.inputs", "model.settings", "model.arch", "model.moe", "model.params", "model", "__init__"),  # leaves
+    ("model.layout", "model.ops", "model.comm", "model.memory", "model.layer_split", "model.experts", "model.overlap",
+     "model.offload", "model.rules", "model.costs", "model.totals", "model.pipeline", "model.step", "model.sweep"),  # cost model
     ("io.schema", "hardware.gpus"),                                               # columns; GPUs as data
     ("plan.spec", "plan.hf", "hardware.calfile", "io.outputs", "io.writer"),      # what to sweep; model files; the output rule; result folders
     ("plan.grid",),                                                               # spec -> kernel arrays

@@ -11,7 +11,7 @@ import pytest
 
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import memory, moe, ops, step
+from vtrain_fast.model import memory, moe, ops, totals
 from vtrain_fast.model.arch import Arch
 from vtrain_fast.model.params import HW_FIELDS, MD_ARCH
 from vtrain_fast.plan.models import MODEL_PRESETS
@@ -85,7 +85,7 @@ def test_forward_flops_of_an_mla_layer_by_hand(q_lora):
     flops_b = ops.layer_backward_s(b, s, float(H), float(A), float(A), float(F), t, hw, arch) * 1e15
     assert flops_b == pytest.approx(4.0 * tokens * weights + 2.5 * core, rel=1e-12)
     # the model-FLOPs count per token: 2 per weight, scores and context over the full s x s
-    per_token = step.forward_flops_per_token(1.0, float(H), float(A), float(A), float(F), 1.0, s, 1.0,
+    per_token = totals.forward_flops_per_token(1.0, float(H), float(A), float(A), float(F), 1.0, s, 1.0,
                                              ops.attention_width(H, A, arch), arch)
     assert per_token == pytest.approx(2.0 * weights + 2.0 * s * A * (DQ + DV) + 2.0 * H, rel=1e-12)
 
@@ -112,7 +112,7 @@ def test_deepseek_v3_priced_parameters_and_model_flops():
     arch = Arch(*map(float, row[MD_ARCH:]))
     L, h, a, g, f, v, s = map(float, row[:7])
     assert g == a                                       # MLA: keys and values per head
-    n_params, fwd_flops, _ = step.model_totals(L, h, a, g, f, v, s, 1e12, arch)
+    n_params, fwd_flops, _ = totals.model_totals(L, h, a, g, f, v, s, 1e12, arch)
     assert n_params == moe.param_counts(shape.resolved()).total
     assert abs(n_params / 671e9 - 1.0) < 0.01           # arXiv:2412.19437: 671B total
     counts = moe.param_counts(shape.resolved())

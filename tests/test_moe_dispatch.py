@@ -8,7 +8,7 @@ import pytest
 
 from test_moe_kernels import H100, LLAMA, _hw, _mixtral, _run
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import comm, ops, step
+from vtrain_fast.model import comm, costs, experts, ops, params
 from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.model.settings import BY_NAME
 from vtrain_fast.plan.spec import check_requirements
@@ -21,7 +21,7 @@ def _moe_run(hw, t=1, p=1, d=8, b=1, m=8, rc=0):
     status (out of memory read as OK: the times are priced the same) and the outputs."""
     (layers, h, a, g, f, v, s), arch = _mixtral()
     code, out = _run(arch, hw, t=t, p=p, d=d, b=b, B=b * d * m, rc=rc, layers=8, seq=s)
-    return (step.OK if code == step.OUT_OF_MEMORY else code), out
+    return (params.OK if code == params.OUT_OF_MEMORY else code), out
 
 
 def test_allgather_dispatcher_bytes_by_hand():
@@ -37,11 +37,11 @@ def test_allgather_dispatcher_bytes_by_hand():
         return (hw[HW_FIELDS.index("intra_node_latency_s")] + (n - 1.0) * hw[HW_FIELDS.index("intra_node_step_latency_s")]
                 + (n - 1.0) / n * nbytes / (hw[HW_FIELDS.index("intra_node_Bps")]
                                             * hw[HW_FIELDS.index("intra_node_efficiency")]))
-    fwd, bwd = step.ep_exchange_s(1.0, float(s), float(h), 1.0, hw, arch)
+    fwd, bwd = experts.ep_exchange_s(1.0, float(s), float(h), 1.0, hw, arch)
     assert fwd == pytest.approx(ring(n * tokens * (2.0 * h + 5.0 * e)) + ring(n * tokens * 4.0 * h), rel=1e-12)
     assert bwd == pytest.approx(ring(n * tokens * 4.0 * h) + ring(n * tokens * (2.0 * h + 4.0 * e)), rel=1e-12)
     # a group of one rank sends nothing
-    assert step.ep_exchange_s(1.0, float(s), float(h), 1.0, _hw(ep=1, etp=1, moe_token_dispatcher_type=ALLGATHER),
+    assert experts.ep_exchange_s(1.0, float(s), float(h), 1.0, _hw(ep=1, etp=1, moe_token_dispatcher_type=ALLGATHER),
                               arch) == (0.0, 0.0)
 
 
@@ -50,14 +50,14 @@ def test_allgather_moves_more_than_alltoall_and_leaves_the_experts_rows_alone():
     k copies: the exchange is slower; the experts take the same rows (same grouped GEMMs)."""
     a2a_code, a2a = _moe_run(_hw(ep=8, use_flash_attn=1))
     ag_code, ag = _moe_run(_hw(ep=8, use_flash_attn=1, moe_token_dispatcher_type=ALLGATHER))
-    assert a2a_code == ag_code == step.OK
+    assert a2a_code == ag_code == params.OK
     assert ag["ep_comm_s"] > 1.5 * a2a["ep_comm_s"] > 0.0
     (_, h, _, _, _, _, s), arch = _mixtral()
-    assert step.moe_rows(1.0, float(s), 1.0, _hw(ep=8), arch) == step.moe_rows(
+    assert experts.moe_rows(1.0, float(s), 1.0, _hw(ep=8), arch) == experts.moe_rows(
         1.0, float(s), 1.0, _hw(ep=8, moe_token_dispatcher_type=ALLGATHER), arch)
     # the permutation reads all 8 ranks' tokens: the allgather router / permute phase costs more
-    assert step.moe_router_s(1.0, float(s), float(h), 1.0, _hw(ep=8, moe_token_dispatcher_type=ALLGATHER), arch)[0] > \
-        step.moe_router_s(1.0, float(s), float(h), 1.0, _hw(ep=8), arch)[0]
+    assert experts.moe_router_s(1.0, float(s), float(h), 1.0, _hw(ep=8, moe_token_dispatcher_type=ALLGATHER), arch)[0] > \
+        experts.moe_router_s(1.0, float(s), float(h), 1.0, _hw(ep=8), arch)[0]
 
 
 @pytest.mark.parametrize("p, vpp", [(1, 1), (2, 2), (4, 2)])
@@ -66,7 +66,7 @@ def test_overlap_hides_the_paired_micro_batches_all_to_all_only(p, vpp):
     m = 16
     code0, off = _moe_run(_hw(**base), p=p, m=m)
     code1, on = _moe_run(_hw(**base, overlap_moe_expert_parallel_comm=1), p=p, m=m)
-    assert code0 == code1 == step.OK
+    assert code0 == code1 == params.OK
     assert on["compute_s"] == off["compute_s"]
     assert 0.0 < on["ep_comm_s"] < off["ep_comm_s"]
     # the unpaired micro-batches keep their whole exchange: 1 of m at pp = 1, the first stage's
@@ -83,7 +83,7 @@ def test_overlap_hides_the_paired_micro_batches_all_to_all_only(p, vpp):
 def test_overlap_of_one_micro_batch_has_nothing_to_pair():
     code0, off = _moe_run(_hw(ep=8, use_flash_attn=1), m=1)
     code1, on = _moe_run(_hw(ep=8, use_flash_attn=1, overlap_moe_expert_parallel_comm=1), m=1)
-    assert code0 == code1 == step.OK and on["ep_comm_s"] == off["ep_comm_s"]
+    assert code0 == code1 == params.OK and on["ep_comm_s"] == off["ep_comm_s"]
 
 
 def test_overlap_by_hand_at_pp_1():
@@ -93,9 +93,9 @@ def test_overlap_by_hand_at_pp_1():
     hw = _hw(ep=8, use_flash_attn=1, overlap_moe_expert_parallel_comm=1)
     m = 8
     code, on = _moe_run(hw, m=m)
-    mb = step.micro_batch_costs(1.0, float(s), float(h), float(a), float(g), float(f), float(v), 1.0, hw, arch)
-    x = mb[step.M_EP_FWD] + mb[step.M_EP_BWD]
-    layer = mb[step.M_FWD] + mb[step.M_BWD] + mb[step.M_MOE_FWD] + mb[step.M_MOE_BWD]
+    mb = costs.micro_batch_costs(1.0, float(s), float(h), float(a), float(g), float(f), float(v), 1.0, hw, arch)
+    x = mb[costs.M_EP_FWD] + mb[costs.M_EP_BWD]
+    layer = mb[costs.M_FWD] + mb[costs.M_BWD] + mb[costs.M_MOE_FWD] + mb[costs.M_MOE_BWD]
     per_layer = (x + (m - 1) * max(0.0, x - layer)) / m
     assert on["ep_comm_s"] == pytest.approx(m * 8 * per_layer, rel=1e-12)
 
@@ -107,16 +107,16 @@ def test_overlap_by_hand_at_pp_1():
 ])
 def test_megatron_refusals_of_the_overlap(settings, p, rc):
     code, out = _moe_run(_hw(use_flash_attn=1, overlap_moe_expert_parallel_comm=1, **settings), p=p, rc=rc)
-    assert code == step.REFUSED and out["iteration_time_s"] != out["iteration_time_s"]   # NaN
+    assert code == params.REFUSED and out["iteration_time_s"] != out["iteration_time_s"]   # NaN
     # the same plan without the overlap is priced
     code, _ = _moe_run(_hw(use_flash_attn=1, **settings), p=p, rc=rc)
-    assert code == step.OK
+    assert code == params.OK
 
 
 def test_overlap_has_no_effect_on_a_dense_model_nor_with_the_allgather_dispatcher():
     dense = [_run(LLAMA, _hw(use_flash_attn=1, overlap_moe_expert_parallel_comm=x, ep=8), d=8, B=64, rc=1)
              for x in (0, 1)]
-    assert dense[0][0] == dense[1][0] == step.OK and dense[0][1] == dense[1][1]
+    assert dense[0][0] == dense[1][0] == params.OK and dense[0][1] == dense[1][1]
     ag = dict(ep=8, use_flash_attn=1, moe_token_dispatcher_type=ALLGATHER)
     assert _moe_run(_hw(**ag)) == _moe_run(_hw(**ag, overlap_moe_expert_parallel_comm=1))
 
@@ -143,7 +143,7 @@ def test_fp8_grouped_gemm_is_one_launch_over_all_groups_tiles():
     small1 = ops.fp8_gemm_time_s(128.0, 1536.0, 4096.0, hw)
     small8 = ops.fp8_gemm_time_s(128.0, 1536.0, 4096.0, hw, 8.0)
     assert small8 < 0.5 * 8.0 * small1
-    assert step.grouped_gemm_time_s(128.0, 1536.0, 4096.0, 8.0, hw) == small8
+    assert experts.grouped_gemm_time_s(128.0, 1536.0, 4096.0, 8.0, hw) == small8
     assert comm.all_to_all_s(0.0, 1.0, 1.0, H100) == 0.0
 
 
@@ -157,16 +157,16 @@ def test_fp8_grouped_gemm_is_one_launch_over_all_groups_tiles():
 ])
 def test_the_busiest_experts_share(settings, share):
     hw = _hw(ep=8, **settings)
-    assert step.moe_busiest_share(8.0, hw) == share
+    assert experts.moe_busiest_share(8.0, hw) == share
     (_, h, _, _, _, _, s), arch = _mixtral()
-    routed, rows, local = step.moe_rows(1.0, float(s), 1.0, hw, arch)
+    routed, rows, local = experts.moe_rows(1.0, float(s), 1.0, hw, arch)
     assert rows == pytest.approx(routed * arch.moe_router_topk / local * share, rel=1e-15)
 
 
 def test_load_imbalance_slows_the_experts_and_the_exchange_and_not_the_model_flops():
     code0, even = _moe_run(_hw(ep=8, use_flash_attn=1))
     code1, skew = _moe_run(_hw(ep=8, use_flash_attn=1, moe_load_imbalance=1.5))
-    assert code0 == code1 == step.OK
+    assert code0 == code1 == params.OK
     assert skew["compute_s"] > even["compute_s"] and skew["ep_comm_s"] > even["ep_comm_s"]
     assert skew["activations_GiB"] > even["activations_GiB"]
     flops = lambda o: o["model_tflops_per_gpu"] * o["iteration_time_s"]    # noqa: E731
@@ -206,9 +206,9 @@ def test_capacity_and_imbalance_in_a_spec_and_in_evaluate(tmp_path):
 def test_imbalance_needs_expert_parallelism_and_stops_at_every_token():
     """At ep = 1 every rank holds every expert and computes all its tokens' k copies, however they
     spread; at ep > 1 one rank can get at most every token (share ep)."""
-    assert step.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0)) == 1.0
-    assert step.moe_busiest_share(8.0, _hw(ep=8, moe_load_imbalance=20.0)) == 8.0
-    assert step.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0, moe_expert_capacity_factor=0.5)) == 0.5
+    assert experts.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0)) == 1.0
+    assert experts.moe_busiest_share(8.0, _hw(ep=8, moe_load_imbalance=20.0)) == 8.0
+    assert experts.moe_busiest_share(1.0, _hw(ep=1, moe_load_imbalance=3.0, moe_expert_capacity_factor=0.5)) == 0.5
     one = [_moe_run(_hw(ep=1, use_flash_attn=1, moe_load_imbalance=x))[1] for x in (1.0, 3.0)]
     assert one[0] == one[1]
 

@@ -13,7 +13,7 @@ import reference as ref
 from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import comm, moe, step
+from vtrain_fast.model import comm, costs, experts, layer_split, layout, moe, ops, params, pipeline, step, totals
 from vtrain_fast.model import sweep as ks
 from vtrain_fast.model.arch import DEFAULT_ARCH, Arch
 from vtrain_fast.model.params import HW_FIELDS, MD_ARCH
@@ -35,11 +35,11 @@ def _hw(**settings):
 
 
 def _run(arch, hw, t=1, p=1, d=1, b=1, B=None, rc=0, cp=1, layers=L, seq=S):
-    out = np.empty((step.NUM_OUTPUTS, 1))
+    out = np.empty((params.NUM_OUTPUTS, 1))
     B = B if B is not None else b * d
     code = step.step(float(layers), float(H), float(A), float(G), float(F), float(V), float(seq), float(B), float(b),
-                     step.Layout(t, cp, d, p), rc, 1e12, hw, out, 0, arch)
-    return code, dict(zip(step.OUTPUT_NAMES, out[:, 0]))
+                     layout.Layout(t, cp, d, p), rc, 1e12, hw, out, 0, arch)
+    return code, dict(zip(params.OUTPUT_NAMES, out[:, 0]))
 
 
 def _mixtral():
@@ -50,27 +50,27 @@ def _mixtral():
 def test_one_expert_top_one_is_the_dense_model_plus_its_router():
     one = LLAMA._replace(num_experts=1.0, moe_router_topk=1.0, moe_ffn_hidden_size=float(F))
     hw = _hw(use_flash_attn=1)
-    mb_dense = step.micro_batch_costs(1.0, float(S), float(H), float(A), float(G), float(F), float(V), 1.0, hw, LLAMA)
-    mb_moe = step.micro_batch_costs(1.0, float(S), float(H), float(A), float(G), float(F), float(V), 1.0, hw, one)
-    router_fwd, router_bwd = step.moe_router_s(1.0, float(S), float(H), 1.0, hw, one)
+    mb_dense = costs.micro_batch_costs(1.0, float(S), float(H), float(A), float(G), float(F), float(V), 1.0, hw, LLAMA)
+    mb_moe = costs.micro_batch_costs(1.0, float(S), float(H), float(A), float(G), float(F), float(V), 1.0, hw, one)
+    router_fwd, router_bwd = experts.moe_router_s(1.0, float(S), float(H), 1.0, hw, one)
     # the expert's grouped GEMM of one group is the dense MLP's GEMM, its activation the same bytes
     # (up to rounding: the expert GEMMs are added and the dense MLP's taken off again)
-    assert mb_moe[step.M_MOE_FWD] == pytest.approx(router_fwd, rel=1e-12)
-    assert mb_moe[step.M_MOE_BWD] == pytest.approx(router_bwd, rel=1e-12)
-    assert mb_moe[:step.M_MOE_FWD] == mb_dense[:step.M_MOE_FWD]
-    assert mb_moe[step.M_EP_FWD] == mb_moe[step.M_EP_BWD] == 0.0           # ep = etp = 1
+    assert mb_moe[costs.M_MOE_FWD] == pytest.approx(router_fwd, rel=1e-12)
+    assert mb_moe[costs.M_MOE_BWD] == pytest.approx(router_bwd, rel=1e-12)
+    assert mb_moe[:costs.M_MOE_FWD] == mb_dense[:costs.M_MOE_FWD]
+    assert mb_moe[costs.M_EP_FWD] == mb_moe[costs.M_EP_BWD] == 0.0           # ep = etp = 1
     # one micro-batch (no gradient accumulation), one GPU: compute differs by the router alone
     c_dense, dense = _run(LLAMA, hw)
     c_moe, moe_out = _run(one, hw)
-    assert c_dense == c_moe == step.OK
+    assert c_dense == c_moe == params.OK
     assert moe_out["compute_s"] == pytest.approx(dense["compute_s"] + L * (router_fwd + router_bwd), rel=1e-12)
     assert moe_out["ep_comm_s"] == 0.0 and moe_out["tp_comm_s"] == dense["tp_comm_s"]
     router_params = L * 1 * H                                             # TopKRouter.weight [E, h] per layer
     assert moe_out["num_parameters"] == dense["num_parameters"] + router_params
     assert moe_out["optimizer_s"] == pytest.approx(
-        step.ops.optimizer_s(dense["num_parameters"] + router_params, hw), rel=1e-14)
-    assert moe_out["model_states_GiB"] * step.GiB == pytest.approx(
-        dense["model_states_GiB"] * step.GiB + 16.0 * router_params, rel=1e-14)
+        ops.optimizer_s(dense["num_parameters"] + router_params, hw), rel=1e-14)
+    assert moe_out["model_states_GiB"] * pipeline.GiB == pytest.approx(
+        dense["model_states_GiB"] * pipeline.GiB + 16.0 * router_params, rel=1e-14)
     # model FLOPs: the router's 2 E h per token and layer more
     flops = lambda o: o["model_tflops_per_gpu"] * 1e12 * o["iteration_time_s"]   # noqa: E731
     assert flops(moe_out) - flops(dense) == pytest.approx(3.0 * S * L * 2.0 * H, rel=1e-6)
@@ -79,14 +79,14 @@ def test_one_expert_top_one_is_the_dense_model_plus_its_router():
 def test_ep_1_has_no_all_to_all():
     arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0)
     assert comm.all_to_all_s(1e9, 1.0, 1.0, H100) == 0.0
-    assert step.ep_exchange_s(1.0, float(S), float(H), 1.0, _hw(ep=1), arch) == (0.0, 0.0)
+    assert experts.ep_exchange_s(1.0, float(S), float(H), 1.0, _hw(ep=1), arch) == (0.0, 0.0)
     code, out = _run(arch, _hw(ep=1, use_flash_attn=1), d=8)
-    assert code in (step.OK, step.OUT_OF_MEMORY) and out["ep_comm_s"] == 0.0
+    assert code in (params.OK, params.OUT_OF_MEMORY) and out["ep_comm_s"] == 0.0
     # etp = tp = 2 at ep = 1: no all-to-all, only the expert-TP all-gather and reduce-scatter
     hw = _hw(ep=1, sequence_parallel=1)
-    nbytes = step.dispatch_bytes(1.0, float(S), float(H), 2.0, arch)
-    x = 2.0 * step.comm.group_allgather_s(2.0 * nbytes, 2.0, 1.0, hw)
-    assert step.ep_exchange_s(1.0, float(S), float(H), 2.0, hw, arch) == pytest.approx((x, x), rel=1e-15)
+    nbytes = experts.dispatch_bytes(1.0, float(S), float(H), 2.0, arch)
+    x = 2.0 * comm.group_allgather_s(2.0 * nbytes, 2.0, 1.0, hw)
+    assert experts.ep_exchange_s(1.0, float(S), float(H), 2.0, hw, arch) == pytest.approx((x, x), rel=1e-15)
     code, out = _run(arch, _hw(ep=8, use_flash_attn=1), d=8)
     assert out["ep_comm_s"] > 0.0
 
@@ -94,27 +94,27 @@ def test_ep_1_has_no_all_to_all():
 def test_memory_falls_with_ep_while_model_flops_stay():
     (layers, h, a, g, f, v, s), arch = _mixtral()
     hw0 = _hw(use_flash_attn=1, sequence_parallel=1, distributed_optimizer=1)
-    mems, flops, params = [], [], []
+    mems, flops, counts = [], [], []
     for ep in (1, 2, 4, 8):
         hw = hw0.copy()
         hw[HW_FIELDS.index("ep")] = ep
-        out = np.empty((step.NUM_OUTPUTS, 1))
+        out = np.empty((params.NUM_OUTPUTS, 1))
         code = step.step(float(layers), float(h), float(a), float(g), float(f), float(v), 4096.0, 256.0, 1.0,
-                         step.Layout(1, 1, 16, 4), 1, 1e12, hw, out, 0, arch)
-        o = dict(zip(step.OUTPUT_NAMES, out[:, 0]))
-        assert code in (step.OK, step.OUT_OF_MEMORY), ep
+                         layout.Layout(1, 1, 16, 4), 1, 1e12, hw, out, 0, arch)
+        o = dict(zip(params.OUTPUT_NAMES, out[:, 0]))
+        assert code in (params.OK, params.OUT_OF_MEMORY), ep
         mems.append(o["memory_per_gpu_GiB"])
         flops.append(o["model_tflops_per_gpu"] * o["iteration_time_s"])
-        params.append(o["num_parameters"])
+        counts.append(o["num_parameters"])
     assert all(m1 > m2 for m1, m2 in zip(mems, mems[1:])), mems
     assert flops == pytest.approx([flops[0]] * len(flops), rel=1e-12)
-    assert params == [moe.param_counts(MODEL_PRESETS["mixtral-8x7b"].resolved()).total] * len(params)
+    assert counts == [moe.param_counts(MODEL_PRESETS["mixtral-8x7b"].resolved()).total] * len(counts)
 
 
 def test_dispatch_bytes_by_hand():
     arch = DEFAULT_ARCH._replace(num_experts=8.0, moe_router_topk=2.0)
     # b s / t tokens routed by a rank, k copies of h bf16 values each
-    assert step.dispatch_bytes(2.0, 4096.0, 4096.0, 2.0, arch) == 2 * 2 * 4096 * 4096 * 2 // 2
+    assert experts.dispatch_bytes(2.0, 4096.0, 4096.0, 2.0, arch) == 2 * 2 * 4096 * 4096 * 2 // 2
     hw = _hw(gpus_per_node=8)
     intra = hw[HW_FIELDS.index("intra_node_Bps")] * hw[HW_FIELDS.index("intra_node_efficiency")]
     inter = hw[HW_FIELDS.index("inter_node_Bps")] * hw[HW_FIELDS.index("inter_node_efficiency")]
@@ -132,23 +132,23 @@ def test_dispatch_bytes_by_hand():
 
 
 @pytest.mark.parametrize("ep, etp, t, d, status", [
-    (3, 0, 1, 3, step.BAD_HEADS),          # 8 experts do not split over 3 ranks
-    (8, 0, 1, 4, step.BAD_NUM_GPUS),       # 4 ranks per stage cannot hold etp x ep = 8
-    (4, 2, 2, 1, step.BAD_NUM_GPUS),       # tp 2 x dp 1 over etp 2 x ep 4
-    (0, 0, 1, 1, step.BAD_INPUT),
-    (4, 1, 2, 2, step.OK),                 # etp 1 x ep 4 tiles tp 2 x dp 2
-    (8, 0, 2, 8, step.OK),              # etp = tp 2 x ep 8 tiles tp 2 x dp 8
-    (8, 0, 2, 4, step.BAD_NUM_GPUS),
+    (3, 0, 1, 3, params.BAD_HEADS),          # 8 experts do not split over 3 ranks
+    (8, 0, 1, 4, params.BAD_NUM_GPUS),       # 4 ranks per stage cannot hold etp x ep = 8
+    (4, 2, 2, 1, params.BAD_NUM_GPUS),       # tp 2 x dp 1 over etp 2 x ep 4
+    (0, 0, 1, 1, params.BAD_INPUT),
+    (4, 1, 2, 2, params.OK),                 # etp 1 x ep 4 tiles tp 2 x dp 2
+    (8, 0, 2, 8, params.OK),              # etp = tp 2 x ep 8 tiles tp 2 x dp 8
+    (8, 0, 2, 4, params.BAD_NUM_GPUS),
 ])
 def test_every_invalid_expert_grid_has_its_status(ep, etp, t, d, status):
     arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0)
     hw = _hw(ep=ep, etp=etp, use_flash_attn=1, sequence_parallel=1)
     code, out = _run(arch, hw, t=t, d=d, layers=2)
-    assert (code if code != step.OUT_OF_MEMORY else step.OK) == status
+    assert (code if code != params.OUT_OF_MEMORY else params.OK) == status
     cfg = (2, H, A, G, F, V, S, d, 1, t, 1, d, 0, 1e12, hw, ref.ModelFlags(*arch))
     assert ref.step(*cfg)[0] == code
     # a dense model ignores ep and etp
-    assert _run(LLAMA, hw, t=t, d=d, layers=2)[0] in (step.OK, step.OUT_OF_MEMORY)
+    assert _run(LLAMA, hw, t=t, d=d, layers=2)[0] in (params.OK, params.OUT_OF_MEMORY)
 
 
 def test_moe_sweep_rows_are_steps_rows_and_cover_the_statuses():
@@ -175,17 +175,17 @@ etp = [0, 1]
 """, "<moe>")
     g = grid_mod.build_grid(spec)
     inputs, tokens, out, status = sweep_all_rows(g)
-    assert {step.OK, step.BAD_HEADS, step.BAD_NUM_GPUS} <= set(status.tolist())
+    assert {params.OK, params.BAD_HEADS, params.BAD_NUM_GPUS} <= set(status.tolist())
     cols = ks.rows_from_inputs(inputs)
     ref_out, ref_status = np.empty_like(out), np.empty_like(status)
     ks.evaluate_rows(cols, np.ascontiguousarray(tokens), np.ascontiguousarray(g.hw_table[inputs[ks.I_GPU]]),
                      ref_out, ref_status)
-    ok = status != step.BAD_NUM_GPUS
+    ok = status != params.BAD_NUM_GPUS
     assert (status[ok] == ref_status[ok]).all()
     assert np.array_equal(out[:, ok], ref_out[:, ok], equal_nan=True)
     moe_rows = inputs[ks.INPUT_NAMES.index("num_experts")] == 8
-    feasible = np.isin(status, [step.OK, step.OUT_OF_MEMORY])
-    assert (out[step.O_EP, feasible & moe_rows] >= 0.0).all() and (out[step.O_EP, feasible & ~moe_rows] == 0.0).all()
+    feasible = np.isin(status, [params.OK, params.OUT_OF_MEMORY])
+    assert (out[params.O_EP, feasible & moe_rows] >= 0.0).all() and (out[params.O_EP, feasible & ~moe_rows] == 0.0).all()
 
 
 @pytest.mark.parametrize("seed", [5, 6])
@@ -194,7 +194,7 @@ def test_kernel_matches_twin_on_random_moe_configs(seed):
         c[15] = tk.random_moe_flags(np.random.default_rng(int(rng.integers(2 ** 32))), c[15], c[1], c[10])
     status, out = tk.twin_check(np.random.default_rng(seed), 200, with_experts, invalid_fraction=0.2, min_feasible=40)
     feasible = np.isin(status, [ref.OK, ref.OUT_OF_MEMORY])
-    assert (out[step.O_EP, feasible] > 0.0).sum() > 10
+    assert (out[params.O_EP, feasible] > 0.0).sum() > 10
     assert {ref.BAD_HEADS, ref.BAD_NUM_GPUS} <= set(status.tolist())
 
 
@@ -212,12 +212,12 @@ def test_priced_presets_and_what_is_still_refused():
         row = shape.as_row()
         arch = Arch(*map(float, row[MD_ARCH:]))
         n_moe = sum(moe.moe_layer_pattern(shape.num_layers, shape.moe_layer_freq))
-        assert step.moe_layers_of(0.0, float(shape.num_layers), arch.moe_layer_step, arch.moe_first_dense_layers) == n_moe
+        assert layer_split.moe_layers_of(0.0, float(shape.num_layers), arch.moe_layer_step, arch.moe_first_dense_layers) == n_moe
         if moe.unpriced_reason(shape) is None:
-            totals = step.model_totals(*map(float, row[:7]), 1e12, arch)
-            assert totals[step.T_PARAMS] == moe.param_counts(shape).total, name
-            assert math.isclose(totals[step.T_FWD_FLOPS] * 1.0,
-                                totals[step.T_FWD_FLOPS], rel_tol=0.0)
+            tot = totals.model_totals(*map(float, row[:7]), 1e12, arch)
+            assert tot[totals.T_PARAMS] == moe.param_counts(shape).total, name
+            assert math.isclose(tot[totals.T_FWD_FLOPS] * 1.0,
+                                tot[totals.T_FWD_FLOPS], rel_tol=0.0)
 
 
 def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
@@ -225,8 +225,8 @@ def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism()
     # parallelism, sequence parallelism must be used" (a ValueError): status refused
     moe_arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0, moe_ffn_hidden_size=float(F))
     flash = dict(use_flash_attn=1)
-    assert _run(moe_arch, _hw(ep=8, **flash), t=2, d=8, B=64)[0] == step.REFUSED
-    priced = (step.OK, step.OUT_OF_MEMORY)
+    assert _run(moe_arch, _hw(ep=8, **flash), t=2, d=8, B=64)[0] == params.REFUSED
+    priced = (params.OK, params.OUT_OF_MEMORY)
     assert _run(moe_arch, _hw(ep=8, sequence_parallel=1, **flash), t=2, d=8, B=64)[0] in priced
     assert _run(moe_arch, _hw(ep=8, **flash), t=1, d=8, B=64)[0] in priced       # no tensor parallelism
     assert _run(moe_arch, _hw(ep=1, **flash), t=2, d=8, B=64)[0] in priced       # no expert parallelism

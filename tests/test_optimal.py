@@ -16,8 +16,9 @@ from vtrain_fast.cli import app
 from vtrain_fast.engine.chunks import evaluate_chunk
 from vtrain_fast.hardware.gpus import PRESETS
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import step
-from vtrain_fast.model.step import LOSS_FITS
+from vtrain_fast.model import totals
+from vtrain_fast.model import params
+from vtrain_fast.plan.loss import LOSS_FITS
 
 GPU = "a100-sxm4-80gb"
 # small searches: a few shapes, 1e8 to 3e9 parameters
@@ -180,10 +181,10 @@ def test_epoch_fit_about_20_tokens_per_parameter():
 
 def test_fit_registry():
     hoff = LOSS_FITS["hoffmann"]
-    assert (hoff.E, hoff.A, hoff.B, hoff.alpha, hoff.beta) == (step.CHINCHILLA_E, step.CHINCHILLA_A, step.CHINCHILLA_B,
-                                                             step.CHINCHILLA_ALPHA, step.CHINCHILLA_BETA)
+    assert (hoff.E, hoff.A, hoff.B, hoff.alpha, hoff.beta) == (params.CHINCHILLA_E, params.CHINCHILLA_A, params.CHINCHILLA_B,
+                                                             params.CHINCHILLA_ALPHA, params.CHINCHILLA_BETA)
     for N, D in ((1e9, 2e10), (7e10, 1.4e12)):
-        assert hoff.loss(N, D) == pytest.approx(step.chinchilla_loss(N, D), rel=1e-14)
+        assert hoff.loss(N, D) == pytest.approx(totals.chinchilla_loss(N, D), rel=1e-14)
     assert all(f.source for f in LOSS_FITS.values())
     # the fits disagree (Epoch's has the larger irreducible loss and data exponent)
     assert LOSS_FITS["epoch"].loss(7e10, 1.4e12) != pytest.approx(hoff.loss(7e10, 1.4e12), rel=1e-3)

@@ -15,7 +15,9 @@ from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model.params import NUM_OUTPUTS
 from vtrain_fast.model.layout import Layout
-from vtrain_fast.model.step import O_DP, micro_batch_costs, split_costs, step, S_DP
+from vtrain_fast.model.costs import S_DP, micro_batch_costs, split_costs
+from vtrain_fast.model.params import O_DP
+from vtrain_fast.model.step import step
 
 # 2 layers per stage on 64 data-parallel ranks across nodes: a long exchange, a short forward
 PLAN = dict(num_layers=16, hidden_size=4096, num_attention_heads=32, seq_length=2048, global_batch_size=512,

@@ -13,7 +13,7 @@ import pytest
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import ops, step
+from vtrain_fast.model import ops, pipeline
 from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.model.settings import BY_NAME
 from vtrain_fast.plan.spec import parse_spec
@@ -122,7 +122,7 @@ def test_communication_moves_four_byte_elements_under_fp32():
 def test_fp16_pays_the_unscale_and_the_skipped_steps():
     bf16, fp16 = _rows({}, {"precision": "fp16"})
     updates = bf16["num_steps"]
-    skipped = step.FP16_INITIAL_SKIPPED_STEPS + -(-step.FP16_SKIPPED_PER_WINDOW * updates // step.FP16_LOSS_SCALE_WINDOW)
+    skipped = pipeline.FP16_INITIAL_SKIPPED_STEPS + -(-pipeline.FP16_SKIPPED_PER_WINDOW * updates // pipeline.FP16_LOSS_SCALE_WINDOW)
     assert fp16["num_steps"] == updates + skipped
     assert fp16["train_days"] == pytest.approx(fp16["iteration_time_s"] * fp16["num_steps"] / 86400.0, rel=1e-9)
     # the step rewrites the unscaled main grads: 4 bytes more per parameter than bf16's 48

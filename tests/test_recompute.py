@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.analysis.evaluate import evaluate_frame
-from vtrain_fast.model import step
+from vtrain_fast.model import params
 from vtrain_fast.plan.spec import RECOMPUTE_VALUES
 
 GiB = 2.0 ** 30
@@ -28,9 +28,9 @@ def run(recompute, **extra):
 
 
 def test_codes_match_the_spec_names():
-    assert RECOMPUTE_VALUES[step.RECOMPUTE_NONE] == "none"
-    assert RECOMPUTE_VALUES[step.RECOMPUTE_FULL] == "full"
-    assert RECOMPUTE_VALUES[step.RECOMPUTE_SELECTIVE] == "selective"
+    assert RECOMPUTE_VALUES[params.RECOMPUTE_NONE] == "none"
+    assert RECOMPUTE_VALUES[params.RECOMPUTE_FULL] == "full"
+    assert RECOMPUTE_VALUES[params.RECOMPUTE_SELECTIVE] == "selective"
 
 
 def test_selective_memory_is_korthikanti_table_2():

@@ -15,7 +15,8 @@ from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model import comm, ops
 from vtrain_fast.model.params import NUM_OUTPUTS, hw_index
 from vtrain_fast.model.layout import Layout
-from vtrain_fast.model.step import O_TP, step
+from vtrain_fast.model.params import O_TP
+from vtrain_fast.model.step import step
 
 from conftest import SMALL_SWEEP
 

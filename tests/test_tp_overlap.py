@@ -45,7 +45,7 @@ def test_short_gemms_hide_only_their_length():
     wq = ops.gemm_time_s(h, 3 * h / t, b * s, 1.0, hw)
     wf = ops.gemm_time_s(h, 4 * h / t, b * s, 1.0, hw)
     assert wq < ar and wf < ar                      # tiny GEMMs: the exchange outlasts them
-    from vtrain_fast.model.step import tp_backward_hidden_s
+    from vtrain_fast.model.overlap import tp_backward_hidden_s
     assert tp_backward_hidden_s(b, s, h, 16.0, 16.0, 4 * h, t, ar, hw) == pytest.approx(wq + wf, rel=1e-12)
     assert tp_backward_hidden_s(b, s, h, 16.0, 16.0, 4 * h, 1.0, ar, hw) == 0.0
 

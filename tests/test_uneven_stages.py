@@ -15,7 +15,7 @@ from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model.params import hw_index
-from vtrain_fast.model.step import stage_layers
+from vtrain_fast.model.layer_split import stage_layers
 from vtrain_fast.plan.spec import parse_spec
 
 SETTINGS = ("first_pipeline_num_layers", "last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
@@ -139,9 +139,9 @@ def test_random_uneven_points_match_the_twin():
         rc = int(rng.integers(0, 3))
         from vtrain_fast.model.layout import Layout
         from vtrain_fast.model.params import NUM_OUTPUTS, OUTPUT_NAMES
-        from vtrain_fast.model import step as kstep
+        from vtrain_fast.model import step
         out = np.empty((NUM_OUTPUTS, 1))
-        status = kstep.step(L, 1024, 16, 16, 4096, 32000, 1024, B, b, Layout(t, 1, d, p), rc, 1e9, hw, out, 0)
+        status = step.step(L, 1024, 16, 16, 4096, 32000, 1024, B, b, Layout(t, 1, d, p), rc, 1e9, hw, out, 0)
         rs, ro = ref.step(L, 1024, 16, 16, 4096, 32000, 1024, B, b, t, p, d, rc, 1e9, hw)
         assert status == rs, (L, p, first, last)
         if status in (0, 6):

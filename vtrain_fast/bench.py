@@ -236,7 +236,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
 
     from .engine.chunks import RowBuffers
     from .model import sweep as ks
-    from .model.step import OK, OUT_OF_MEMORY
+    from .model.params import OK, OUT_OF_MEMORY
 
     n = grid.num_points
     batch = 1 << 18
@@ -297,7 +297,7 @@ def bench_sweep(text: str, name: str, threads: int, repeat: int, b, batch: int) 
     import numpy as np
 
     from .model import sweep as ks
-    from .model.step import OK, OUT_OF_MEMORY
+    from .model.params import OK, OUT_OF_MEMORY
     from .plan.grid import build_grid
     from .plan.spec import parse_spec
     grid = build_grid(parse_spec(text, name))

@@ -14,7 +14,7 @@ from ..io.inputs import MAX_TABLE_BYTES, check_input_file
 from ..hardware.gpus import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from ..model.layout import Layout, world_size
 from ..model.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
-from ..model.step import NUM_OUTPUTS
+from ..model.params import NUM_OUTPUTS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.moe import KERNEL_COLUMNS as MOE_COLUMNS, KERNEL_NAMES as MOE_NAMES
@@ -389,7 +389,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
             # the GPU without the row's value: the fix names the value it keeps otherwise
             check_reserved(known[gpu[i]], values["reserved_GiB"], where, f"column reserved_GiB, row {i + 2}")
             cache[key] = (machine_vector(preset), preset)
-        # "dp": the data-parallel-with-context group (dp x cp), as model.step.plan_case reads it
+        # "dp": the data-parallel-with-context group (dp x cp), as model.rules.plan_case reads it
         row_sizes = {"tp": int(ints["tp"][i]), "pp": int(ints["pp"][i]), "dp": int(ints["dp"][i]) * int(cp[i]),
                      "cp": int(cp[i])}
         sizes_are_1 = {k: row_sizes[k] == 1 for k in LAYOUT_SIZES}

@@ -653,7 +653,7 @@ def torchtitan_recipe(row: dict) -> str:
 def pipeline_chunk_layers(row: dict) -> list[int]:
     """The transformer layers of each of the plan's pp x vpp model chunks, in virtual-stage order
     (chunk ``c`` of pipeline rank ``r`` is virtual stage ``c pp + r``, Megatron-core's interleaving),
-    as the cost model splits them (:func:`vtrain_fast.model.step.stage_layers`, ``chunks_split``):
+    as the cost model splits them (:func:`vtrain_fast.model.layer_split.stage_layers`, ``chunks_split``):
     evenly; with ``first_pipeline_num_layers`` / ``last_pipeline_num_layers`` those stages take that
     many and the others split the rest, each stage's layers split evenly over its chunks; with the
     embedding / loss counted as layers, one fewer in the first / last chunk."""

@@ -44,7 +44,7 @@ count, so a plan's tokens follow from the budget:
 
 Tokens ``D = steps x global batch x seq_length`` (whole steps, so never over the budget), days
 ``steps t / 86400``, GPU-hours ``n steps t / 3600``, cost ``GPU-hours x p``, loss ``L(N, D)`` of
-the chosen fit (:data:`~vtrain_fast.model.step.LOSS_FITS`). The best plan of a shape is the one
+the chosen fit (:data:`~vtrain_fast.plan.loss.LOSS_FITS`). The best plan of a shape is the one
 that buys the most tokens (ties: the fewest GPU-seconds); the optimum is the shape whose best
 plan has the lowest loss.
 
@@ -58,7 +58,7 @@ bf16 peak (:data:`DEFAULT_INFERENCE_MFU`, an assumption), and trains on what is 
 ``G_s - 2 N D_inf / (peak x inference_mfu)`` GPU-seconds. Only with a money or GPU-hour budget
 (a cluster-days budget pays for training time only). The naive answer is the paper's compute
 formulation: the lowest loss at ``6 N D + 2 N D_inf = C``, both at 100 % of the peak
-(:meth:`~vtrain_fast.model.step.LossFit.optimal_with_inference`).
+(:meth:`~vtrain_fast.plan.loss.LossFit.optimal_with_inference`).
 
 The naive answer spends the same budget at 100 % utilisation: FLOPs ``C`` = GPU-seconds x the
 GPU's dense peak (bf16, or FP8 under ``precision = "fp8"``), ``C = 6 N D``, and the fit's
@@ -177,7 +177,7 @@ CURVE_COLUMNS = {
 
 
 def _fit(name: str):
-    from ..model.step import LOSS_FITS
+    from ..plan.loss import LOSS_FITS
     if name not in LOSS_FITS:
         raise InputError("command line", "--fit", name, "one of " + ", ".join(LOSS_FITS),
                          did_you_mean(name, LOSS_FITS, "--fit epoch (Besiroglu et al. 2024) or --fit hoffmann"))
@@ -408,7 +408,7 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     gpu : str
         GPU preset (``vtrain-fast presets``) or a GPU of ``gpu_presets``.
     fit : str
-        Loss fit, a key of :data:`~vtrain_fast.model.step.LOSS_FITS`: ``epoch`` (Besiroglu et
+        Loss fit, a key of :data:`~vtrain_fast.plan.loss.LOSS_FITS`: ``epoch`` (Besiroglu et
         al. 2024, default) or ``hoffmann`` (Hoffmann et al. 2022).
     min_params, max_params : float
         Range of model sizes searched, parameters.

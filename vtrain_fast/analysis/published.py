@@ -34,7 +34,7 @@ import polars as pl
 from ..model.arch import ARCH_FLAGS
 from ..model.params import NUM_HW_FIELDS, hw_index
 from ..model.settings import SETTINGS, unmet_requirements
-from ..model.step import stage_layers
+from ..model.layer_split import stage_layers
 from .evaluate import evaluate_frame
 
 DATA = resources.files("vtrain_fast") / "data" / "published"

@@ -34,7 +34,7 @@ import pyarrow as pa
 from ..io.errors import InputError
 from ..plan.grid import Grid, check_index_space, pruning_table
 from ..model import sweep as ks
-from ..model.step import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
+from ..model.params import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
 from ..model.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
 from ..model.params import HW_FIELDS
 from ..io.schema import (INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, arch_array, resolve_objectives,

@@ -1,7 +1,7 @@
 """Every output column once: name, Arrow type, unit and meaning.
 
 The README's column table and the Parquet schema are both built from :data:`COLUMNS`.
-Kernel row layouts (``model.step.OUTPUT_NAMES``, ``model.sweep.INPUT_NAMES``) are checked
+Kernel row layouts (``model.params.OUTPUT_NAMES``, ``model.sweep.INPUT_NAMES``) are checked
 against it by the tests.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ take arrays, inlined by Numba so that no array is reference-counted per configur
 so kernels never raise: an infeasible configuration gets a status code in its row.
 ``cache=True`` stores compiled machine code, so only the first run on a machine pays the
 compile time. Numba keys its cache on the file of each function only, not on the modules it
-calls, so an edited formula in ``ops.py`` could be served stale through ``step.py``'s cache. To
+calls, so an edited formula in ``ops.py`` could be served stale through ``costs.py``'s cache. To
 rule that out the cache lives in a folder named after a hash of every kernel source
 (``~/.cache/vtrain_fast/numba-<hash>``, or under ``$VTRAIN_FAST_CACHE_DIR``) unless the user set
 ``NUMBA_CACHE_DIR`` themselves.

@@ -214,7 +214,7 @@ def mla_up_gemms_s(tokens, h, a, t, wgrad, hw, arch):
     """Seconds of MLA's column-parallel linears (the query's up or full-rank projection and the
     key/value up projection) alone: their forward GEMMs, or (``wgrad``) their weight-gradient
     GEMMs: what the tensor-parallel exchanges that QKV's GEMMs hide in standard attention can hide
-    under (:func:`~vtrain_fast.model.step.tp_backward_hidden_s`)."""
+    under (:func:`~vtrain_fast.model.overlap.tp_backward_hidden_s`)."""
     dq = a * (arch.qk_head_dim + arch.qk_pos_emb_head_dim) / t
     q_in = arch.q_lora_rank if arch.q_lora_rank > 0.0 else h
     kv_out = a * (arch.qk_head_dim + arch.v_head_dim) / t
@@ -1016,7 +1016,7 @@ def optimizer_step_s(params, hw, d=1.0):
     With parameter offloading (:func:`param_offload_on`, FSDP2's CPUOffloadPolicy: "the optimizer
     step runs on CPU with CPU optimizer states") every parameter of the shard steps on the CPU
     (:func:`cpu_adam_s`) with nothing to copy: the gradients reached the host during the backward
-    (priced in :func:`vtrain_fast.model.step.stage_costs`) and the updated fp32 shard stays there
+    (priced in :func:`vtrain_fast.model.pipeline.stage_costs`) and the updated fp32 shard stays there
     (``d``: the ranks the ZeRO-3 shard spans; 1, the default: not sharded, no parameter offloading)."""
     if param_offload_on(hw, d):
         return cpu_adam_s(params, hw)

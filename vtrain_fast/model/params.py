@@ -1,5 +1,6 @@
-"""Layouts every kernel reads: the machine vector, the output rows and the status codes (no
-Numba here, so that the spec, schema and query modules load without it).
+"""Layouts every kernel reads: the machine vector, the output rows, the status codes and the
+constants of the loss column's fit (no Numba here, so that the spec, schema and query modules,
+and the loss fits of :mod:`vtrain_fast.plan.loss`, load without it).
 
 A machine vector is a ``float64`` array of shape ``(NUM_HW_FIELDS,)`` holding one GPU type's
 hardware numbers (SI units) and its calibrated efficiencies. Kernels index it with the
@@ -54,9 +55,9 @@ HW_FIELDS = (
     *HARDWARE_FIELDS,
     *(st.name for st in SETTINGS),
     "repeat_cases",           # sweep bookkeeping: bit (tp>1) + 2 (pp>1) + 4 (dp*cp>1) + 8 (cp>1) set where this machine
-                              # repeats an earlier one of the sweep (model.step.repeats); 0 outside sweeps
+                              # repeats an earlier one of the sweep (model.rules.repeats); 0 outside sweeps
     "refused_cases",          # sweep bookkeeping: the same bits, set where Megatron-LM refuses this machine's
-                              # settings on such plans (model.step.refused); 0 outside sweeps
+                              # settings on such plans (model.rules.refused); 0 outside sweeps
 )
 NUM_HW_FIELDS = len(HW_FIELDS)
 
@@ -163,7 +164,7 @@ BAD_NUM_GPUS = 2     # num_gpus not divisible by tp * cp * pp (model.layout.spli
                      # dp * cp not divisible by dp_shard, or (MoE) tp * cp * dp not divisible by etp * ep
 BAD_HEADS = 3        # heads or query groups not divisible by tp, or hidden by heads, or (MoE) num_experts
                      # not divisible by ep
-BAD_LAYERS = 4       # the layers do not split over pp stages (model.step.stage_layers; into vpp chunks each
+BAD_LAYERS = 4       # the layers do not split over pp stages (model.layer_split.stage_layers; into vpp chunks each
                      # when interleaved)
 BAD_BATCH = 5        # global_batch_size not divisible by dp * micro_batch_size (interleaved:
                      # micro-batches per pipeline not divisible by pp)
@@ -174,3 +175,11 @@ REFUSED = 8          # Megatron-LM refuses the settings on this plan (cp > 1 wit
                      # at tp > 1 without sequence parallelism), or a setting needs one it switches off here (tp_comm_overlap at tp = 1; see refused)
 BAD_SEQ_LENGTH = 9   # seq_length not divisible by 2 * cp (context parallelism's load-balanced chunks)
 NUM_STATUS = 10
+
+# Activation recomputation codes (the index of the name in plan.spec.RECOMPUTE_VALUES).
+RECOMPUTE_NONE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = 0, 1, 2
+
+# The loss column: Chinchilla's parametric loss L(N, D) = E + A / N^alpha + B / D^beta
+# (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", Eq. 10, Approach 3).
+CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B = 1.69, 406.4, 410.7
+CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.34, 0.28

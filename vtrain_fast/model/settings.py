@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The parallel sizes a setting's no-effect rule may name, in the order of the kernels' plan kinds
-# (bit k of a plan kind: size k > 1; model.step.plan_case). "dp" stands for the group that
+# (bit k of a plan kind: size k > 1; model.rules.plan_case). "dp" stands for the group that
 # reduces the gradients and shards the optimizer, data parallelism with context parallelism
 # (dp x cp ranks, Megatron-core's data-parallel group with context parallelism): a data-parallel
 # setting acts on a dp = 1 plan whose cp > 1. "cp" is the context-parallel size (bit 3, added

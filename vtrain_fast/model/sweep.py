@@ -29,10 +29,14 @@ from .layout import Layout, split_world
 from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
                      MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
                      R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
-from .step import refused_context_parallel, refused_experts
-from .step import (REFUSED, REPEAT, refused, repeats, BAD_NUM_GPUS, NUM_MICRO, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, fill_nan,
-                   micro_batch_costs, model_totals, schedule, split_costs, chunks_split, step, validate_batch,
-                   validate_interleaving, validate_split, virtual_stages)
+from .costs import NUM_MICRO, NUM_SPLIT, micro_batch_costs, split_costs
+from .layer_split import chunks_split, virtual_stages
+from .params import BAD_NUM_GPUS, NUM_OUTPUTS, NUM_STATUS, OK, REFUSED, REPEAT
+from .pipeline import schedule
+from .rules import (fill_nan, refused, refused_context_parallel, refused_experts, repeats, validate_batch,
+                    validate_interleaving, validate_split)
+from .step import step
+from .totals import NUM_TOTALS, model_totals
 
 # Axis order of a sweep (first = slowest varying, last = fastest).
 AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "cp", "pp", "micro_batch_size",
@@ -134,16 +138,16 @@ def model_arch(models, mi):
 
 
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
-# budget, :func:`~vtrain_fast.model.step.split_costs` and
-# :func:`~vtrain_fast.model.step.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
+# budget, :func:`~vtrain_fast.model.costs.split_costs` and
+# :func:`~vtrain_fast.model.totals.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
 # ``CTX_FILLED``), and for the current (model, gpu, tp, cp) a table of
-# :func:`~vtrain_fast.model.step.micro_batch_costs` over the micro_batch_size axis. Both are
+# :func:`~vtrain_fast.model.costs.micro_batch_costs` over the micro_batch_size axis. Both are
 # filled by the first point that passes the shape rules. The points that share them differ only
 # in the batch axes and recompute, so the full model costs them only the schedule.
 NUM_CTX = NUM_SPLIT + NUM_TOTALS
 CTX_FILLED = NUM_CTX
 if NUM_MICRO != 28 or NUM_SPLIT != 40 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 18:     # grid_point unpacks them by hand
-    raise ImportError("model.sweep.grid_point / model_arch are out of date with model.step's tuple layouts "
+    raise ImportError("model.sweep.grid_point / model_arch are out of date with model.costs' and model.totals' tuple layouts "
                       "or model.arch's flags")
 
 
@@ -157,10 +161,10 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     ``micro_key`` (``int64``, shape ``(4,)``, updated). Returns
     ``(gpu_index, num_gpus, num_nodes, layout, ok, split_status)``, the first five as
     :func:`prefix_values`; ``split_status`` is
-    :func:`~vtrain_fast.model.step.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
+    :func:`~vtrain_fast.model.rules.validate_split`'s code (``BAD_NUM_GPUS`` when not ``ok``),
     or ``REFUSED`` / ``REPEAT`` where it is ``OK`` but Megatron-LM refuses the machine's settings on
-    this plan (:func:`~vtrain_fast.model.step.refused`) / the machine repeats an earlier one
-    (:func:`~vtrain_fast.model.step.repeats`).
+    this plan (:func:`~vtrain_fast.model.rules.refused`) / the machine repeats an earlier one
+    (:func:`~vtrain_fast.model.rules.repeats`).
     """
     gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps)
     mi = digits[A_MODEL]
@@ -618,7 +622,7 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cp
     """Fill the pruning table of :func:`scan_chunk` (``uint8``, shape
     ``(prod(radices[PREFIX_AXES]),)``): 1 where the prefix's num_gpus splits into
     a layout (:func:`~vtrain_fast.model.layout.split_world`) and the model passes
-    :func:`~vtrain_fast.model.step.validate_split` with that split (the shape rules that do
+    :func:`~vtrain_fast.model.rules.validate_split` with that split (the shape rules that do
     not involve the batch sizes, so some batch is valid) and, with an interleaved schedule,
     splits its layers into ``pp * vpp`` chunks, else 0."""
     r = 0

@@ -78,7 +78,7 @@ from .models import check_priced, arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT
 from ..model.settings import (BY_NAME, CHOICES, LAYOUT_SIZES, SAME_PLAN, SETTINGS, SWITCHES, canonical_values,
                               unmet_requirements)
 
-RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.step.RECOMPUTE_*
+RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.params.RECOMPUTE_*
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
 # The training switches a spec takes under [training] (key -> what true does): the registry's
 # bool settings (vtrain_fast.model.settings), in the order of the machine axis.
@@ -470,13 +470,13 @@ def _toml_value(values: tuple) -> str:
     return text[0] if len(text) == 1 else "[" + ", ".join(text) + "]"
 
 
-# Kinds of plan (model.step.plan_case: one bit per size of LAYOUT_SIZES above 1) and the mask of all.
+# Kinds of plan (model.rules.plan_case: one bit per size of LAYOUT_SIZES above 1) and the mask of all.
 NUM_CASES = 1 << len(LAYOUT_SIZES)
 ALL_CASES = (1 << NUM_CASES) - 1
 
 
 def plan_kind(case: int) -> dict:
-    """The kind of plan of bit ``case`` of the repeat and refused masks (``model.step.plan_case``:
+    """The kind of plan of bit ``case`` of the repeat and refused masks (``model.rules.plan_case``:
     bit 1 tp > 1, 2 pp > 1, 4 dp x cp > 1, 8 cp > 1) as :data:`~vtrain_fast.model.settings.LAYOUT_SIZES`
     -> whether that size is 1 ("dp": the data-parallel-with-context group, dp x cp)."""
     return {k: not case & (1 << i) for i, k in enumerate(LAYOUT_SIZES)}
@@ -495,7 +495,7 @@ def effective_settings(preset, sizes_are_1: dict):
 
 
 def repeat_cases(presets, refused: list[int] | None = None) -> list[int]:
-    """Per machine of a sweep's gpu axis, the bit mask ``model.step.repeats`` reads: bit
+    """Per machine of a sweep's gpu axis, the bit mask ``model.rules.repeats`` reads: bit
     ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` set where an earlier machine prices every plan of that
     kind alike (:func:`effective_settings` equal), so its rows would repeat that machine's.
 
@@ -527,7 +527,7 @@ def repeat_cases(presets, refused: list[int] | None = None) -> list[int]:
 
 
 def refused_cases(presets) -> list[int]:
-    """Per machine of a sweep's gpu axis, the bit mask ``model.step.refused`` reads: bit
+    """Per machine of a sweep's gpu axis, the bit mask ``model.rules.refused`` reads: bit
     ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` set where Megatron-LM refuses the machine's settings on
     plans of that kind (:func:`~vtrain_fast.model.settings.unmet_requirements` with the settings
     Megatron-LM switches off there: tp_comm_overlap at tp = 1, where it turns sequence parallelism
