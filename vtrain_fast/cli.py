@@ -286,7 +286,7 @@ def presets(gpus_file: Optional[Path] = GpusOpt):
 
 def _emit_text(text: str, output: Optional[Path], what: str, overwrite: bool, executable: bool = False) -> bool:
     """Print ``text`` (no ``output``: False) or write it to ``output`` atomically, replacing an
-    existing file only with ``overwrite`` (True); ``executable``: a script, mode 0755 less the umask."""
+    existing file only with ``overwrite`` (True); ``executable``: a script (execute bits where read is)."""
     from .io.errors import write_atomically
     if output is None:
         sys.stdout.write(text)
@@ -295,10 +295,9 @@ def _emit_text(text: str, output: Optional[Path], what: str, overwrite: bool, ex
 
     def write(tmp):
         Path(tmp).write_text(text, encoding="utf-8")
-        if executable:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o777 & ~mask & 0o755)
+        if executable:          # as chmod +x: execute where read is allowed
+            mode = os.stat(tmp).st_mode
+            os.chmod(tmp, mode | (mode & 0o444) >> 2)
     write_atomically(output, write, what, replace=overwrite)
     return True
 

@@ -306,7 +306,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
     if dup:
         raise InputError(where, "duplicated column", dup[0].split("_duplicated_")[0],
                          "each column once", "remove the repeated column from the header")
-    check_not_a_jobs_table(df.columns, where)
+    check_not_a_plan_table(df.columns, where)
     check_column_names(df.columns, where)
     if df.height == 0:          # a header alone: say so before any missing column
         raise InputError(where, "rows", 0, "at least one configuration row under the header",
@@ -529,7 +529,6 @@ def without_earlier_results(plans: pl.DataFrame) -> tuple[pl.DataFrame, list[str
     return (plans.drop(old), old) if old else (plans, [])
 
 
-# Columns only the per-job table of ``vtrain-fast schedule`` (its jobs.parquet) has.
 # Tables vtrain-fast writes that are not tables of plans: (columns that mark one, what it is, where
 # its plans are). A table holding every marking column and no ``tp`` column is refused by name.
 OTHER_TABLES = (
@@ -555,7 +554,7 @@ OTHER_TABLES = (
 )
 
 
-def check_not_a_jobs_table(columns, where: str) -> None:
+def check_not_a_plan_table(columns, where: str) -> None:
     """Refuse a table vtrain-fast wrote that is not a table of plans (:data:`OTHER_TABLES`: the
     schedule's jobs, segments and summary, show's events and memory tables) by name, instead of
     reporting its missing plan columns.

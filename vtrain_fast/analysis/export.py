@@ -27,8 +27,8 @@ from __future__ import annotations
 import ast
 import keyword
 import math
-import re
 import os
+import re
 import shlex
 import textwrap
 from dataclasses import dataclass
@@ -1141,7 +1141,7 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
                         f"{seq} tokens, {micro_batches} per data-parallel rank a step.", "    ")
     lines += [f"    {st}" for st in body]
     lines.append("    return config")
-    source = _checked_python("\n".join(lines) + "\n", "torchtitan")
+    source = "\n".join(lines) + "\n"          # read back by Export.text (_checked_python)
     return Export("torchtitan", tuple(body), tuple(notes), launcher, source)
 
 
@@ -1151,7 +1151,6 @@ def recipe_module_problem(name: str) -> str | None:
     identifier, or a keyword; one Python reads as another name (identifiers are NFKC-normalised:
     ``ｆoo`` is imported as ``foo``); or a module the run itself imports (torchtitan, torch, a
     standard library module), which the file, first on the import path, would replace."""
-    import keyword
     import sys
     import unicodedata
     stem, suffix = os.path.splitext(name)
@@ -1247,7 +1246,6 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
     from ..hardware.gpus import PRESETS
     from ..io.writer import read_manifest
     from .evaluate import evaluate_frame, read_csv, without_earlier_results
-    from ..io.schema import DERIVED_NAMES
     from .query import DEFAULT_MEMORY_MARGIN, feasible_plans, where_filter, with_cluster_columns, with_memory_headroom
     path = Path(source)
     set_aside: list = []
@@ -1265,7 +1263,6 @@ def read_plan(source: str | Path, where=(), row: int | None = None, models: dict
         # a table of earlier results (pareto -o, evaluate -o, plan -o, advise -o) is priced again from its
         # inputs; its memory marks too (recomputed below, not read: a label may be stale)
         plans, set_aside = without_earlier_results(read_csv(path))
-        plans = plans.drop([c for c in DERIVED_NAMES if c in plans.columns])
         priced = evaluate_frame(plans, str(path), gpus=gpus, models=models)
         df = with_memory_headroom(priced.lazy(), {"gpus": {g: None for g in priced["gpu"].unique().to_list()}},
                                   DEFAULT_MEMORY_MARGIN).filter(pl.col("status") == "ok").collect()

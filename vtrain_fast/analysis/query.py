@@ -430,13 +430,12 @@ def scan_results(folder: str | Path) -> pl.LazyFrame:
         fields disagree (:func:`vtrain_fast.io.writer.final_problem`, and its spec and machines:
         :func:`vtrain_fast.plan.spec.recorded_spec_problem`).
     """
-    paths = result_paths(folder)
     manifest = read_manifest(folder)
     problem = recorded_spec_problem(manifest)
     if problem:
         raise InputError(str(Path(folder) / "manifest.json"), *problem, "the manifest was edited or damaged: "
                          + rebuild_fix(manifest, folder) + ", or rerun it with --overwrite")
-    return pl.scan_parquet([str(p) for p in paths])
+    return pl.scan_parquet([str(p) for p in result_paths(folder, manifest)])
 
 
 def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyFrame:

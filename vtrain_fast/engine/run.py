@@ -31,7 +31,7 @@ from ..plan.spec import SweepSpec, recorded_spec_problem
 from .chunks import (CANDIDATE_SCHEMA, DICTIONARY_COLUMNS, INDEX_COLUMN, ROW_BUFFERS_PER_LANE, STORAGE_SCHEMA,
                      ChunkEvaluator, Keep, Plan, _LaneSink, parse_keep, plan_sweep, reduce_candidates, run_chunk)
 from ..io.writer import (FINAL, MANIFEST, MANIFEST_FORMAT, SHARD_MANIFEST_RE, FolderLock, PartWriter,
-                     _record_problem, candidate_name, check_files, check_manifest, clear_folder, cluster_problem, file_problem,
+                     _record_problem, at_odds, candidate_name, check_files, check_manifest, clear_folder, file_problem,
                      final_problem, is_sweep_file,
                      part_name, read_json, rebuild_fix, remove_leftovers, shard_manifest_name, write_json_atomic)
 
@@ -136,9 +136,11 @@ def _final_problems(folder: Path, state: dict) -> list[tuple[str, str]]:
 # Keys a finished manifest adds to the run's state (:func:`finalize`); dropped when a damaged
 # folder is reopened for repair.
 _FINAL_KEYS = ("complete", "num_rows", "status_counts", "pruned_points", "parts", "files", "shards")
-# Keys of the header that follow from what the sweep key covers (spec, machine vectors); written again
-# from the run's header when a damaged folder is reopened (plan.spec.recorded_spec_problem checks them).
-_MACHINE_KEYS = ("spec", "gpus", "setting_axes", "setting_values", "machine_vectors")
+# Keys of a run's state that are not the header's: every other key follows from what the sweep key
+# covers (spec, machine vectors, plan), so a reopened folder takes them from this run's header (a
+# description edited in the manifest is written again; io.writer.cluster_problem and
+# plan.spec.recorded_spec_problem say when one was).
+_RUN_KEYS = ("complete", "created", "elapsed_s", "chunks", "resumed")
 
 
 def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
@@ -186,16 +188,16 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
                              "changed since it ran: its rows would not match new ones")
                              + "); pass --overwrite to replace it, or choose another -o")
         check_manifest(old, path, whole=shard is None, final=False)     # the result fields: below
-        machines = ((cluster_problem(old) or recorded_spec_problem(old)) if old.get("complete") and shard is None
-                    else None)
-        old.update({k: header[k] for k in _MACHINE_KEYS if k in header})     # the same sweep key: the same machines
+        # a finished manifest at odds with itself (its machines, its spec's grid, its result fields)
+        odd = ((final_problem(old) or recorded_spec_problem(old)) if old.get("complete") and shard is None
+               else None)
+        old.update({k: v for k, v in header.items() if k not in _RUN_KEYS})     # the same sweep key
         damaged = _damaged_chunks(folder, old, chunks)
         chunk_files = {n for _, n, _ in damaged}
         final = ([(n, prob) for n, prob in _final_problems(folder, old) if n not in chunk_files]
                  if old.get("complete") and shard is None else [])
-        odd = machines or (final_problem(old) if old.get("complete") and shard is None else None)
         if odd:             # a result that disagrees with the chunks is written again from them
-            final.append((MANIFEST, f"at odds with its chunks ({odd[0]} = {odd[1]!r}, where it must be {odd[2]})"))
+            final.append((MANIFEST, at_odds(odd)))
         if old.get("complete"):
             if not damaged and not final:
                 raise InputError(str(folder), "output folder", str(folder),
@@ -205,9 +207,6 @@ def _open_run(folder: Path, header: dict, shard, chunks: range, overwrite: bool,
             for k in _FINAL_KEYS:
                 old.pop(k, None)
             old["complete"] = False
-            # same sweep key: this run's spec, grid, plan and machines are the folder's; a description
-            # edited in the manifest is written again from them
-            old.update({k: v for k, v in header.items() if k not in ("complete", "created", "elapsed_s", "chunks")})
             if shard is not None and (folder / MANIFEST).exists():
                 (folder / MANIFEST).unlink()      # the merged result no longer holds: merge again after
             for n, prob in final:

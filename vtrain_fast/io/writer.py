@@ -833,13 +833,22 @@ def folder_problems(folder: str | Path, manifest: dict) -> list[tuple[str, str]]
     out = [(n, prob) for n, r in records.items() if (prob := file_problem(Path(folder), r, key))]
     problem = final_problem(manifest) if manifest.get("complete") and not manifest.get("shard") else None
     if problem:
-        out.append((MANIFEST, f"at odds with its chunks ({problem[0]} = {problem[1]!r}, where it must be {problem[2]})"))
+        out.append((MANIFEST, at_odds(problem)))
     return out
 
 
-def result_paths(folder: str | Path) -> list[Path]:
+def at_odds(problem: tuple[str, object, str]) -> str:
+    """How a rerun names a manifest field that disagrees (``(field, value, what it must be)``, the
+    answer of :func:`final_problem`, :func:`cluster_problem` or
+    :func:`vtrain_fast.plan.spec.recorded_spec_problem`)."""
+    field, value, must = problem
+    return f"at odds with its chunks ({field} = {value!r}, where it must be {must})"
+
+
+def result_paths(folder: str | Path, manifest: dict | None = None) -> list[Path]:
     """The files of a finished results folder, as its manifest lists them, each checked
-    (:func:`file_problem`): the only files readers read.
+    (:func:`file_problem`): the only files readers read. ``manifest``: the folder's, already read
+    by :func:`read_manifest` (else it is read here).
 
     Raises
     ------
@@ -848,7 +857,7 @@ def result_paths(folder: str | Path) -> list[Path]:
         file that is missing, truncated or damaged, naming it and how to rebuild it.
     """
     folder = Path(folder)
-    manifest = read_manifest(folder)          # checked: check_manifest
+    manifest = read_manifest(folder) if manifest is None else manifest      # checked: check_manifest
     files, parts = manifest["files"], manifest["parts"]
     records = [files[name] for name in parts]
     check_files(folder, records, rebuild_fix(manifest, folder), manifest.get("sweep_key"))
