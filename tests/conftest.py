@@ -87,18 +87,18 @@ def check_step_against_twin(rng, hw, label="") -> None:
     import numpy as np
 
     import reference as ref
-    from vtrain_fast.model import layout, params, step
+    from vtrain_fast.model import layout, records, step
     from vtrain_fast.model.arch import DEFAULT_ARCH
     b, t = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2, 4, 8]))
     p, d = int(rng.choice([1, 3, 4])), int(rng.choice([1, 2, 8]))
     cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 4096])), d * b * 8 * p, b, t, p, d,
            int(rng.integers(0, 3)), 1e12, hw, DEFAULT_ARCH._replace(gated_mlp=float(rng.integers(0, 2))))
-    out = np.empty((params.NUM_OUTPUTS, 1))
+    out = np.empty((records.NUM_OUTPUTS, 1))
     code = step.step(*[float(x) for x in cfg[:9]], layout.Layout(cfg[9], 1, cfg[11], cfg[10]), cfg[12], cfg[13],
                      cfg[14], out, 0, cfg[15])
     r_code, r_out = ref.step(*cfg)
     assert code == r_code, label
-    for k, name in enumerate(params.OUTPUT_NAMES):
+    for k, name in enumerate(records.OUTPUT_NAMES):
         assert out[k, 0] == pytest.approx(r_out[name], rel=1e-12, nan_ok=True), (label, name)
 
 
@@ -197,11 +197,11 @@ def sweep_all_rows(grid):
     ``(inputs, tokens, out, status)`` as ``model.sweep.sweep_chunk`` fills them."""
     import numpy as np
 
-    from vtrain_fast.model import layout, params, step
+    from vtrain_fast.model import layout, records, step
     from vtrain_fast.model import sweep as ks
     n = grid.num_points
     inputs, tokens = np.empty((ks.NUM_INPUTS, n), np.int64), np.empty(n, np.float64)
-    out, status = np.empty((params.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8)
+    out, status = np.empty((records.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8)
     ks.sweep_chunk(0, n, *grid.kernel_args(), inputs, tokens, out, status)
     return inputs, tokens, out, status
 

@@ -10,7 +10,7 @@ mirrored here makes the twin tests fail; that is the point.
 Conventions
 -----------
 * Machine vectors (``hw``) are any indexable sequence laid out as
-  :data:`vtrain_fast.model.params.HW_FIELDS`; fields are read by *name* through :func:`hw_get`,
+  :data:`vtrain_fast.model.records.HW_FIELDS`; fields are read by *name* through :func:`hw_get`,
   never by a hard-coded position.
 * Symbols are Megatron-LM's: ``b`` micro_batch_size, ``s`` seq_length, ``h`` hidden_size,
   ``a`` num_attention_heads, ``g`` num_query_groups, ``f`` ffn_hidden_size, ``v`` vocab_size,
@@ -24,14 +24,14 @@ from __future__ import annotations
 import math
 from collections import namedtuple
 
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.records import HW_FIELDS
 from vtrain_fast.model.settings import BY_NAME as SETTINGS_BY_NAME
 
 _FIELD_INDEX = {name: k for k, name in enumerate(HW_FIELDS)}
 
 
 def hw_get(hw, name: str) -> float:
-    """Field ``name`` of machine vector ``hw`` (see ``model.params.HW_FIELDS``)."""
+    """Field ``name`` of machine vector ``hw`` (see ``model.records.HW_FIELDS``)."""
     return float(hw[_FIELD_INDEX[name]])
 
 
@@ -113,7 +113,7 @@ def mla_weights_on_rank(h, a, t, arch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Status codes and output layout (restated; tests check them against model.params)
+# Status codes and output layout (restated; tests check them against model.records)
 # ---------------------------------------------------------------------------------------------
 OK, BAD_INPUT, BAD_NUM_GPUS, BAD_HEADS, BAD_LAYERS, BAD_BATCH, OUT_OF_MEMORY, REPEAT, REFUSED, BAD_SEQ_LENGTH = range(10)
 

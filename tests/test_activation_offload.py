@@ -18,9 +18,9 @@ from vtrain_fast.analysis.export import bridge_overrides, megatron_args, torchti
 from vtrain_fast.analysis.show import HOST_PARTS, MEMORY_PARTS, show_plan
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import costs, offload, ops, params, step
+from vtrain_fast.model import costs, offload, ops, records, step
 from vtrain_fast.model.layout import Layout
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.records import HW_FIELDS
 from pathlib import Path
 
 GiB = 1024.0 ** 3
@@ -37,9 +37,9 @@ def _kernel(B=64, b=2, t=1, p=1, d=8, recompute=0, layers=L, gpu="a100-sxm4-80gb
     (GPUPreset fields: training settings, host_link_GBps, ...)."""
     g = dataclasses.replace(PRESETS[gpu], use_flash_attn=True, **settings)
     hw = machine_vector(g)
-    out = np.full((params.NUM_OUTPUTS, 1), np.nan)
+    out = np.full((records.NUM_OUTPUTS, 1), np.nan)
     code = step.step(layers, H, A, A, F, V, S, B, b, Layout(t, 1, d, p), recompute, 1e11, hw, out, 0)
-    return {n: float(out[k, 0]) for k, n in enumerate(params.OUTPUT_NAMES)}, int(code), hw
+    return {n: float(out[k, 0]) for k, n in enumerate(records.OUTPUT_NAMES)}, int(code), hw
 
 
 def _layer_bytes(b=2, t=1):
@@ -54,7 +54,7 @@ def _layer_bytes(b=2, t=1):
 def test_offloading_k_layers_frees_exactly_k_layers_of_activations(k):
     base, code0, _ = _kernel()
     off, code1, _ = _kernel(cpu_offloading_num_layers=k)
-    assert code0 == code1 == params.OK
+    assert code0 == code1 == records.OK
     # TE >= 2.10: activation memory of (num_layers - k) layers, the copy in flight included
     assert (base["activations_GiB"] - off["activations_GiB"]) * GiB == pytest.approx(k * _layer_bytes(), rel=1e-12)
     assert base["model_states_GiB"] == off["model_states_GiB"]
@@ -71,8 +71,8 @@ def test_offloaded_bf16_and_moe_layers_move_their_own_bytes():
     first = (base["activations_GiB"] - off1["activations_GiB"]) * GiB
     second = (off1["activations_GiB"] - off2["activations_GiB"]) * GiB
     mb = costs.micro_batch_costs(2.0, S, H, A, A, F, V, 1.0, hw)
-    assert second == pytest.approx(mb[costs.M_ACT_LAYER], rel=1e-12)            # an FP8 layer
-    assert first == pytest.approx(mb[costs.M_ACT_LAYER] + mb[costs.M_BF16_ACT], rel=1e-12)
+    assert second == pytest.approx(mb.layer_activation_bytes, rel=1e-12)            # an FP8 layer
+    assert first == pytest.approx(mb.layer_activation_bytes + mb.bf16_layer_activation_extra_bytes, rel=1e-12)
     assert first > second
 
 
@@ -91,7 +91,7 @@ def test_every_layer_but_the_last_offloaded_waits_for_both_directions_in_full():
     off, code, _ = _kernel(cpu_offloading_num_layers=L - 1, host_link_GBps=link)
     base, _, _ = _kernel(host_link_GBps=link)
     m = 64 / (8 * 2)
-    assert code in (params.OK, params.OUT_OF_MEMORY)
+    assert code in (records.OK, records.OUT_OF_MEMORY)
     assert off["offload_s"] == pytest.approx(m * 2.0 * (L - 1) * _layer_bytes() / (link * 1e9), rel=1e-12)
     assert off["iteration_time_s"] == pytest.approx(base["iteration_time_s"] + off["offload_s"], rel=1e-12)
 
@@ -101,8 +101,8 @@ def test_a_slow_link_exposes_what_the_copies_take_beyond_the_other_layers_comput
     off, _, hw = _kernel(cpu_offloading_num_layers=12, host_link_GBps=link)
     mb = costs.micro_batch_costs(2.0, S, H, A, A, F, V, 1.0, hw)
     copy = _layer_bytes() / (link * 1e9)
-    assert copy > mb[costs.M_BWD] > mb[costs.M_FWD]       # the link is the bottleneck both ways
-    per_mb = (12 * copy - (L - 2) * mb[costs.M_FWD]) + (12 * copy - (L - 2) * mb[costs.M_BWD])
+    assert copy > mb.layer_backward_s > mb.layer_forward_s       # the link is the bottleneck both ways
+    per_mb = (12 * copy - (L - 2) * mb.layer_forward_s) + (12 * copy - (L - 2) * mb.layer_backward_s)
     assert off["offload_s"] == pytest.approx(4.0 * per_mb, rel=1e-12) and off["offload_s"] > 0.0
     faster, _, _ = _kernel(cpu_offloading_num_layers=12, host_link_GBps=4 * link)
     assert faster["offload_s"] < off["offload_s"]
@@ -127,7 +127,7 @@ def test_the_kernel_matches_its_twin_with_offloading():
         out, code, hw = _kernel(**settings)
         r_code, r_out = ref.step(L, H, A, A, F, V, S, 64, 2, 1, 1, 8, 0, 1e11, hw)
         assert code == r_code
-        for name in params.OUTPUT_NAMES:
+        for name in records.OUTPUT_NAMES:
             assert out[name] == pytest.approx(r_out[name], rel=1e-12, abs=1e-15), (settings, name)
 
 
@@ -138,17 +138,17 @@ def test_the_kernel_matches_its_twin_with_offloading():
 def test_megatron_refuses_offloading_with_pipelines_recomputation_or_every_layer(case):
     kw = {"cpu_offloading_num_layers": 4, **case}
     out, code, _ = _kernel(**kw)
-    assert code == params.REFUSED and math.isnan(out["iteration_time_s"])
+    assert code == records.REFUSED and math.isnan(out["iteration_time_s"])
 
 
 def test_odd_machine_vectors_never_raise():
     g = dataclasses.replace(PRESETS["a100-sxm4-80gb"], use_flash_attn=True)
-    out = np.full((params.NUM_OUTPUTS, 1), np.nan)
+    out = np.full((records.NUM_OUTPUTS, 1), np.nan)
     for k in (-3.0, 0.5, 1e9, math.nan):
         hw = machine_vector(g)
         hw[HW_FIELDS.index("cpu_offloading_num_layers")] = k
         code = step.step(L, H, A, A, F, V, S, 64, 2, Layout(1, 1, 8, 1), 0, 1e11, hw, out, 0)
-        assert code in (params.OK, params.OUT_OF_MEMORY, params.REFUSED)
+        assert code in (records.OK, records.OUT_OF_MEMORY, records.REFUSED)
     assert offload.activation_offload_exposed_s(0.0, 24.0, 1.0, 1.0) == 0.0
     assert offload.activation_offload_exposed_s(3.0, 24.0, 0.0, 1.0) == 0.0
 
@@ -182,8 +182,8 @@ def test_parameter_offloading_adds_the_shard_copies_beyond_the_prefetch():
     assert off["dp_comm_s"] == z3["dp_comm_s"] and off["compute_s"] == z3["compute_s"]
     mb = costs.micro_batch_costs(2.0, S, H, A, A, F, V, 1.0, hw)
     split = costs.split_costs(L, H, A, A, F, V, S, Layout(1, 1, 8, 1), hw)
-    ag, ag_head = split[costs.S_AG_LAYER], split[costs.S_AG_HEAD]
-    fwd, back, head = mb[costs.M_FWD], mb[costs.M_BWD], mb[costs.M_HEAD]
+    ag, ag_head = split.zero3_layer_gather_s, split.zero3_head_gather_s
+    fwd, back, head = mb.layer_forward_s, mb.layer_backward_s, mb.head_s
     p_layer = 12 * H * H + 13 * H
     c = 4.0 * p_layer / 8 / (link * 1e9)                    # one fp32 shard copy of a layer, each way
     c_emb, c_head = 4.0 * (V * H + S * H) / 8 / 1e9, 4.0 * (V * H + 2 * H) / 8 / 1e9
@@ -203,7 +203,7 @@ def test_parameter_offloading_adds_the_shard_copies_beyond_the_prefetch():
 def test_parameter_offloading_has_no_effect_where_nothing_is_sharded():
     one, code, _ = _kernel(B=16, d=1, zero_stage=3, param_cpu_offload=True)
     plain, _, _ = _kernel(B=16, d=1)
-    assert code in (params.OK, params.OUT_OF_MEMORY)
+    assert code in (records.OK, records.OUT_OF_MEMORY)
     assert {k: v for k, v in one.items()} == pytest.approx(plain, rel=0, abs=0)
 
 

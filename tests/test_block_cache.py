@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vtrain_fast.plan import grid as grid_mod
-from vtrain_fast.model import params
+from vtrain_fast.model import records
 from vtrain_fast.model import sweep as ks
 from vtrain_fast.plan.spec import parse_spec
 
@@ -38,15 +38,15 @@ def grid():
 
 def _buffers(n):
     return (np.empty((ks.NUM_INPUTS, n), np.int64), np.empty(n, np.float64),
-            np.empty((params.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8))
+            np.empty((records.NUM_OUTPUTS, n), np.float64), np.empty(n, np.int8))
 
 
 def _step_rows(g, inputs, tokens):
     """``step`` (through evaluate_rows) on the configurations in ``inputs``."""
     n = inputs.shape[1]
     cols = ks.rows_from_inputs(inputs)
-    hw_rows = np.ascontiguousarray(g.hw_table[inputs[ks.I_GPU]])
-    out = np.empty((params.NUM_OUTPUTS, n), np.float64)
+    hw_rows = np.ascontiguousarray(g.hw_table[inputs[ks.INPUT.gpu_index]])
+    out = np.empty((records.NUM_OUTPUTS, n), np.float64)
     status = np.empty(n, np.int8)
     ks.evaluate_rows(cols, np.ascontiguousarray(tokens), hw_rows, out, status)
     return out, status
@@ -54,7 +54,7 @@ def _step_rows(g, inputs, tokens):
 
 def _assert_same_as_step(g, inputs, tokens, out, status):
     ref_out, ref_status = _step_rows(g, inputs, tokens)
-    ok = status != params.BAD_NUM_GPUS          # evaluate_rows cannot express a bad split
+    ok = status != records.BAD_NUM_GPUS          # evaluate_rows cannot express a bad split
     assert (status[ok] == ref_status[ok]).all()
     assert np.array_equal(out[:, ok], ref_out[:, ok], equal_nan=True)
     assert np.isnan(out[:, ~ok]).all()
@@ -64,7 +64,7 @@ def test_sweep_chunk_rows_are_steps_rows(grid):
     n = grid.num_points
     inputs, tokens, out, status = _buffers(n)
     ks.sweep_chunk(0, n, *grid.kernel_args(), inputs, tokens, out, status)
-    assert {params.OK, params.OUT_OF_MEMORY, params.BAD_NUM_GPUS, params.BAD_BATCH} <= set(status.tolist())
+    assert {records.OK, records.OUT_OF_MEMORY, records.BAD_NUM_GPUS, records.BAD_BATCH} <= set(status.tolist())
     _assert_same_as_step(grid, inputs, tokens, out, status)
     # any window (caches start cold at its first point) gives the same rows
     rng = np.random.default_rng(3)
@@ -92,9 +92,9 @@ def test_sweep_points_rows_are_steps_rows(grid):
 def test_scan_chunk_keeps_steps_values(grid):
     n = grid.num_points
     nb = -(-n // ks.BLOCK)
-    obj_col = np.array([params.O_COST, params.O_ITER], np.int64)
+    obj_col = np.array([records.OUTPUT.cost_usd, records.OUTPUT.iteration_time_s], np.int64)
     cand_idx, cand_vals = np.empty(n, np.int64), np.empty((2, n), np.float64)
-    fill, bstat, pruned = np.empty(nb, np.int64), np.empty((nb, params.NUM_STATUS), np.int64), np.empty(nb, np.int64)
+    fill, bstat, pruned = np.empty(nb, np.int64), np.empty((nb, records.NUM_STATUS), np.int64), np.empty(nb, np.int64)
     ks.scan_chunk(0, n, *grid.kernel_args(), np.empty(0, np.uint8), ks.KEEP_FEASIBLE,
                   np.zeros(2, np.int64), obj_col, np.ones(2), np.empty((0, 2)), np.empty(0, np.int64),
                   cand_idx, cand_vals, fill, bstat, pruned)
@@ -103,5 +103,5 @@ def test_scan_chunk_keeps_steps_values(grid):
     ks.compact_candidates(cand_idx, cand_vals, fill, idx, vals, 0)
     inputs, tokens, out, status = _buffers(n)
     ks.sweep_chunk(0, n, *grid.kernel_args(), inputs, tokens, out, status)
-    assert np.array_equal(idx, np.flatnonzero(status == params.OK))
+    assert np.array_equal(idx, np.flatnonzero(status == records.OK))
     assert np.array_equal(vals, out[obj_col][:, idx].T)

@@ -13,10 +13,10 @@ import reference as ref
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector, with_overrides
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import comm, memory, ops
-from vtrain_fast.model import costs, overlap, params, rules, step
+from vtrain_fast.model import comm, ops
+from vtrain_fast.model import costs, overlap, records, rules, step
 from vtrain_fast.model.layout import Layout, dp_cp_size, dp_cp_stride
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.records import HW_FIELDS
 from vtrain_fast.plan.spec import parse_spec
 from vtrain_fast.model.arch import DEFAULT_ARCH
 
@@ -31,10 +31,10 @@ def hw_of(gpu="h100-sxm-80gb", **settings):
 
 
 def run(L, h, a, g, f, v, s, B, b, lay, rc=0, hw=None, gated=1.0, tokens=1e12):
-    out = np.empty((params.NUM_OUTPUTS, 1))
+    out = np.empty((records.NUM_OUTPUTS, 1))
     st = step.step(L, h, a, g, f, v, s, B, b, lay, rc, tokens, hw_of() if hw is None else hw, out, 0,
                     DEFAULT_ARCH._replace(gated_mlp=float(gated)))
-    return st, dict(zip(params.OUTPUT_NAMES, out[:, 0]))
+    return st, dict(zip(records.OUTPUT_NAMES, out[:, 0]))
 
 
 def plans(**cols):
@@ -104,10 +104,10 @@ def test_activations_follow_korthikanti_with_s_over_cp():
     for cp in (1.0, 2.0, 4.0):
         mb = costs.micro_batch_costs(b, s, h, a, a, 4 * h, 51200.0, t, hw, DEFAULT_ARCH, cp)
         sl = s / cp
-        assert mb[costs.M_ACT_LAYER] == pytest.approx(sl * b * h * (10 + 24 / t) + 4 * b * a / t * sl, rel=1e-12)
+        assert mb.layer_activation_bytes == pytest.approx(sl * b * h * (10 + 24 / t) + 4 * b * a / t * sl, rel=1e-12)
     st1, one = run(96, 12288, 96, 96, 4 * 12288, 51200, 8192, 32, 1, Layout(8, 1, 4, 8), hw=hw, gated=0.0)
     st2, two = run(96, 12288, 96, 96, 4 * 12288, 51200, 8192, 32, 1, Layout(8, 2, 4, 8), hw=hw, gated=0.0)
-    assert st1 in (params.OK, params.OUT_OF_MEMORY) and st2 in (params.OK, params.OUT_OF_MEMORY)
+    assert st1 in (records.OK, records.OUT_OF_MEMORY) and st2 in (records.OK, records.OUT_OF_MEMORY)
     assert two["activations_GiB"] == pytest.approx(one["activations_GiB"] / 2, rel=1e-12)   # halves exactly
     assert two["model_states_GiB"] == one["model_states_GiB"]          # no ZeRO: states are not sharded
 
@@ -121,11 +121,11 @@ def test_gradients_are_reduced_and_sharded_over_dp_times_cp():
         hw = hw_of(zero_stage=zero)
         s2 = costs.split_costs(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, lay2, hw, DEFAULT_ARCH._replace(gated_mlp=1.0))
         s1 = costs.split_costs(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, lay1, hw, DEFAULT_ARCH._replace(gated_mlp=1.0))
-        assert s2[costs.S_DP] == s1[costs.S_DP] > 0.0
-        assert s2[costs.S_OPT] == s1[costs.S_OPT]
-        p = s2[costs.S_P_FIRST]
-        assert s2[costs.S_DP] == (comm.group_reduce_scatter_allgather_s if zero else comm.group_allreduce_s)(
-            2.0 * max(p, s2[costs.S_P_LAST]), 8.0, 4.0, hw)
+        assert s2.dp_comm_s == s1.dp_comm_s > 0.0
+        assert s2.optimizer_s == s1.optimizer_s
+        p = s2.params_first
+        assert s2.dp_comm_s == (comm.group_reduce_scatter_allgather_s if zero else comm.group_allreduce_s)(
+            2.0 * max(p, s2.params_last), 8.0, 4.0, hw)
         _, r2 = run(32, 4096, 32, 8, 14336, 128256, 8192, 64, 1, lay2, hw=hw)
         _, r1 = run(32, 4096, 32, 8, 14336, 128256, 8192, 64, 1, Layout(4, 1, 4, 2), hw=hw)
         # ZeRO-1: 4 + 12 / (dp x cp) bytes per parameter, not 4 + 12 / dp
@@ -187,25 +187,25 @@ def test_ring_exchange_is_exposed_across_nodes_and_all_gather_exposes_more():
 def test_cp_comm_type_has_no_effect_at_cp_1():
     a = evaluate_frame(plans(cp=[1]))
     b = evaluate_frame(plans(cp=[1], cp_comm_type=["all_gather"]))
-    for col in params.OUTPUT_NAMES:
+    for col in records.OUTPUT_NAMES:
         assert a[col][0] == b[col][0], col
 
 
 # ------------------------------------------------------------------------------ statuses
 def test_seq_length_not_divisible_by_2cp_is_a_status():
     st, out = run(32, 4096, 32, 8, 14336, 128256, 8190, 16, 1, Layout(4, 2, 2, 1))
-    assert st == params.BAD_SEQ_LENGTH and math.isnan(out["iteration_time_s"])
-    assert run(32, 4096, 32, 8, 14336, 128256, 8190, 16, 1, Layout(4, 1, 2, 1))[0] == params.OK
-    assert run(32, 4096, 32, 8, 14336, 128256, 8196, 16, 1, Layout(4, 2, 2, 1))[0] == params.OK   # 8196 % 4 == 0
+    assert st == records.BAD_SEQ_LENGTH and math.isnan(out["iteration_time_s"])
+    assert run(32, 4096, 32, 8, 14336, 128256, 8190, 16, 1, Layout(4, 1, 2, 1))[0] == records.OK
+    assert run(32, 4096, 32, 8, 14336, 128256, 8196, 16, 1, Layout(4, 2, 2, 1))[0] == records.OK   # 8196 % 4 == 0
     df = evaluate_frame(plans(cp=[4, 2], seq_length=[8196, 8196]))
     assert df["status"].to_list() == ["bad_seq_length", "ok"]
 
 
 def test_cp_without_flash_attention_is_refused():
     st, out = run(32, 4096, 32, 8, 14336, 128256, 8192, 16, 1, Layout(4, 2, 2, 1), hw=hw_of(use_flash_attn=False))
-    assert st == params.REFUSED and math.isnan(out["mfu"])
+    assert st == records.REFUSED and math.isnan(out["mfu"])
     assert run(32, 4096, 32, 8, 14336, 128256, 8192, 16, 1, Layout(4, 1, 2, 1),
-               hw=hw_of(use_flash_attn=False))[0] in (params.OK, params.OUT_OF_MEMORY)
+               hw=hw_of(use_flash_attn=False))[0] in (records.OK, records.OUT_OF_MEMORY)
 
 
 def test_evaluate_checks_num_gpus_against_tp_cp_pp_dp():
@@ -257,7 +257,7 @@ def test_small_sweep_with_cp_matches_evaluate_and_the_twin(write_spec, tmp_path,
     assert at2.height > 0 and (at2["cp_comm_s"] >= 0).all()
     # evaluate reads the rows back and prices them alike
     rows = priced.head(40)
-    again = evaluate_frame(rows.select([c for c in rows.columns if c not in params.OUTPUT_NAMES and c != "status"])
+    again = evaluate_frame(rows.select([c for c in rows.columns if c not in records.OUTPUT_NAMES and c != "status"])
                            .with_columns(pl.col(pl.Categorical).cast(pl.String)))
     for col in ("iteration_time_s", "memory_per_gpu_GiB", "cp_comm_s", "mfu"):
         assert np.array_equal(again[col].to_numpy(), rows[col].to_numpy()), col

@@ -12,7 +12,7 @@ from conftest import ONE_POINT_SPEC
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import layout, params, step
+from vtrain_fast.model import layout, records, step
 from vtrain_fast.plan.spec import parse_spec
 
 PLANS = pl.DataFrame({
@@ -66,11 +66,11 @@ def test_step_with_flash_matches_twin():
         d = int(rng.choice([1, 2, 8]))
         cfg = (8 * p, 4096, 32, 8, 14336, 128256, int(rng.choice([2048, 8192])), d * b * 8, b, t, p, d,
                int(rng.integers(0, 2)), 1e12, hw)
-        out = np.empty((params.NUM_OUTPUTS, 1))
+        out = np.empty((records.NUM_OUTPUTS, 1))
         code = step.step(*[float(x) for x in cfg[:9]], layout.Layout(cfg[9], 1, cfg[11], cfg[10]), cfg[12], cfg[13], cfg[14], out, 0)
         r_code, r_out = ref.step(*cfg)
         assert code == r_code
-        for k, name in enumerate(params.OUTPUT_NAMES):
+        for k, name in enumerate(records.OUTPUT_NAMES):
             assert out[k, 0] == pytest.approx(r_out[name], rel=1e-12, nan_ok=True), name
 
 

@@ -15,7 +15,7 @@ from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import costs, memory, ops
-from vtrain_fast.model.params import HW_FIELDS, PRECISION_FP8
+from vtrain_fast.model.records import HW_FIELDS, PRECISION_FP8
 from vtrain_fast.model.settings import BY_NAME, rules_markdown
 from vtrain_fast.plan.spec import has_fp8, parse_spec
 

@@ -12,7 +12,7 @@ import pytest
 import reference as ref
 from conftest import check_step_against_twin
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import layer_split, layout, params, step
+from vtrain_fast.model import layer_split, layout, records, step
 from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.model.settings import NOT_FP8, BY_NAME, rules_markdown
 
@@ -27,10 +27,10 @@ def hw(**kw):
 
 def run(vec, p=4, t=4, d=2, b=1, rc=0, layers=L):
     """Llama-3-8B-like shape at 8k tokens; returns (status, outputs by name)."""
-    out = np.empty((params.NUM_OUTPUTS, 1))
+    out = np.empty((records.NUM_OUTPUTS, 1))
     code = step.step(float(layers), 4096.0, 32.0, 8.0, 14336.0, 128256.0, 8192.0, float(d * b * 8 * p), float(b),
                      layout.Layout(t, 1, d, p), rc, 1e12, vec, out, 0, LLAMA)
-    return code, dict(zip(params.OUTPUT_NAMES, out[:, 0]))
+    return code, dict(zip(records.OUTPUT_NAMES, out[:, 0]))
 
 
 def test_the_counts_are_registry_settings_with_megatron_names_and_no_effect_in_bf16():

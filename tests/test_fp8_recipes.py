@@ -15,7 +15,7 @@ from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import costs, memory, ops
 from vtrain_fast.model.arch import DEFAULT_ARCH
-from vtrain_fast.model.params import FP8_MXFP8, FP8_TENSORWISE, HW_FIELDS
+from vtrain_fast.model.records import FP8_MXFP8, FP8_TENSORWISE, HW_FIELDS
 from vtrain_fast.model.settings import NOT_FP8, BY_NAME, rules_markdown
 from vtrain_fast.plan.spec import has_mxfp8, parse_spec
 
@@ -101,8 +101,8 @@ def test_mxfp8_scales_cost_their_sourced_bytes():
     args = (B, S, H, A, G, F, 51200.0, T)
     cd = costs.micro_batch_costs(*args, delayed, DEFAULT_ARCH)
     cm = costs.micro_batch_costs(*args, mx, DEFAULT_ARCH)
-    assert cm[costs.M_FP8_WEIGHTS] - cd[costs.M_FP8_WEIGHTS] == pytest.approx(2.0 / 32.0 * w)
-    assert cm[costs.M_FP8_CAST] > cd[costs.M_FP8_CAST]
+    assert cm.fp8_weight_bytes - cd.fp8_weight_bytes == pytest.approx(2.0 / 32.0 * w)
+    assert cm.fp8_weight_cast_s > cd.fp8_weight_cast_s
 
 
 def test_mxfp8_memory_vs_delayed_in_evaluate():

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from vtrain_fast.model.records import INPUT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden.json"
@@ -55,9 +56,9 @@ def sweep_digest(spec) -> str:
     from vtrain_fast.engine.chunks import RowBuffers
     from vtrain_fast.plan.grid import build_grid
     from vtrain_fast.model.sweep import sweep_chunk
-    from vtrain_fast.model.sweep import INPUT_NAMES
+    
     from vtrain_fast.model.arch import BY_NAME as ARCH_BY_NAME
-    from vtrain_fast.model.params import OUTPUT_NAMES
+    from vtrain_fast.model.records import OUTPUT_NAMES
     grid = build_grid(spec)
     h = hashlib.sha256()
     b = RowBuffers(CHUNK)

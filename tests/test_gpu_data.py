@@ -12,6 +12,7 @@ from vtrain_fast.io.errors import InputError
 from vtrain_fast.hardware.gpus import (GPU_DATA_DIR, GPU_FIELD_RANGES, GPU_FLAGS, OPTIONAL_GPU_FIELD_RANGES,
                                   PRESETS, load_gpu_files, machine_vector)
 from vtrain_fast.plan.spec import parse_spec
+from vtrain_fast.model.records import MACHINE
 
 NUMBER_KEYS = set(GPU_FIELD_RANGES) | set(OPTIONAL_GPU_FIELD_RANGES) | set(GPU_FLAGS)
 
@@ -211,7 +212,7 @@ NO_TF32 = ("v100-sxm2-32gb", "mi210-pcie-64gb", "mi355x-oam-288gb")
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_gives_its_fp32_and_tf32_peaks_in_order(name):
-    from vtrain_fast.model.params import H_PEAK_FLOPS, H_PEAK_FP32_FLOPS, H_PEAK_TF32_FLOPS
+    
     g = PRESETS[name]
     doc = tomllib.loads((GPU_DATA_DIR / f"{name}.toml").read_text())
     fp32, tf32, bf16 = g.peak_fp32_tflops, g.peak_tf32_tflops, g.peak_tflops
@@ -226,8 +227,8 @@ def test_every_preset_gives_its_fp32_and_tf32_peaks_in_order(name):
         units, per_clock, ghz = FP32_DERIVATION[name]
         assert units == g.num_sms and fp32 == pytest.approx(units * per_clock * ghz / 1e3, rel=0.02)
     hw = machine_vector(g)
-    assert (hw[H_PEAK_FP32_FLOPS], hw[H_PEAK_TF32_FLOPS]) == (fp32 * 1e12, tf32 * 1e12)
-    assert hw[H_PEAK_FLOPS] == bf16 * 1e12
+    assert (hw[MACHINE.peak_fp32_flops], hw[MACHINE.peak_tf32_flops]) == (fp32 * 1e12, tf32 * 1e12)
+    assert hw[MACHINE.peak_flops] == bf16 * 1e12
 
 
 def test_geforce_tf32_is_the_dense_fp32_accumulate_rate():

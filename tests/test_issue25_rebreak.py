@@ -10,7 +10,6 @@ import json
 import math
 import re
 import shutil
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -19,7 +18,7 @@ from typer.testing import CliRunner
 from vtrain_fast.analysis.query import memory_capacity_GiB
 from vtrain_fast.cli import app
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.records import HW_FIELDS
 
 # A GPU of the spec's own: a space and quotes in its name, six GPUs a node, another GPU's memory.
 BOX = "box 'six'"

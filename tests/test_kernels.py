@@ -13,10 +13,10 @@ import reference as ref
 from vtrain_fast.plan import grid as grid_mod
 from vtrain_fast.io import schema
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import comm, memory, ops, params, rules, totals
+from vtrain_fast.model import comm, memory, ops, records, rules, totals
 from vtrain_fast.model import sweep as ksweep
 from vtrain_fast.model.layout import Layout
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.records import HW_FIELDS
 from vtrain_fast.plan.models import MODEL_PRESETS
 from vtrain_fast.model.settings import SETTINGS, SWITCHES
 from vtrain_fast.plan.spec import parse_spec
@@ -269,19 +269,19 @@ def test_validate_shape_divisibility(L, h_per_a, a, g, t, p, d, b, B):
 
 
 def test_layouts_and_status_codes_match_twin():
-    assert ref.OUTPUT_NAMES == params.OUTPUT_NAMES == schema.OUTPUT_NAMES
-    assert ref.INPUT_NAMES == ksweep.INPUT_NAMES
-    assert ref.AXES == ksweep.AXES
-    codes = (params.OK, params.BAD_INPUT, params.BAD_NUM_GPUS, params.BAD_HEADS, params.BAD_LAYERS,
-             params.BAD_BATCH, params.OUT_OF_MEMORY)
+    assert ref.OUTPUT_NAMES == records.OUTPUT_NAMES == schema.OUTPUT_NAMES
+    assert ref.INPUT_NAMES == records.INPUT_NAMES
+    assert ref.AXES == records.AXES
+    codes = (records.OK, records.BAD_INPUT, records.BAD_NUM_GPUS, records.BAD_HEADS, records.BAD_LAYERS,
+             records.BAD_BATCH, records.OUT_OF_MEMORY)
     assert codes == (ref.OK, ref.BAD_INPUT, ref.BAD_NUM_GPUS, ref.BAD_HEADS, ref.BAD_LAYERS,
                      ref.BAD_BATCH, ref.OUT_OF_MEMORY)
-    assert len(schema.STATUS_LABELS) == params.NUM_STATUS
-    assert schema.STATUS_LABELS[params.OUT_OF_MEMORY] == "out_of_memory"
-    assert schema.STATUS_LABELS[params.OK] == "ok"
+    assert len(schema.STATUS_LABELS) == records.NUM_STATUS
+    assert schema.STATUS_LABELS[records.OUT_OF_MEMORY] == "out_of_memory"
+    assert schema.STATUS_LABELS[records.OK] == "ok"
     names = [f.name for f in schema.SCHEMA]
     assert len(names) == len(set(names))
-    for n in ksweep.INPUT_NAMES:
+    for n in records.INPUT_NAMES:
         assert n in names or n in ("model_index", "gpu_index")
 
 
@@ -377,7 +377,7 @@ def run_rows(configs):
                                            c[12]) for c in configs], dtype=np.int64).T)
     tokens = np.array([c[13] for c in configs], dtype=np.float64)
     hw_rows = np.ascontiguousarray(np.stack([c[14] for c in configs]))
-    out = np.empty((params.NUM_OUTPUTS, n), dtype=np.float64)
+    out = np.empty((records.NUM_OUTPUTS, n), dtype=np.float64)
     status = np.empty(n, dtype=np.int8)
     ksweep.evaluate_rows(cols, tokens, hw_rows, out, status)
     return status, out
@@ -397,7 +397,7 @@ def twin_check(rng, n, change, invalid_fraction=0.1, min_feasible=30):
     compare_with_twin(configs, status, out)
     feasible = np.isin(status, [ref.OK, ref.OUT_OF_MEMORY])
     assert feasible.sum() > min_feasible
-    assert np.isfinite(out[params.O_ITER, feasible]).all()
+    assert np.isfinite(out[records.OUTPUT.iteration_time_s, feasible]).all()
     return status, out
 
 
@@ -405,7 +405,7 @@ def compare_with_twin(configs, status, out):
     for j, c in enumerate(configs):
         r_status, r_out = ref.step(*c)
         assert status[j] == r_status, f"config {c[:14]}: kernel status {status[j]}, twin {r_status}"
-        for k, name in enumerate(params.OUTPUT_NAMES):
+        for k, name in enumerate(records.OUTPUT_NAMES):
             assert_close(out[k, j], r_out[name], f"{name} of config {c[:14]}")
 
 
@@ -439,7 +439,7 @@ def test_step_rejects_nonpositive_sizes():
             sizes[k] = bad
             configs.append((*sizes, 1, 1e9, hw, ref.ModelFlags(0.0, 0.0, 0.0, 1.0, 0.0)))
     status, out = run_rows(configs)
-    assert (status == params.BAD_INPUT).all()
+    assert (status == records.BAD_INPUT).all()
     assert np.isnan(out).all()
 
 
@@ -540,9 +540,9 @@ def test_sweep_chunk_matches_decode_and_twin(key):
     for _ in range(4):
         n = int(rng.integers(1, 120))
         start = int(rng.integers(0, g.num_points - n + 1))
-        inputs = np.empty((ksweep.NUM_INPUTS, n), dtype=np.int64)
+        inputs = np.empty((records.NUM_INPUTS, n), dtype=np.int64)
         tokens = np.empty(n, dtype=np.float64)
-        out = np.empty((params.NUM_OUTPUTS, n), dtype=np.float64)
+        out = np.empty((records.NUM_OUTPUTS, n), dtype=np.float64)
         status = np.empty(n, dtype=np.int8)
         ksweep.sweep_chunk(start, n, *g.kernel_args(), inputs, tokens, out, status)
         for j in range(n):
@@ -550,11 +550,11 @@ def test_sweep_chunk_matches_decode_and_twin(key):
             digits = grid_mod.decode(index, g.radices)
             assert digits == ref.decode(index, g.radices)
             assert grid_mod.encode(digits, g.radices) == index
-            got = dict(zip(ksweep.INPUT_NAMES, inputs[:, j].tolist()))
-            d = dict(zip(ksweep.AXES, digits))
+            got = dict(zip(records.INPUT_NAMES, inputs[:, j].tolist()))
+            d = dict(zip(records.AXES, digits))
             assert got["model_index"] == d["model"]
             assert got["gpu_index"] == g.gpus[d["gpu"]]
-            assert tuple(inputs[ksweep.I_LAYERS:ksweep.I_LAYERS + len(g.models[d["model"]]), j]) == tuple(g.models[d["model"]])
+            assert tuple(inputs[ksweep.INPUT.num_layers:ksweep.INPUT.num_layers + len(g.models[d["model"]]), j]) == tuple(g.models[d["model"]])
             for axis, col in (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("micro_batch_size", "micro_batch_size"),
                               ("global_batch_size", "global_batch_size"), ("recompute", "recompute")):
                 assert got[col] == axis_values[axis][d[axis]], (axis, index)
@@ -563,7 +563,7 @@ def test_sweep_chunk_matches_decode_and_twin(key):
             assert got == r_inputs
             assert status[j] == r_status
             statuses.add(r_status)
-            for k, name in enumerate(params.OUTPUT_NAMES):
+            for k, name in enumerate(records.OUTPUT_NAMES):
                 assert_close(out[k, j], r_out[name], f"{name} at index {index}")
     assert ref.OK in statuses and len(statuses) >= 2
 
@@ -572,18 +572,18 @@ def test_sweep_chunk_cluster_size_in_nodes():
     g = _grid("num_nodes")
     gpn = 4
     n = g.num_points
-    inputs = np.empty((ksweep.NUM_INPUTS, n), dtype=np.int64)
+    inputs = np.empty((records.NUM_INPUTS, n), dtype=np.int64)
     tokens = np.empty(n, dtype=np.float64)
-    out = np.empty((params.NUM_OUTPUTS, n), dtype=np.float64)
+    out = np.empty((records.NUM_OUTPUTS, n), dtype=np.float64)
     status = np.empty(n, dtype=np.int8)
     ksweep.sweep_chunk(0, n, *g.kernel_args(), inputs, tokens, out, status)
-    num_gpus = inputs[ksweep.I_NUM_GPUS]
+    num_gpus = inputs[ksweep.INPUT.num_gpus]
     assert set(num_gpus.tolist()) == {gpn, 3 * gpn}
-    assert (inputs[ksweep.I_NUM_NODES] * gpn == num_gpus).all()
-    ok = status != params.BAD_NUM_GPUS
-    tpd = inputs[ksweep.I_TP] * inputs[ksweep.I_PP] * inputs[ksweep.I_DP]
+    assert (inputs[ksweep.INPUT.num_nodes] * gpn == num_gpus).all()
+    ok = status != records.BAD_NUM_GPUS
+    tpd = inputs[ksweep.INPUT.tp] * inputs[ksweep.INPUT.pp] * inputs[ksweep.INPUT.dp]
     assert (tpd[ok] == num_gpus[ok]).all()
-    assert (num_gpus[~ok] % (inputs[ksweep.I_TP] * inputs[ksweep.I_PP])[~ok] != 0).all()
+    assert (num_gpus[~ok] % (inputs[ksweep.INPUT.tp] * inputs[ksweep.INPUT.pp])[~ok] != 0).all()
 
 
 # ------------------------------------------------------------------------------ encoding
@@ -598,7 +598,7 @@ NEAR_INT64 = [
 
 @st.composite
 def radices_and_index(draw):
-    radices = draw(st.lists(st.integers(1, 2 ** 40), min_size=ksweep.NUM_AXES, max_size=ksweep.NUM_AXES))
+    radices = draw(st.lists(st.integers(1, 2 ** 40), min_size=records.NUM_AXES, max_size=records.NUM_AXES))
     total = math.prod(radices)
     if total > INT64_MAX:
         # shrink the largest radices until the product fits
@@ -664,7 +664,7 @@ def _replace(c, **kw):
 def test_utilisation_is_at_most_one():
     configs = valid_configs(np.random.default_rng(11), 300)
     status, out = run_rows(configs)
-    mfu, hfu = out[params.O_MFU], out[params.O_HFU]
+    mfu, hfu = out[records.OUTPUT.mfu], out[records.OUTPUT.hfu]
     # utilisation is against the bf16 peak; FP8 GEMMs may run up to the FP8 peak, TF32 and FP32
     # ones up to theirs (the sampled ones may exceed the bf16 peak)
     hw = np.array([c[14] for c in configs])
@@ -720,13 +720,13 @@ def _no_activation_offload(hw):
 def test_iteration_time_grows_with_num_layers():
     _, _, o0, o1 = _pairs(lambda c, rng: _replace(c, L=c[0] + c[10] * int(rng.integers(1, 4))), 21,
                           prepare=lambda c: _replace(c, hw=_no_activation_offload(c[14])))
-    assert (o1[params.O_ITER] > o0[params.O_ITER]).all()
+    assert (o1[records.OUTPUT.iteration_time_s] > o0[records.OUTPUT.iteration_time_s]).all()
 
 
 def test_iteration_time_grows_with_global_batch():
     _, _, o0, o1 = _pairs(lambda c, rng: _replace(c, B=c[7] + c[11] * c[8] * int(rng.integers(1, 4))), 22)
-    assert (o1[params.O_ITER] > o0[params.O_ITER]).all()
-    assert (o1[params.O_MICRO] > o0[params.O_MICRO]).all()
+    assert (o1[records.OUTPUT.iteration_time_s] > o0[records.OUTPUT.iteration_time_s]).all()
+    assert (o1[records.OUTPUT.num_micro_batches] > o0[records.OUTPUT.num_micro_batches]).all()
 
 
 @pytest.mark.parametrize("field", ["inter_node_Bps", "intra_node_Bps"])
@@ -738,7 +738,7 @@ def test_more_bandwidth_never_slows_a_step(field):
         hw[k] *= float(rng.uniform(1.01, 10.0))
         return _replace(c, hw=hw)
     base, _, o0, o1 = _pairs(faster, 23)
-    assert (o1[params.O_ITER] <= o0[params.O_ITER]).all()
+    assert (o1[records.OUTPUT.iteration_time_s] <= o0[records.OUTPUT.iteration_time_s]).all()
     # the breakdown is the slowest stage's: where stages differ (uneven stages, layers kept in bf16
     # under FP8) a faster link can make another stage the slowest, with more TP time of its own
     same = [all(c[14][HW_FIELDS.index(n)] == 0.0 for n in (
@@ -746,10 +746,10 @@ def test_more_bandwidth_never_slows_a_step(field):
         "account_for_loss_in_pipeline_split", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"))
         for c in base]
     assert sum(same) > 50
-    for row in (params.O_TP, params.O_PP, params.O_DP):
+    for row in (records.OUTPUT.tp_comm_s, records.OUTPUT.pp_comm_s, records.OUTPUT.dp_comm_s):
         assert (o1[row][same] <= o0[row][same]).all()
     # the faster link must actually matter somewhere, else the test proves nothing
-    assert (o1[params.O_ITER] < o0[params.O_ITER]).any()
+    assert (o1[records.OUTPUT.iteration_time_s] < o0[records.OUTPUT.iteration_time_s]).any()
 
 
 def test_memory_grows_with_micro_batch():
@@ -764,7 +764,7 @@ def test_memory_grows_with_micro_batch():
     bigger = [_replace(c, b=2 * c[8]) for c in base]
     _, o0 = run_rows(base)
     _, o1 = run_rows(bigger)
-    mem0, mem1 = o0[params.O_MEM], o1[params.O_MEM]
+    mem0, mem1 = o0[records.OUTPUT.memory_per_gpu_GiB], o1[records.OUTPUT.memory_per_gpu_GiB]
     assert (mem1 >= mem0).all()
     # one stage holds one micro-batch: its activations scale with b
     pp1 = np.array([c[10] for c in base]) == 1

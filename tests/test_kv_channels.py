@@ -9,15 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vtrain_fast.model.params import MODEL_FIELDS
+from vtrain_fast.model.records import HW_FIELDS, arch_of_values, MODEL_FIELDS, PRECISION_FP8
 
 from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import costs, layout, memory, moe, ops, params, step, totals
+from vtrain_fast.model import costs, layout, memory, moe, ops, records, step, totals
 from vtrain_fast.model import sweep as ks
-from vtrain_fast.model.arch import DEFAULT_ARCH, Arch
-from vtrain_fast.model.params import HW_FIELDS, MD_ARCH, PRECISION_FP8
+from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.plan import grid as grid_mod
 from vtrain_fast.plan.models import MODEL_PRESETS, models_from_tables
 from vtrain_fast.plan.spec import parse_spec
@@ -37,7 +36,7 @@ def _hw(**settings):
 
 
 def _run(arch, hw, t=1, p=1, d=1, b=1, rc=0, cp=1, h=H):
-    out = np.empty((params.NUM_OUTPUTS, 1))
+    out = np.empty((records.NUM_OUTPUTS, 1))
     code = step.step(float(L * p), float(h), float(A), float(G), float(F), float(V), float(S), float(b * d), float(b),
                      layout.Layout(t, cp, d, p), rc, 1e12, hw, out, 0, arch)
     return code, out[:, 0].copy()
@@ -57,8 +56,8 @@ def test_kv_channels_h_over_a_is_bit_identical_to_0(k, t, p, cp, rc):
         code1, out1 = _run(arch._replace(kv_channels=float(H // A)), hw, t=t, p=p, cp=cp, rc=rc, d=2)
         assert code0 == code1
         assert np.array_equal(out0, out1, equal_nan=True)
-        if code0 in (params.OK, params.OUT_OF_MEMORY) and k == 0:
-            assert out0[params.O_ITER] > 0.0
+        if code0 in (records.OK, records.OUT_OF_MEMORY) and k == 0:
+            assert out0[records.OUTPUT.iteration_time_s] > 0.0
 
 
 def test_preset_rows_write_0_for_the_default_width():
@@ -111,24 +110,24 @@ def test_wider_heads_store_their_activations_by_hand(sp, flash):
     hw = _hw(use_flash_attn=flash, sequence_parallel=sp)
     _, narrow = _run(QWEN, hw, t=2)
     _, wide = _run(QWEN._replace(kv_channels=128.0), hw, t=2)
-    for o in (params.O_ITER, params.O_COMPUTE, params.O_ACT, params.O_STATES, params.O_PARAMS):
-        assert wide[o] > narrow[o], params.OUTPUT_NAMES[o]
+    for o in (records.OUTPUT.iteration_time_s, records.OUTPUT.compute_s, records.OUTPUT.activations_GiB, records.OUTPUT.model_states_GiB, records.OUTPUT.num_parameters):
+        assert wide[o] > narrow[o], records.OUTPUT_NAMES[o]
     mb_n = costs.micro_batch_costs(1.0, S, H, A, G, F, V, 2.0, hw, QWEN)
     mb_w = costs.micro_batch_costs(1.0, S, H, A, G, F, V, 2.0, hw, QWEN._replace(kv_channels=128.0))
-    assert mb_w[costs.M_ACT_LAYER] - mb_n[costs.M_ACT_LAYER] == pytest.approx(
+    assert mb_w.layer_activation_bytes - mb_n.layer_activation_bytes == pytest.approx(
         S * (qw - H) * (4.0 + 4.0 * G / A) / 2.0, rel=1e-12)
-    assert mb_w[costs.M_CORE_FWD] > mb_n[costs.M_CORE_FWD]
+    assert mb_w.attention_core_forward_s > mb_n.attention_core_forward_s
 
 
 def _totals(shape):
     row = shape.resolved().as_row()
-    return totals.model_totals(*map(float, row[:7]), 1e12, Arch(*map(float, row[MD_ARCH:])))
+    return totals.model_totals(*map(float, row[:7]), 1e12, arch_of_values(row))
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b"])
 def test_preset_parameters_are_param_counts(name):
     shape = MODEL_PRESETS[name]
-    assert _totals(shape)[totals.T_PARAMS] == moe.param_counts(shape.resolved()).total
+    assert _totals(shape).num_parameters == moe.param_counts(shape.resolved()).total
 
 
 def test_a_gemma_7b_like_shape_has_its_published_parameters():
@@ -137,11 +136,11 @@ def test_a_gemma_7b_like_shape_has_its_published_parameters():
         gated_mlp=True, vocab_size=256000, seq_length=8192, kv_channels=256, position_embedding_type="rope",
         normalization="RMSNorm", add_bias_linear=False, source="test")}, "<test>")["gemma-7b-like"]
     assert moe.unpriced_reason(gemma) is None
-    n = _totals(gemma)[totals.T_PARAMS]
+    n = _totals(gemma).num_parameters
     assert n == moe.param_counts(gemma.resolved()).total == 8_537_680_896     # Gemma 7B's checkpoint
     # per rank: the attention's weights over t, as the whole layer's
     row = gemma.resolved().as_row()
-    arch = Arch(*map(float, row[MD_ARCH:]))
+    arch = arch_of_values(row)
     per_rank = memory.layer_params_per_rank(3072.0, 16.0, 16.0, 24576.0, 2.0, arch)
     assert per_rank * 2.0 - 2.0 * memory.norm_params(3072.0, arch) == pytest.approx(
         memory.layer_params(3072.0, 16.0, 16.0, 24576.0, arch), rel=1e-12)
@@ -151,8 +150,8 @@ def test_a_hidden_size_heads_do_not_divide_is_priced_with_kv_channels():
     """gpt-oss's 2880 / 64 = 45 divides; a shape whose heads do not divide hidden_size is priced when
     kv_channels gives their width, refused (bad_heads) without."""
     hw = _hw(use_flash_attn=1)
-    assert _run(QWEN, hw, h=H + 8)[0] == params.BAD_HEADS
-    assert _run(QWEN._replace(kv_channels=64.0), hw, h=H + 8)[0] in (params.OK, params.OUT_OF_MEMORY)
+    assert _run(QWEN, hw, h=H + 8)[0] == records.BAD_HEADS
+    assert _run(QWEN._replace(kv_channels=64.0), hw, h=H + 8)[0] in (records.OK, records.OUT_OF_MEMORY)
 
 
 def test_qwen3_30b_a3b_sweep_runs_and_is_finite():
@@ -179,16 +178,16 @@ ep = [1, 8]
     g = grid_mod.build_grid(spec)
     inputs, tokens, out, status = sweep_all_rows(g)
     assert (inputs[ks.INPUT_NAMES.index("kv_channels")] == 128).all()
-    feasible = np.isin(status, [params.OK, params.OUT_OF_MEMORY])
+    feasible = np.isin(status, [records.OK, records.OUT_OF_MEMORY])
     assert feasible.sum() >= 8, status
     assert np.isfinite(out[:, feasible]).all()
-    assert (out[params.O_ITER, feasible] > 0.0).all() and (out[params.O_MFU, feasible] < 1.0).all()
-    ep = g.hw_table[inputs[ks.I_GPU], HW_FIELDS.index("ep")]
-    assert (ep == 8).any() and (out[params.O_EP, feasible & (ep == 8)] > 0.0).all()
+    assert (out[records.OUTPUT.iteration_time_s, feasible] > 0.0).all() and (out[records.OUTPUT.mfu, feasible] < 1.0).all()
+    ep = g.hw_table[inputs[ks.INPUT.gpu_index], HW_FIELDS.index("ep")]
+    assert (ep == 8).any() and (out[records.OUTPUT.ep_comm_s, feasible & (ep == 8)] > 0.0).all()
     # the sweep's rows are step's rows
     cols = ks.rows_from_inputs(inputs)
     ref_out, ref_status = np.empty_like(out), np.empty_like(status)
-    ks.evaluate_rows(cols, np.ascontiguousarray(tokens), np.ascontiguousarray(g.hw_table[inputs[ks.I_GPU]]),
+    ks.evaluate_rows(cols, np.ascontiguousarray(tokens), np.ascontiguousarray(g.hw_table[inputs[ks.INPUT.gpu_index]]),
                      ref_out, ref_status)
     assert (status == ref_status).all() and np.array_equal(out, ref_out, equal_nan=True)
 

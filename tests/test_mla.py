@@ -12,8 +12,7 @@ import pytest
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model import memory, moe, ops, totals
-from vtrain_fast.model.arch import Arch
-from vtrain_fast.model.params import HW_FIELDS, MD_ARCH
+from vtrain_fast.model.records import HW_FIELDS, arch_of_values
 from vtrain_fast.plan.models import MODEL_PRESETS
 
 H100 = machine_vector(PRESETS["h100-sxm-80gb"])
@@ -24,7 +23,7 @@ DQ = QK + R
 
 
 def _arch(q_lora=QL, **kw):
-    base = Arch(*map(float, MODEL_PRESETS["deepseek-v3"].as_row()[MD_ARCH:]))
+    base = arch_of_values(MODEL_PRESETS["deepseek-v3"].as_row())
     dense = base._replace(num_experts=0.0, moe_router_topk=2.0, moe_ffn_hidden_size=0.0,
                           moe_shared_expert_intermediate_size=0.0, moe_layer_step=1.0, moe_first_dense_layers=0.0)
     return dense._replace(q_lora_rank=float(q_lora), **kw)
@@ -109,7 +108,7 @@ def test_deepseek_v3_priced_parameters_and_model_flops():
     shape = MODEL_PRESETS["deepseek-v3"]
     assert moe.unpriced_reason(shape) is None
     row = shape.as_row()
-    arch = Arch(*map(float, row[MD_ARCH:]))
+    arch = arch_of_values(row)
     L, h, a, g, f, v, s = map(float, row[:7])
     assert g == a                                       # MLA: keys and values per head
     n_params, fwd_flops, _ = totals.model_totals(L, h, a, g, f, v, s, 1e12, arch)

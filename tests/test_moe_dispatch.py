@@ -8,8 +8,8 @@ import pytest
 
 from test_moe_kernels import H100, LLAMA, _hw, _mixtral, _run
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model import comm, costs, experts, ops, params
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model import comm, costs, experts, ops, records
+from vtrain_fast.model.records import HW_FIELDS
 from vtrain_fast.model.settings import BY_NAME
 from vtrain_fast.plan.spec import check_requirements
 
@@ -21,7 +21,7 @@ def _moe_run(hw, t=1, p=1, d=8, b=1, m=8, rc=0):
     status (out of memory read as OK: the times are priced the same) and the outputs."""
     (layers, h, a, g, f, v, s), arch = _mixtral()
     code, out = _run(arch, hw, t=t, p=p, d=d, b=b, B=b * d * m, rc=rc, layers=8, seq=s)
-    return (params.OK if code == params.OUT_OF_MEMORY else code), out
+    return (records.OK if code == records.OUT_OF_MEMORY else code), out
 
 
 def test_allgather_dispatcher_bytes_by_hand():
@@ -50,7 +50,7 @@ def test_allgather_moves_more_than_alltoall_and_leaves_the_experts_rows_alone():
     k copies: the exchange is slower; the experts take the same rows (same grouped GEMMs)."""
     a2a_code, a2a = _moe_run(_hw(ep=8, use_flash_attn=1))
     ag_code, ag = _moe_run(_hw(ep=8, use_flash_attn=1, moe_token_dispatcher_type=ALLGATHER))
-    assert a2a_code == ag_code == params.OK
+    assert a2a_code == ag_code == records.OK
     assert ag["ep_comm_s"] > 1.5 * a2a["ep_comm_s"] > 0.0
     (_, h, _, _, _, _, s), arch = _mixtral()
     assert experts.moe_rows(1.0, float(s), 1.0, _hw(ep=8), arch) == experts.moe_rows(
@@ -66,7 +66,7 @@ def test_overlap_hides_the_paired_micro_batches_all_to_all_only(p, vpp):
     m = 16
     code0, off = _moe_run(_hw(**base), p=p, m=m)
     code1, on = _moe_run(_hw(**base, overlap_moe_expert_parallel_comm=1), p=p, m=m)
-    assert code0 == code1 == params.OK
+    assert code0 == code1 == records.OK
     assert on["compute_s"] == off["compute_s"]
     assert 0.0 < on["ep_comm_s"] < off["ep_comm_s"]
     # the unpaired micro-batches keep their whole exchange: 1 of m at pp = 1, the first stage's
@@ -83,7 +83,7 @@ def test_overlap_hides_the_paired_micro_batches_all_to_all_only(p, vpp):
 def test_overlap_of_one_micro_batch_has_nothing_to_pair():
     code0, off = _moe_run(_hw(ep=8, use_flash_attn=1), m=1)
     code1, on = _moe_run(_hw(ep=8, use_flash_attn=1, overlap_moe_expert_parallel_comm=1), m=1)
-    assert code0 == code1 == params.OK and on["ep_comm_s"] == off["ep_comm_s"]
+    assert code0 == code1 == records.OK and on["ep_comm_s"] == off["ep_comm_s"]
 
 
 def test_overlap_by_hand_at_pp_1():
@@ -94,8 +94,8 @@ def test_overlap_by_hand_at_pp_1():
     m = 8
     code, on = _moe_run(hw, m=m)
     mb = costs.micro_batch_costs(1.0, float(s), float(h), float(a), float(g), float(f), float(v), 1.0, hw, arch)
-    x = mb[costs.M_EP_FWD] + mb[costs.M_EP_BWD]
-    layer = mb[costs.M_FWD] + mb[costs.M_BWD] + mb[costs.M_MOE_FWD] + mb[costs.M_MOE_BWD]
+    x = mb.ep_forward_s + mb.ep_backward_s
+    layer = mb.layer_forward_s + mb.layer_backward_s + mb.moe_layer_forward_extra_s + mb.moe_layer_backward_extra_s
     per_layer = (x + (m - 1) * max(0.0, x - layer)) / m
     assert on["ep_comm_s"] == pytest.approx(m * 8 * per_layer, rel=1e-12)
 
@@ -107,16 +107,16 @@ def test_overlap_by_hand_at_pp_1():
 ])
 def test_megatron_refusals_of_the_overlap(settings, p, rc):
     code, out = _moe_run(_hw(use_flash_attn=1, overlap_moe_expert_parallel_comm=1, **settings), p=p, rc=rc)
-    assert code == params.REFUSED and out["iteration_time_s"] != out["iteration_time_s"]   # NaN
+    assert code == records.REFUSED and out["iteration_time_s"] != out["iteration_time_s"]   # NaN
     # the same plan without the overlap is priced
     code, _ = _moe_run(_hw(use_flash_attn=1, **settings), p=p, rc=rc)
-    assert code == params.OK
+    assert code == records.OK
 
 
 def test_overlap_has_no_effect_on_a_dense_model_nor_with_the_allgather_dispatcher():
     dense = [_run(LLAMA, _hw(use_flash_attn=1, overlap_moe_expert_parallel_comm=x, ep=8), d=8, B=64, rc=1)
              for x in (0, 1)]
-    assert dense[0][0] == dense[1][0] == params.OK and dense[0][1] == dense[1][1]
+    assert dense[0][0] == dense[1][0] == records.OK and dense[0][1] == dense[1][1]
     ag = dict(ep=8, use_flash_attn=1, moe_token_dispatcher_type=ALLGATHER)
     assert _moe_run(_hw(**ag)) == _moe_run(_hw(**ag, overlap_moe_expert_parallel_comm=1))
 
@@ -166,7 +166,7 @@ def test_the_busiest_experts_share(settings, share):
 def test_load_imbalance_slows_the_experts_and_the_exchange_and_not_the_model_flops():
     code0, even = _moe_run(_hw(ep=8, use_flash_attn=1))
     code1, skew = _moe_run(_hw(ep=8, use_flash_attn=1, moe_load_imbalance=1.5))
-    assert code0 == code1 == params.OK
+    assert code0 == code1 == records.OK
     assert skew["compute_s"] > even["compute_s"] and skew["ep_comm_s"] > even["ep_comm_s"]
     assert skew["activations_GiB"] > even["activations_GiB"]
     flops = lambda o: o["model_tflops_per_gpu"] * o["iteration_time_s"]    # noqa: E731

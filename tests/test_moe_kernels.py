@@ -13,10 +13,10 @@ import reference as ref
 from conftest import sweep_all_rows
 import test_kernels as tk
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import comm, costs, experts, layer_split, layout, moe, ops, params, pipeline, step, totals
+from vtrain_fast.model import comm, costs, experts, layer_split, layout, moe, ops, records, pipeline, step, totals
 from vtrain_fast.model import sweep as ks
-from vtrain_fast.model.arch import DEFAULT_ARCH, Arch
-from vtrain_fast.model.params import HW_FIELDS, MD_ARCH
+from vtrain_fast.model.arch import DEFAULT_ARCH
+from vtrain_fast.model.records import HW_FIELDS, MICRO_NAMES, arch_of_values
 from vtrain_fast.plan import grid as grid_mod
 from vtrain_fast.plan.models import MODEL_PRESETS
 from vtrain_fast.plan.spec import parse_spec
@@ -35,16 +35,16 @@ def _hw(**settings):
 
 
 def _run(arch, hw, t=1, p=1, d=1, b=1, B=None, rc=0, cp=1, layers=L, seq=S):
-    out = np.empty((params.NUM_OUTPUTS, 1))
+    out = np.empty((records.NUM_OUTPUTS, 1))
     B = B if B is not None else b * d
     code = step.step(float(layers), float(H), float(A), float(G), float(F), float(V), float(seq), float(B), float(b),
                      layout.Layout(t, cp, d, p), rc, 1e12, hw, out, 0, arch)
-    return code, dict(zip(params.OUTPUT_NAMES, out[:, 0]))
+    return code, dict(zip(records.OUTPUT_NAMES, out[:, 0]))
 
 
 def _mixtral():
     row = MODEL_PRESETS["mixtral-8x7b"].as_row()
-    return row[:7], Arch(*map(float, row[MD_ARCH:]))
+    return row[:7], arch_of_values(row)
 
 
 def test_one_expert_top_one_is_the_dense_model_plus_its_router():
@@ -55,14 +55,14 @@ def test_one_expert_top_one_is_the_dense_model_plus_its_router():
     router_fwd, router_bwd = experts.moe_router_s(1.0, float(S), float(H), 1.0, hw, one)
     # the expert's grouped GEMM of one group is the dense MLP's GEMM, its activation the same bytes
     # (up to rounding: the expert GEMMs are added and the dense MLP's taken off again)
-    assert mb_moe[costs.M_MOE_FWD] == pytest.approx(router_fwd, rel=1e-12)
-    assert mb_moe[costs.M_MOE_BWD] == pytest.approx(router_bwd, rel=1e-12)
-    assert mb_moe[:costs.M_MOE_FWD] == mb_dense[:costs.M_MOE_FWD]
-    assert mb_moe[costs.M_EP_FWD] == mb_moe[costs.M_EP_BWD] == 0.0           # ep = etp = 1
+    assert mb_moe.moe_layer_forward_extra_s == pytest.approx(router_fwd, rel=1e-12)
+    assert mb_moe.moe_layer_backward_extra_s == pytest.approx(router_bwd, rel=1e-12)
+    assert mb_moe[:MICRO_NAMES.index("moe_layer_forward_extra_s")] == mb_dense[:MICRO_NAMES.index("moe_layer_forward_extra_s")]
+    assert mb_moe.ep_forward_s == mb_moe.ep_backward_s == 0.0           # ep = etp = 1
     # one micro-batch (no gradient accumulation), one GPU: compute differs by the router alone
     c_dense, dense = _run(LLAMA, hw)
     c_moe, moe_out = _run(one, hw)
-    assert c_dense == c_moe == params.OK
+    assert c_dense == c_moe == records.OK
     assert moe_out["compute_s"] == pytest.approx(dense["compute_s"] + L * (router_fwd + router_bwd), rel=1e-12)
     assert moe_out["ep_comm_s"] == 0.0 and moe_out["tp_comm_s"] == dense["tp_comm_s"]
     router_params = L * 1 * H                                             # TopKRouter.weight [E, h] per layer
@@ -81,7 +81,7 @@ def test_ep_1_has_no_all_to_all():
     assert comm.all_to_all_s(1e9, 1.0, 1.0, H100) == 0.0
     assert experts.ep_exchange_s(1.0, float(S), float(H), 1.0, _hw(ep=1), arch) == (0.0, 0.0)
     code, out = _run(arch, _hw(ep=1, use_flash_attn=1), d=8)
-    assert code in (params.OK, params.OUT_OF_MEMORY) and out["ep_comm_s"] == 0.0
+    assert code in (records.OK, records.OUT_OF_MEMORY) and out["ep_comm_s"] == 0.0
     # etp = tp = 2 at ep = 1: no all-to-all, only the expert-TP all-gather and reduce-scatter
     hw = _hw(ep=1, sequence_parallel=1)
     nbytes = experts.dispatch_bytes(1.0, float(S), float(H), 2.0, arch)
@@ -98,11 +98,11 @@ def test_memory_falls_with_ep_while_model_flops_stay():
     for ep in (1, 2, 4, 8):
         hw = hw0.copy()
         hw[HW_FIELDS.index("ep")] = ep
-        out = np.empty((params.NUM_OUTPUTS, 1))
+        out = np.empty((records.NUM_OUTPUTS, 1))
         code = step.step(float(layers), float(h), float(a), float(g), float(f), float(v), 4096.0, 256.0, 1.0,
                          layout.Layout(1, 1, 16, 4), 1, 1e12, hw, out, 0, arch)
-        o = dict(zip(params.OUTPUT_NAMES, out[:, 0]))
-        assert code in (params.OK, params.OUT_OF_MEMORY), ep
+        o = dict(zip(records.OUTPUT_NAMES, out[:, 0]))
+        assert code in (records.OK, records.OUT_OF_MEMORY), ep
         mems.append(o["memory_per_gpu_GiB"])
         flops.append(o["model_tflops_per_gpu"] * o["iteration_time_s"])
         counts.append(o["num_parameters"])
@@ -132,23 +132,23 @@ def test_dispatch_bytes_by_hand():
 
 
 @pytest.mark.parametrize("ep, etp, t, d, status", [
-    (3, 0, 1, 3, params.BAD_HEADS),          # 8 experts do not split over 3 ranks
-    (8, 0, 1, 4, params.BAD_NUM_GPUS),       # 4 ranks per stage cannot hold etp x ep = 8
-    (4, 2, 2, 1, params.BAD_NUM_GPUS),       # tp 2 x dp 1 over etp 2 x ep 4
-    (0, 0, 1, 1, params.BAD_INPUT),
-    (4, 1, 2, 2, params.OK),                 # etp 1 x ep 4 tiles tp 2 x dp 2
-    (8, 0, 2, 8, params.OK),              # etp = tp 2 x ep 8 tiles tp 2 x dp 8
-    (8, 0, 2, 4, params.BAD_NUM_GPUS),
+    (3, 0, 1, 3, records.BAD_HEADS),          # 8 experts do not split over 3 ranks
+    (8, 0, 1, 4, records.BAD_NUM_GPUS),       # 4 ranks per stage cannot hold etp x ep = 8
+    (4, 2, 2, 1, records.BAD_NUM_GPUS),       # tp 2 x dp 1 over etp 2 x ep 4
+    (0, 0, 1, 1, records.BAD_INPUT),
+    (4, 1, 2, 2, records.OK),                 # etp 1 x ep 4 tiles tp 2 x dp 2
+    (8, 0, 2, 8, records.OK),              # etp = tp 2 x ep 8 tiles tp 2 x dp 8
+    (8, 0, 2, 4, records.BAD_NUM_GPUS),
 ])
 def test_every_invalid_expert_grid_has_its_status(ep, etp, t, d, status):
     arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0)
     hw = _hw(ep=ep, etp=etp, use_flash_attn=1, sequence_parallel=1)
     code, out = _run(arch, hw, t=t, d=d, layers=2)
-    assert (code if code != params.OUT_OF_MEMORY else params.OK) == status
+    assert (code if code != records.OUT_OF_MEMORY else records.OK) == status
     cfg = (2, H, A, G, F, V, S, d, 1, t, 1, d, 0, 1e12, hw, ref.ModelFlags(*arch))
     assert ref.step(*cfg)[0] == code
     # a dense model ignores ep and etp
-    assert _run(LLAMA, hw, t=t, d=d, layers=2)[0] in (params.OK, params.OUT_OF_MEMORY)
+    assert _run(LLAMA, hw, t=t, d=d, layers=2)[0] in (records.OK, records.OUT_OF_MEMORY)
 
 
 def test_moe_sweep_rows_are_steps_rows_and_cover_the_statuses():
@@ -175,17 +175,17 @@ etp = [0, 1]
 """, "<moe>")
     g = grid_mod.build_grid(spec)
     inputs, tokens, out, status = sweep_all_rows(g)
-    assert {params.OK, params.BAD_HEADS, params.BAD_NUM_GPUS} <= set(status.tolist())
+    assert {records.OK, records.BAD_HEADS, records.BAD_NUM_GPUS} <= set(status.tolist())
     cols = ks.rows_from_inputs(inputs)
     ref_out, ref_status = np.empty_like(out), np.empty_like(status)
-    ks.evaluate_rows(cols, np.ascontiguousarray(tokens), np.ascontiguousarray(g.hw_table[inputs[ks.I_GPU]]),
+    ks.evaluate_rows(cols, np.ascontiguousarray(tokens), np.ascontiguousarray(g.hw_table[inputs[ks.INPUT.gpu_index]]),
                      ref_out, ref_status)
-    ok = status != params.BAD_NUM_GPUS
+    ok = status != records.BAD_NUM_GPUS
     assert (status[ok] == ref_status[ok]).all()
     assert np.array_equal(out[:, ok], ref_out[:, ok], equal_nan=True)
     moe_rows = inputs[ks.INPUT_NAMES.index("num_experts")] == 8
-    feasible = np.isin(status, [params.OK, params.OUT_OF_MEMORY])
-    assert (out[params.O_EP, feasible & moe_rows] >= 0.0).all() and (out[params.O_EP, feasible & ~moe_rows] == 0.0).all()
+    feasible = np.isin(status, [records.OK, records.OUT_OF_MEMORY])
+    assert (out[records.OUTPUT.ep_comm_s, feasible & moe_rows] >= 0.0).all() and (out[records.OUTPUT.ep_comm_s, feasible & ~moe_rows] == 0.0).all()
 
 
 @pytest.mark.parametrize("seed", [5, 6])
@@ -194,7 +194,7 @@ def test_kernel_matches_twin_on_random_moe_configs(seed):
         c[15] = tk.random_moe_flags(np.random.default_rng(int(rng.integers(2 ** 32))), c[15], c[1], c[10])
     status, out = tk.twin_check(np.random.default_rng(seed), 200, with_experts, invalid_fraction=0.2, min_feasible=40)
     feasible = np.isin(status, [ref.OK, ref.OUT_OF_MEMORY])
-    assert (out[params.O_EP, feasible] > 0.0).sum() > 10
+    assert (out[records.OUTPUT.ep_comm_s, feasible] > 0.0).sum() > 10
     assert {ref.BAD_HEADS, ref.BAD_NUM_GPUS} <= set(status.tolist())
 
 
@@ -210,14 +210,14 @@ def test_priced_presets_and_what_is_still_refused():
     for name in ("mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-30b-a3b", "gpt-oss-20b"):
         shape = MODEL_PRESETS[name].resolved()
         row = shape.as_row()
-        arch = Arch(*map(float, row[MD_ARCH:]))
+        arch = arch_of_values(row)
         n_moe = sum(moe.moe_layer_pattern(shape.num_layers, shape.moe_layer_freq))
         assert layer_split.moe_layers_of(0.0, float(shape.num_layers), arch.moe_layer_step, arch.moe_first_dense_layers) == n_moe
         if moe.unpriced_reason(shape) is None:
             tot = totals.model_totals(*map(float, row[:7]), 1e12, arch)
-            assert tot[totals.T_PARAMS] == moe.param_counts(shape).total, name
-            assert math.isclose(tot[totals.T_FWD_FLOPS] * 1.0,
-                                tot[totals.T_FWD_FLOPS], rel_tol=0.0)
+            assert tot.num_parameters == moe.param_counts(shape).total, name
+            assert math.isclose(tot.forward_flops_per_token * 1.0,
+                                tot.forward_flops_per_token, rel_tol=0.0)
 
 
 def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
@@ -225,8 +225,8 @@ def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism()
     # parallelism, sequence parallelism must be used" (a ValueError): status refused
     moe_arch = LLAMA._replace(num_experts=8.0, moe_router_topk=2.0, moe_ffn_hidden_size=float(F))
     flash = dict(use_flash_attn=1)
-    assert _run(moe_arch, _hw(ep=8, **flash), t=2, d=8, B=64)[0] == params.REFUSED
-    priced = (params.OK, params.OUT_OF_MEMORY)
+    assert _run(moe_arch, _hw(ep=8, **flash), t=2, d=8, B=64)[0] == records.REFUSED
+    priced = (records.OK, records.OUT_OF_MEMORY)
     assert _run(moe_arch, _hw(ep=8, sequence_parallel=1, **flash), t=2, d=8, B=64)[0] in priced
     assert _run(moe_arch, _hw(ep=8, **flash), t=1, d=8, B=64)[0] in priced       # no tensor parallelism
     assert _run(moe_arch, _hw(ep=1, **flash), t=2, d=8, B=64)[0] in priced       # no expert parallelism

@@ -17,7 +17,7 @@ from vtrain_fast.engine.chunks import evaluate_chunk
 from vtrain_fast.hardware.gpus import PRESETS
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import totals
-from vtrain_fast.model import params
+from vtrain_fast.model import records
 from vtrain_fast.plan.loss import LOSS_FITS
 
 GPU = "a100-sxm4-80gb"
@@ -181,8 +181,8 @@ def test_epoch_fit_about_20_tokens_per_parameter():
 
 def test_fit_registry():
     hoff = LOSS_FITS["hoffmann"]
-    assert (hoff.E, hoff.A, hoff.B, hoff.alpha, hoff.beta) == (params.CHINCHILLA_E, params.CHINCHILLA_A, params.CHINCHILLA_B,
-                                                             params.CHINCHILLA_ALPHA, params.CHINCHILLA_BETA)
+    assert (hoff.E, hoff.A, hoff.B, hoff.alpha, hoff.beta) == (records.CHINCHILLA_E, records.CHINCHILLA_A, records.CHINCHILLA_B,
+                                                             records.CHINCHILLA_ALPHA, records.CHINCHILLA_BETA)
     for N, D in ((1e9, 2e10), (7e10, 1.4e12)):
         assert hoff.loss(N, D) == pytest.approx(totals.chinchilla_loss(N, D), rel=1e-14)
     assert all(f.source for f in LOSS_FITS.values())

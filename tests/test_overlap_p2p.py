@@ -9,7 +9,7 @@ import pytest
 
 from conftest import check_step_against_twin
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model import layout, params, step
+from vtrain_fast.model import layout, records, step
 from vtrain_fast.model.arch import DEFAULT_ARCH
 from vtrain_fast.model.settings import BY_NAME, rules_markdown
 
@@ -17,11 +17,11 @@ H100 = replace(PRESETS["h100-sxm-80gb"], use_flash_attn=True)
 
 
 def run(vec, p=4, t=4, d=4, b=1, s=4096.0):
-    out = np.empty((params.NUM_OUTPUTS, 1))
+    out = np.empty((records.NUM_OUTPUTS, 1))
     code = step.step(32.0, 4096.0, 32.0, 8.0, 14336.0, 128256.0, s, float(d * b * 8 * p), float(b),
                      layout.Layout(t, 1, d, p), 0, 1e12, vec, out, 0, DEFAULT_ARCH._replace(gated_mlp=1.0))
-    assert code == params.OK
-    return dict(zip(params.OUTPUT_NAMES, out[:, 0]))
+    assert code == records.OK
+    return dict(zip(records.OUTPUT_NAMES, out[:, 0]))
 
 
 def test_registry_record_names_megatron_and_its_no_effect_rules():

@@ -13,10 +13,10 @@ import pytest
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
-from vtrain_fast.model.params import NUM_OUTPUTS
+from vtrain_fast.model.records import NUM_OUTPUTS, OUTPUT
 from vtrain_fast.model.layout import Layout
-from vtrain_fast.model.costs import S_DP, micro_batch_costs, split_costs
-from vtrain_fast.model.params import O_DP
+from vtrain_fast.model.costs import micro_batch_costs, split_costs
+
 from vtrain_fast.model.step import step
 
 # 2 layers per stage on 64 data-parallel ranks across nodes: a long exchange, a short forward
@@ -35,7 +35,7 @@ def parts(tp=8, pp=8, dp=16):
     L, h, a, s, f, v = 16.0, 4096.0, 32.0, 2048.0, 4 * 4096.0, 51200.0
     split = split_costs(L, h, a, a, f, v, s, Layout(tp, 1, dp, pp), hw)
     mb = micro_batch_costs(1.0, s, h, a, a, f, v, float(tp), hw)
-    return split[S_DP], L / pp * mb[0]
+    return split.dp_comm_s, L / pp * mb[0]
 
 
 def test_the_all_gather_hides_under_the_first_forward_up_to_its_length():
@@ -85,7 +85,7 @@ def test_the_kernel_gives_it_no_effect_without_what_it_needs():
             out = np.empty((NUM_OUTPUTS, 1))
             step(16, 4096, 32, 32, 16384, 51200, 2048, 512, 1, Layout(8, 1, 16, 8), 0, 1e12, hw, out, 0)
             outs.append(out[:, 0].copy())
-        assert np.array_equal(outs[0], outs[1]) and outs[0][O_DP] > 0.0, needs
+        assert np.array_equal(outs[0], outs[1]) and outs[0][OUTPUT.dp_comm_s] > 0.0, needs
 
 
 @pytest.mark.parametrize("missing", ["distributed_optimizer", "overlap_grad_reduce"])

@@ -14,7 +14,6 @@ from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import ops, pipeline
-from vtrain_fast.model.params import HW_FIELDS
 from vtrain_fast.model.settings import BY_NAME
 from vtrain_fast.plan.spec import parse_spec
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.analysis.evaluate import evaluate_frame
-from vtrain_fast.model import params
+from vtrain_fast.model import records
 from vtrain_fast.plan.spec import RECOMPUTE_VALUES
 
 GiB = 2.0 ** 30
@@ -28,9 +28,9 @@ def run(recompute, **extra):
 
 
 def test_codes_match_the_spec_names():
-    assert RECOMPUTE_VALUES[params.RECOMPUTE_NONE] == "none"
-    assert RECOMPUTE_VALUES[params.RECOMPUTE_FULL] == "full"
-    assert RECOMPUTE_VALUES[params.RECOMPUTE_SELECTIVE] == "selective"
+    assert RECOMPUTE_VALUES[records.RECOMPUTE_NONE] == "none"
+    assert RECOMPUTE_VALUES[records.RECOMPUTE_FULL] == "full"
+    assert RECOMPUTE_VALUES[records.RECOMPUTE_SELECTIVE] == "selective"
 
 
 def test_selective_memory_is_korthikanti_table_2():
@@ -122,7 +122,7 @@ def test_attention_core_forward_moves_the_core_bytes():
     context permute copy (4 per token and hidden unit per rank)."""
     from vtrain_fast.hardware.gpus import PRESETS, machine_vector
     from vtrain_fast.model import ops
-    from vtrain_fast.model.params import HW_FIELDS
+    from vtrain_fast.model.records import HW_FIELDS
     hw = machine_vector(PRESETS["a100-sxm4-80gb"])
     for name, value in (("peak_flops", 1e30), ("kernel_overhead_s", 0.0), ("host_launch_s", 0.0)):
         hw[HW_FIELDS.index(name)] = value

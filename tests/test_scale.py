@@ -25,7 +25,7 @@ import reference as ref
 from vtrain_fast.engine import chunks, run as engine
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.plan.grid import build_grid, pruning_table
-from vtrain_fast.model import params
+from vtrain_fast.model import records
 from vtrain_fast.model import sweep as ks
 from vtrain_fast.analysis.query import pareto, pareto_mask
 from vtrain_fast.io.schema import SCHEMA
@@ -104,7 +104,7 @@ def test_sweep_points_match_twin(grid):
         assert dict(zip(ks.INPUT_NAMES, b.inputs[:, j].tolist())) == r_in
         assert b.tokens[j] == r_tok and b.status[j] == r_status
         statuses.add(r_status)
-        for k, name in enumerate(params.OUTPUT_NAMES):
+        for k, name in enumerate(records.OUTPUT_NAMES):
             want, got = r_out[name], b.out[k, j]
             assert (math.isnan(want) and math.isnan(got)) or math.isclose(got, want, rel_tol=1e-12), name
     assert {ref.OK, ref.BAD_NUM_GPUS, ref.BAD_BATCH} <= statuses
@@ -132,7 +132,7 @@ def _check_scan_against_rows(grid):
             nb = -(-m // ks.BLOCK)
             cand = np.empty(m, np.int64)
             fill, pruned = np.empty(nb, np.int64), np.empty(nb, np.int64)
-            counts = np.empty((nb, params.NUM_STATUS), np.int64)
+            counts = np.empty((nb, records.NUM_STATUS), np.int64)
             ks.scan_chunk(start, m, *grid.kernel_args(), prefix, ks.KEEP_FEASIBLE,
                           np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0),
                           np.zeros((0, 0)), np.zeros(0, np.int64), cand, np.zeros((0, m)),
@@ -140,11 +140,11 @@ def _check_scan_against_rows(grid):
             idx, vals = np.empty(fill.sum(), np.int64), np.empty((fill.sum(), 0))
             ks.compact_candidates(cand, np.zeros((0, m)), fill, idx, vals, 0)
             status = b.status[start:start + m]
-            assert idx.tolist() == (start + np.flatnonzero(status == params.OK)).tolist()
+            assert idx.tolist() == (start + np.flatnonzero(status == records.OK)).tolist()
             assert counts.sum() + pruned.sum() == m
-            full_counts = np.bincount(status, minlength=params.NUM_STATUS)
-            assert counts.sum(0)[params.OK] == full_counts[params.OK]
-            assert counts.sum(0)[params.OUT_OF_MEMORY] == full_counts[params.OUT_OF_MEMORY]
+            full_counts = np.bincount(status, minlength=records.NUM_STATUS)
+            assert counts.sum(0)[records.OK] == full_counts[records.OK]
+            assert counts.sum(0)[records.OUT_OF_MEMORY] == full_counts[records.OUT_OF_MEMORY]
             if prefix.size == 0:
                 assert pruned.sum() == 0 and (counts.sum(0) == full_counts).all()
 

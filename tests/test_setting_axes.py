@@ -194,7 +194,7 @@ def test_every_repeat_row_is_a_plan_some_kept_row_already_prices_exactly(axes):
     """Evaluate each `repeat` row on its own (evaluate never marks repeats) and find a kept row of
     the same plan with bit-identical outputs; and no two kept rows are one plan priced alike."""
     from vtrain_fast.analysis.evaluate import evaluate_frame
-    from vtrain_fast.model.params import OUTPUT_NAMES
+    from vtrain_fast.model.records import OUTPUT_NAMES
     rows = _rows(_switch_spec(axes)).with_columns(pl.col("gpu").cast(pl.String), pl.col("recompute").cast(pl.String))
     rep = rows.filter(pl.col("status") == "repeat")
     kept = rows.filter(pl.col("status") != "repeat")
@@ -259,7 +259,7 @@ def test_sweep_prints_the_settings_that_tell_plans_apart(write_spec, tmp_path, c
     res = cli("evaluate", tmp_path / "front.csv", "-o", tmp_path / "again.parquet")
     assert res.exit_code == 0 and "recomputed" in res.output, res.output
     again = pl.read_parquet(tmp_path / "again.parquet")
-    from vtrain_fast.model.params import OUTPUT_NAMES
+    from vtrain_fast.model.records import OUTPUT_NAMES
     for col in list(OUTPUT_NAMES) + ["sequence_parallel", "vpp", "num_nodes"]:
         assert all(_same(a, b) for a, b in zip(again[col].to_list(), front[col].to_list())), col
     # the Parquet frontier reads back too

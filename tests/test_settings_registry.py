@@ -9,7 +9,7 @@ import pytest
 from conftest import ONE_POINT_SPEC
 from vtrain_fast.engine.chunks import evaluate_chunk
 from vtrain_fast.hardware.gpus import GPUPreset, PRESETS, machine_vector
-from vtrain_fast.model.params import HW_FIELDS
+from vtrain_fast.model.records import HW_FIELDS
 from vtrain_fast.model.settings import NO_FLAG, NO_MEGATRON_FLAG, BY_NAME, LAYOUT_SIZES, SETTINGS
 from vtrain_fast.plan.grid import build_grid
 from vtrain_fast.plan.spec import parse_spec

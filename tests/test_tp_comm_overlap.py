@@ -13,9 +13,9 @@ from vtrain_fast.io.errors import InputError
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.model import comm, ops
-from vtrain_fast.model.params import NUM_OUTPUTS, hw_index
+from vtrain_fast.model.records import hw_index, NUM_OUTPUTS, OUTPUT
 from vtrain_fast.model.layout import Layout
-from vtrain_fast.model.params import O_TP
+
 from vtrain_fast.model.step import step
 
 from conftest import SMALL_SWEEP
@@ -89,7 +89,7 @@ def test_the_kernel_gives_it_no_effect_without_sequence_parallelism():
         out = np.empty((NUM_OUTPUTS, 1))
         step(32, 8192, 64, 64, 32768, 51200, 4096, 64, 4, Layout(4, 1, 2, 1), 0, 1e12, hw, out, 0)
         outs.append(out[:, 0].copy())
-    assert np.array_equal(outs[0], outs[1]) and outs[0][O_TP] > 0.0
+    assert np.array_equal(outs[0], outs[1]) and outs[0][OUTPUT.tp_comm_s] > 0.0
 
 
 def test_evaluate_refuses_it_without_sequence_parallelism():

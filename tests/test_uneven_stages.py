@@ -14,7 +14,7 @@ from conftest import ONE_POINT_SPEC
 from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
-from vtrain_fast.model.params import hw_index
+from vtrain_fast.model.records import hw_index
 from vtrain_fast.model.layer_split import stage_layers
 from vtrain_fast.plan.spec import parse_spec
 
@@ -138,7 +138,7 @@ def test_random_uneven_points_match_the_twin():
         B = d * b * int(rng.choice([4, 8, 16]))
         rc = int(rng.integers(0, 3))
         from vtrain_fast.model.layout import Layout
-        from vtrain_fast.model.params import NUM_OUTPUTS, OUTPUT_NAMES
+        from vtrain_fast.model.records import NUM_OUTPUTS, OUTPUT_NAMES
         from vtrain_fast.model import step
         out = np.empty((NUM_OUTPUTS, 1))
         status = step.step(L, 1024, 16, 16, 4096, 32000, 1024, B, b, Layout(t, 1, d, p), rc, 1e9, hw, out, 0)

@@ -216,7 +216,7 @@ def test_a_gpu_table_under_cluster_overrides_that_gpu_only():
 def test_a_written_frontier_evaluates_to_the_same_rows_under_cluster_overrides(write_spec, tmp_path, cli):
     """pareto -o carries each GPU's cluster values (spec overrides and [cluster.<gpu>] tables), so
     evaluate prices the plans exactly as the sweep did."""
-    from vtrain_fast.model.params import OUTPUT_NAMES
+    from vtrain_fast.model.records import OUTPUT_NAMES
     spec = PER_GPU_SPEC.format(h100="usd_per_gpu_hour = 3.5\npue = 1.2").replace(
         "num_gpus = 32", "num_nodes = [4, 8]\ngpus_per_node = 4\nreserved_GiB = 20").replace(
         "tp = 1\npp = 1", "tp = [1, 2]\npp = [1, 2]")

@@ -13,7 +13,7 @@ from vtrain_fast.analysis.evaluate import evaluate_frame
 from vtrain_fast.hardware.gpus import PRESETS, machine_vector
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import comm, memory
-from vtrain_fast.model.params import hw_index
+from vtrain_fast.model.records import hw_index
 from vtrain_fast.plan.spec import parse_spec
 
 # GPT-3 13B on 64 A100s, data parallel only, 8 micro-batches per step.

@@ -236,7 +236,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
 
     from .engine.chunks import RowBuffers
     from .model import sweep as ks
-    from .model.params import OK, OUT_OF_MEMORY
+    from .model.records import OK, OUT_OF_MEMORY
 
     n = grid.num_points
     batch = 1 << 18
@@ -264,7 +264,7 @@ def bench_kernels(grid, threads: int, repeat: int) -> dict:
     fb = RowBuffers(full_idx.size)
     ks.sweep_points(full_idx, *args, fb.inputs, fb.tokens, fb.out, fb.status)
     cols = ks.rows_from_inputs(fb.inputs[:, :full_idx.size])
-    hw_rows = np.ascontiguousarray(grid.hw_table[fb.inputs[ks.I_GPU, :full_idx.size]])
+    hw_rows = np.ascontiguousarray(grid.hw_table[fb.inputs[ks.INPUT.gpu_index, :full_idx.size]])
     tokens = np.ascontiguousarray(fb.tokens[:full_idx.size])
     out = np.empty_like(fb.out[:, :full_idx.size])
     st = np.empty(full_idx.size, dtype=np.int8)
@@ -297,7 +297,7 @@ def bench_sweep(text: str, name: str, threads: int, repeat: int, b, batch: int) 
     import numpy as np
 
     from .model import sweep as ks
-    from .model.params import OK, OUT_OF_MEMORY
+    from .model.records import OK, OUT_OF_MEMORY
     from .plan.grid import build_grid
     from .plan.spec import parse_spec
     grid = build_grid(parse_spec(text, name))

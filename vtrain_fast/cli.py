@@ -562,7 +562,7 @@ def evaluate(csv: Path = typer.Argument(..., help="configurations, one per row")
     from .analysis.evaluate import (check_table_path, evaluate_frame, read_csv, without_earlier_results,
                                     write_table_atomic)
     from .analysis.report import print_frame
-    from .model.params import OUTPUT_NAMES
+    from .io.schema import OUTPUT_NAMES
     from .plan.spec import load_models
     from .io.outputs import check_output
     check_table_path(output)

@@ -13,16 +13,14 @@ from ..io.errors import InputError, check_output_file, did_you_mean, similar_nam
 from ..io.inputs import MAX_TABLE_BYTES, check_input_file
 from ..hardware.gpus import OVERRIDE_RANGES, PRESETS, machine_vector, with_overrides
 from ..model.layout import Layout, world_size
-from ..model.params import H_GPUS_PER_NODE, HW_FIELDS, NUM_HW_FIELDS, ROW_FIELDS
-from ..model.params import NUM_OUTPUTS
+from ..model.records import HW_FIELDS, MACHINE, MODEL_FIELDS, NUM_HW_FIELDS, NUM_OUTPUTS, ROW_FIELDS
 from ..model.sweep import evaluate_rows
 from ..model.arch import ARCH_FLAGS, ARCH_NAMES, BY_NAME as ARCH_BY_NAME
 from ..model.moe import KERNEL_COLUMNS as MOE_COLUMNS, KERNEL_NAMES as MOE_NAMES
 from ..model.moe import MLA_FIELDS, kernel_values
-from ..model.params import MODEL_FIELDS
 from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, FLOAT_SETTINGS, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
-from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, OUTPUT_NAMES, RESULT_COLUMNS, SETTING_COLUMNS, setting_values
+from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, RESULT_COLUMNS, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
 from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
                    check_precision, check_mxfp8, check_reserved)
@@ -409,7 +407,7 @@ def evaluate_frame(df: pl.DataFrame, where: str = "<frame>", calibration: dict |
                          int(world_size.py_func(Layout(**{k: int(v[i]) for k, v in sizes.items()}))),
                          f"at most {hi} GPUs", "check tp, cp, pp and dp")
     num_gpus = world_size.py_func(Layout(**sizes))
-    gpn_used = hw_rows[:, H_GPUS_PER_NODE].astype(np.int64)
+    gpn_used = hw_rows[:, MACHINE.gpus_per_node].astype(np.int64)
     num_nodes = -(-num_gpus // gpn_used)
     for name, value, rule in (("num_gpus", num_gpus, "tp x cp x pp x dp"),
                               ("num_nodes", num_nodes, "ceil(num_gpus / gpus_per_node)")):

@@ -23,6 +23,7 @@ from scipy.optimize import nnls
 
 from ..io.errors import InputError
 from ..io.inputs import MAX_TEXT_BYTES, read_input_bytes
+from ..model.records import MACHINE
 
 # Largest rank count of a table (the largest job of a sweep, spec.INT_RANGES["num_gpus"]).
 MAX_RANKS = 100_000_000
@@ -206,8 +207,8 @@ def fit_tables(tables: list[Table], link_GBps: float, gpus_per_node: int | None 
     w = 1.0 / y                       # relative error
     kept = bool(np.ptp(a[:, 1]) == 0.0 and a[0, 1] > 0.0)   # sendrecv tables have no steps at all
     if kept:
-        from ..model.params import H_INTER_STEP_S, H_INTRA_STEP_S
-        step = 0.0 if hw is None else float(hw[H_INTER_STEP_S if gpus_per_node else H_INTRA_STEP_S])
+        
+        step = 0.0 if hw is None else float(hw[MACHINE.inter_node_step_latency_s if gpus_per_node else MACHINE.intra_node_step_latency_s])
         sub, _ = nnls((a[:, [0, 2]]) * w[:, None], (rest - step * a[:, 1]) * w)
         coef = np.array([sub[0], step, sub[1]])
     else:

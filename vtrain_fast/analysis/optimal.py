@@ -75,6 +75,7 @@ import numpy as np
 import polars as pl
 
 from ..io.errors import InputError, did_you_mean
+from ..model.records import AXIS, INPUT, OUTPUT
 
 # Training settings of every searched plan unless ``settings`` says otherwise ([training] keys
 # of a sweep spec).
@@ -458,9 +459,9 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
     t0 = time.perf_counter()
     from ..hardware.gpus import PRESETS
     from ..engine.chunks import RowBuffers, evaluate_chunk
-    from ..model.params import O_ITER, O_MEM, O_PARAMS, OK
+    from ..model.records import OK
     from .query import DEFAULT_MEMORY_MARGIN, check_memory_margin
-    from ..model.sweep import I_GBS, I_GPU, I_MODEL, I_NUM_GPUS, sweep_chunk
+    from ..model.sweep import sweep_chunk
     from ..plan.grid import build_grid
     from ..plan.spec import parse_spec
     lf = _fit(fit)
@@ -562,16 +563,16 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
         sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
         ok = np.flatnonzero(b.status[:n] == OK)
         if memory_margin:          # leave out the plans within the margin of the HBM
-            cap = capacity_GiB[b.inputs[I_GPU, ok]]
-            ok = ok[cap - b.out[O_MEM, ok] >= memory_margin * cap]
+            cap = capacity_GiB[b.inputs[INPUT.gpu_index, ok]]
+            ok = ok[cap - b.out[OUTPUT.memory_per_gpu_GiB, ok] >= memory_margin * cap]
         feasible += ok.size
-        it = b.out[O_ITER, ok]
-        ngpu = b.inputs[I_NUM_GPUS, ok].astype(np.float64)
-        g_ok = b.inputs[I_GPU, ok]
-        left = np.maximum(budget_gpu_s[g_ok] - serve_s_per_param[g_ok] * b.out[O_PARAMS, ok], 0.0)
+        it = b.out[OUTPUT.iteration_time_s, ok]
+        ngpu = b.inputs[INPUT.num_gpus, ok].astype(np.float64)
+        g_ok = b.inputs[INPUT.gpu_index, ok]
+        left = np.maximum(budget_gpu_s[g_ok] - serve_s_per_param[g_ok] * b.out[OUTPUT.num_parameters, ok], 0.0)
         steps = np.floor(np.minimum(left / (ngpu * it), max_s / it))
-        models = np.concatenate([keep_model, b.inputs[I_MODEL, ok]])
-        tokens = np.concatenate([keep_tokens, steps * b.inputs[I_GBS, ok]])    # sequences
+        models = np.concatenate([keep_model, b.inputs[INPUT.model_index, ok]])
+        tokens = np.concatenate([keep_tokens, steps * b.inputs[INPUT.global_batch_size, ok]])    # sequences
         gpu_s = np.concatenate([keep_gpu_s, steps * ngpu * it])
         index = np.concatenate([keep_index, start + ok])
         best = _best_per_model(models, tokens, gpu_s, index, num_models)
@@ -703,6 +704,6 @@ def optimal(*, budget_usd: float | None = None, gpu_hours: float | None = None, 
 
 def _gpu_axis(grid, index: int) -> int:
     """The gpu-axis value of flat index ``index``."""
-    from ..model.sweep import A_GPU
+    
     from ..plan.grid import decode
-    return decode(index, grid.radices)[A_GPU]
+    return decode(index, grid.radices)[AXIS.gpu]

@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from ..model.arch import ARCH_FLAGS
-from ..model.params import NUM_HW_FIELDS, hw_index
+from ..model.records import NUM_HW_FIELDS, hw_index
 from ..model.settings import SETTINGS, unmet_requirements
 from ..model.layer_split import stage_layers
 from .evaluate import evaluate_frame

@@ -377,13 +377,13 @@ def memory_capacity_GiB(manifest: dict) -> dict[str, float]:
     dict
         GPU name -> capacity, GiB: the ``hbm_bytes`` field of the GPU's machine vectors as the
         sweep priced it (``machine_vectors``, laid out as
-        :data:`vtrain_fast.model.params.HW_FIELDS`; the preset's ``hbm_GiB`` with the spec's
+        :data:`vtrain_fast.model.records.HW_FIELDS`; the preset's ``hbm_GiB`` with the spec's
         ``[gpus]`` tables applied), else the shipped preset's ``hbm_GiB``
         (:data:`vtrain_fast.hardware.gpus.PRESETS`) for GPUs the manifest has no vector of.
         The kernels call a plan out of memory where ``memory_per_gpu_GiB`` exceeds it.
     """
     from ..hardware.gpus import PRESETS
-    from ..model.params import HW_FIELDS
+    from ..model.records import HW_FIELDS
     from ..io.schema import gpu_of_label
     k = HW_FIELDS.index("hbm_bytes")
     out: dict[str, float] = {}

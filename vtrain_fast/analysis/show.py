@@ -42,11 +42,9 @@ import numpy as np
 import polars as pl
 
 from ..io.errors import InputError
-from ..model import costs, experts, layer_split, memory, ops, params, pipeline, step
-from ..model.arch import Arch
+from ..model import costs, experts, layer_split, memory, ops, pipeline, records, step
 from ..model.layout import Layout
-from ..model.params import (H_RESERVED_BYTES, NUM_OUTPUTS, OUTPUT_NAMES, R_ARCH, R_CP, R_DP, R_FFN, R_GBS,
-                            R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS, R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
+from ..model.records import MACHINE, NUM_OUTPUTS, OUTPUT_NAMES, ROW, arch_of_values
 
 GiB = 1024.0 ** 3
 # The output columns that sum to iteration_time_s (model.pipeline.schedule).
@@ -144,11 +142,10 @@ def kernel_inputs(plan: dict, gpus: dict | None = None):
     row = {n: plan[n] for n in names if n in plan and plan[n] is not None}
     cols, tokens, hw_rows = evaluate_frame(pl.DataFrame([row]), "plan", gpus=gpus, kernel_inputs=True)
     c = cols[:, 0]
-    sizes = tuple(float(c[r]) for r in (R_LAYERS, R_HIDDEN, R_HEADS, R_GROUPS, R_FFN, R_VOCAB, R_SEQ, R_GBS, R_MBS))
-    lay = Layout(int(c[R_TP]), int(c[R_CP]), int(c[R_DP]), int(c[R_PP]))
-    n_arch = R_GBS - R_ARCH            # the model columns after the sizes: the Arch record's
-    arch = Arch(*(float(c[R_ARCH + j]) for j in range(n_arch)))
-    return sizes, lay, int(c[R_RECOMPUTE]), float(tokens[0]), hw_rows[0].copy(), arch
+    sizes = tuple(float(c[r]) for r in (ROW.num_layers, ROW.hidden_size, ROW.num_attention_heads, ROW.num_query_groups, ROW.ffn_hidden_size, ROW.vocab_size, ROW.seq_length, ROW.global_batch_size, ROW.micro_batch_size))
+    lay = Layout(int(c[ROW.tp]), int(c[ROW.cp]), int(c[ROW.dp]), int(c[ROW.pp]))
+    arch = arch_of_values(c, ROW)
+    return sizes, lay, int(c[ROW.recompute]), float(tokens[0]), hw_rows[0].copy(), arch
 
 
 def simulate_pipeline(forward_s, backward_s, send_s, m: int, vpp: int = 1, recompute_s=None):
@@ -297,7 +294,7 @@ def show_plan(plan: dict, gpus: dict | None = None, timeline: bool | None = None
     out = np.full((NUM_OUTPUTS, 1), np.nan)
     status = step.step(int(L), int(h), int(a), int(g), int(f), int(v), int(s), int(B), int(b), lay, recompute,
                     tokens, hw, out, 0, arch)
-    if status not in (params.OK, params.OUT_OF_MEMORY):
+    if status not in (records.OK, records.OUT_OF_MEMORY):
         raise InputError("plan", "status", int(status), "a plan the model prices (status ok or out_of_memory)",
                          "see `vtrain-fast evaluate` for the plan's status and fix it")
     kernel = {name: float(out[j, 0]) for j, name in enumerate(OUTPUT_NAMES)}
@@ -316,10 +313,10 @@ def show_plan(plan: dict, gpus: dict | None = None, timeline: bool | None = None
     # per-stage seconds per micro-batch (the kernel's T_i; kind 3: the only stage)
     micro = [float(pipeline.stage_micro_batch_s(sc, 3 if p == 1 else (0 if i == 0 else (2 if i == p - 1 else 1)),
                                                 n16[i], nm[i])) for i in range(p)]
-    pp_s = float(sc[pipeline.C_PP])
+    pp_s = float(sc.pp_s)
     t_max = max(micro)
     pipeline_s = m * t_max + (sum(micro) - t_max) / vs
-    fwd, rec, bwd = mb[costs.M_FWD], rc * mb[costs.M_FWD] + sel * mb[costs.M_CORE_FWD], mb[costs.M_BWD]
+    fwd, rec, bwd = mb.layer_forward_s, rc * mb.layer_forward_s + sel * mb.attention_core_forward_s, mb.layer_backward_s
     share = np.array([fwd, rec, bwd]) / (fwd + rec + bwd)
     work = [x - pp_s for x in micro]
     stage_fwd = [w * share[0] for w in work]
@@ -369,7 +366,7 @@ def stage_memory(h, a, g, f, s, B, b, lay, recompute, hw, arch, mb, split, layer
     p = int(lay.pp)
     t = float(lay.tp)
     _, _, dz, zero, m, _, _, _, _, vs, rc, sel = pipeline.schedule_sizes(B, b, lay, recompute, hw, split)
-    edz = split[costs.S_EDZ]
+    edz = split.expert_shard_ranks
     w_d, g_d, o_d = memory.state_bytes_per_param(dz, zero, hw)
     w_e, g_e, o_e = memory.state_bytes_per_param(edz, zero, hw)
     p_layer = memory.layer_params_per_rank(h, a, g, f, t, arch)
@@ -380,21 +377,21 @@ def stage_memory(h, a, g, f, s, B, b, lay, recompute, hw, arch, mb, split, layer
     rows, in_flight = [], []
     for i in range(p):
         if i == 0:
-            dense, expert = split[costs.S_P_FIRST], split[costs.S_E_FIRST]
+            dense, expert = split.params_first, split.expert_params_first
         elif i == p - 1:
-            dense, expert = split[costs.S_P_LAST], split[costs.S_E_LAST]
+            dense, expert = split.params_last, split.expert_params_last
         else:
             dense, expert = costs.stage_params(layers[i], nm[i], p_layer, p_moe, p_exp)
         states, act, layer_act, host_act, n_in, fp8 = pipeline.stage_memory(
             float(i), float(p), m, vs, layers[i], n16[i], nm[i], dense, expert, b, s / float(lay.cp), h, t, dz,
             zero, rc, sel, hw, mb, split)
         weights, grads, optim = (dense * w_d + expert * w_e, dense * g_d + expert * g_e, dense * o_d + expert * o_e)
-        gathered = split[costs.S_GATHERED]
+        gathered = split.zero3_gathered_bytes
         parts = (weights, grads, optim, fp8, gathered, layer_act,
-                 act - layer_act, hw[H_RESERVED_BYTES])
+                 act - layer_act, hw[MACHINE.reserved_bytes])
         host_states = (HOST_STATE_BYTES_PER_PARAM * (dense / dz + expert / edz)
                        if ops.param_offload_on(hw, dz) else 0.0)
-        rows.append([i] + [x / GiB for x in parts] + [(states + act + hw[H_RESERVED_BYTES]) / GiB, host_act / GiB,
+        rows.append([i] + [x / GiB for x in parts] + [(states + act + hw[MACHINE.reserved_bytes]) / GiB, host_act / GiB,
                                                        host_states / GiB])
         in_flight.append(n_in)
     df = pl.DataFrame(rows, schema=["stage", *MEMORY_PARTS, "total_GiB", *HOST_PARTS], orient="row")

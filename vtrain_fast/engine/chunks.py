@@ -34,9 +34,8 @@ import pyarrow as pa
 from ..io.errors import InputError
 from ..plan.grid import Grid, check_index_space, pruning_table
 from ..model import sweep as ks
-from ..model.params import NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
-from ..model.sweep import INPUT_NAMES, NUM_INPUTS, sweep_chunk
-from ..model.params import HW_FIELDS
+from ..model.records import HW_FIELDS, INPUT_NAMES, NUM_INPUTS, NUM_OUTPUTS, NUM_STATUS, OUTPUT_NAMES
+from ..model.sweep import sweep_chunk
 from ..io.schema import (INTEGER_OUTPUTS, SCHEMA, SETTING_COLUMNS, STATUS_LABELS, arch_array, resolve_objectives,
                          setting_array)
 from ..model.arch import BY_NAME as ARCH_BY_NAME
@@ -303,6 +302,18 @@ class RowBuffers:
         self.ints = np.empty((len(_INT_ROWS), capacity), dtype=np.int64)
         self.valid = np.empty((len(_INT_ROWS), capacity), dtype=np.uint8)
 
+    def evaluate(self, grid: Grid, start: int, n: int) -> None:
+        """Evaluate grid points ``start .. start+n-1`` (``n <= capacity``) into columns ``0 .. n-1``."""
+        sweep_chunk(start, n, *grid.kernel_args(), self.inputs, self.tokens, self.out, self.status)
+
+    def output(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Output column ``name`` (:data:`~vtrain_fast.io.schema.OUTPUT_NAMES`) at ``rows``, ``float64``."""
+        return self.out[OUTPUT_NAMES.index(name), rows]
+
+    def input(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Integer input column ``name`` (:data:`~vtrain_fast.model.records.INPUT_NAMES`) at ``rows``, ``int64``."""
+        return self.inputs[INPUT_NAMES.index(name), rows]
+
 
 class _ArrowBuilder:
     """Zero-copy record batches over :class:`RowBuffers` (schema :data:`STORAGE_SCHEMA`)."""
@@ -318,9 +329,9 @@ class _ArrowBuilder:
 
     def batch(self, b: RowBuffers, n: int, index: np.ndarray | None = None) -> pa.RecordBatch:
         codes = b.codes
-        np.copyto(codes[0, :n], b.inputs[ks.I_MODEL, :n], casting="unsafe")
-        np.copyto(codes[1, :n], b.inputs[ks.I_GPU, :n], casting="unsafe")
-        np.copyto(codes[2, :n], b.inputs[ks.I_RECOMPUTE, :n], casting="unsafe")
+        np.copyto(codes[0, :n], b.inputs[ks.INPUT.model_index, :n], casting="unsafe")
+        np.copyto(codes[1, :n], b.inputs[ks.INPUT.gpu_index, :n], casting="unsafe")
+        np.copyto(codes[2, :n], b.inputs[ks.INPUT.recompute, :n], casting="unsafe")
         np.copyto(codes[3, :n], b.status[:n], casting="unsafe")
         # settings by gpu-axis value, then the axis value -> its GPU name's code
         settings = {col: setting_array(col, per_gpu, codes[1, :n]) for col, per_gpu in self.settings.items()}
@@ -660,5 +671,5 @@ def evaluate_chunk(grid: Grid, start: int, n: int) -> pa.RecordBatch:
     """Evaluate grid points ``start .. start+n-1`` and return them as one record batch
     (schema :data:`STORAGE_SCHEMA`: :data:`vtrain_fast.io.schema.SCHEMA`'s columns)."""
     b = RowBuffers(n)
-    sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
+    b.evaluate(grid, start, n)
     return _ArrowBuilder(grid).batch(b, n)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from .. import __version__
 from ..io.errors import InputError, check_output_folder, format_bytes, free_bytes
 from ..plan.grid import Grid, build_grid
-from ..model.params import NUM_STATUS
+from ..model.records import NUM_STATUS
 from ..io.schema import STATUS_LABELS
 from ..io.schema import variant_label
 from ..plan.spec import SweepSpec, recorded_spec_problem

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..io.errors import InputError, check_plain_name, did_you_mean
 from ..io.inputs import read_toml
-from ..model.params import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
+from ..model.records import CALIBRATION_FIELDS, HW_FIELDS, NUM_HW_FIELDS
 from ..model.settings import SETTINGS, with_registry_fields
 
 GiB = 1024.0 ** 3
@@ -645,7 +645,7 @@ def machine_vector(preset: GPUPreset) -> np.ndarray:
     -------
     numpy.ndarray
         ``float64``, shape ``(NUM_HW_FIELDS,)``, SI units, laid out as
-        :data:`vtrain_fast.model.params.HW_FIELDS`.
+        :data:`vtrain_fast.model.records.HW_FIELDS`.
     """
     c = preset.calibration
     values = {

@@ -1,7 +1,7 @@
 """Every output column once: name, Arrow type, unit and meaning.
 
 The README's column table and the Parquet schema are both built from :data:`COLUMNS`.
-Kernel row layouts (``model.params.OUTPUT_NAMES``, ``model.sweep.INPUT_NAMES``) are checked
+Kernel row layouts (``model.records.OUTPUT_NAMES``, ``model.records.INPUT_NAMES``) are checked
 against it by the tests.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .errors import InputError, did_you_mean
-from ..model import params as step     # the output layout; no Numba
+from ..model import records     # the output layout; no Numba
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
 from ..model.moe import KERNEL_DOCS, KERNEL_NAMES
 from ..model.settings import BY_NAME, SETTINGS
@@ -149,7 +149,7 @@ INTEGER_OUTPUTS = ("num_parameters", "num_micro_batches", "num_steps")
 
 OUTPUT_COLUMNS = tuple(
     Column(name, pa.int64() if name in INTEGER_OUTPUTS else pa.float64(), *_OUT_DOCS[name])
-    for name in step.OUTPUT_NAMES
+    for name in records.OUTPUT_NAMES
 )
 COLUMNS = INPUT_COLUMNS + (STATUS_COLUMN,) + OUTPUT_COLUMNS
 SCHEMA = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])

@@ -706,7 +706,7 @@ def cluster_problem(manifest: dict) -> tuple[str, object, str] | None:
     machines and no other, each cluster value (read by ``export``, ``pareto -o``, ``report``) a finite
     number >= 0, ``gpus_per_node`` a whole number >= 1, and each the value of the GPU's machine
     vectors. A rerun of the sweep writes these fields again (they follow from its spec)."""
-    from ..model.params import HARDWARE_FIELDS, HW_FIELDS
+    from ..model.records import HARDWARE_FIELDS, HW_FIELDS
     from .schema import gpu_of_label
     if not isinstance(manifest.get("spec"), str):
         return "spec", type(manifest.get("spec")).__name__, "the spec's text"

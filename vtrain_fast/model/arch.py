@@ -5,7 +5,7 @@ schema, model-file and import modules load without it.
 
 Everything that reads a model flag reads this registry: ``ModelShape``'s fields and their parsing
 (``plan.models``), the spec's ``[model]`` keys and lists (``plan.spec``), the kernels' model table
-(``params.MODEL_FIELDS``: the sizes, then one column per flag, its :meth:`ArchFlag.encode` value),
+(``records.MODEL_FIELDS``: the sizes, then one column per flag, its :meth:`ArchFlag.encode` value),
 the output columns (``io.schema``), evaluate's columns, ``vtrain-fast import-hf`` and the presets
 listing.
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 
 from ._jit import jit
-from .params import (H_P2P_OVERHEAD_S, H_GPUS_PER_NODE, H_INTER_BPS, H_INTER_EFF, H_INTER_LAT_S, H_INTER_STEP_S,
-                     H_INTRA_BPS, H_INTRA_EFF, H_INTRA_LAT_S, H_INTRA_STEP_S)
+from .records import MACHINE
+
 
 
 @jit
@@ -90,12 +90,12 @@ def group_allreduce_s(nbytes, n, stride, hw):
     """
     if n <= 1.0:
         return 0.0
-    g = members_per_node(stride, n, hw[H_GPUS_PER_NODE])
+    g = members_per_node(stride, n, hw[MACHINE.gpus_per_node])
     nodes = math.ceil(n / g)
     if nodes <= 1.0:
         return intra_allreduce_s(nbytes, n, hw)
-    inter = tree_allreduce_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
-                             hw[H_INTER_STEP_S])
+    inter = tree_allreduce_s(nbytes / g, nodes, hw[MACHINE.inter_node_Bps], hw[MACHINE.inter_node_efficiency], hw[MACHINE.inter_node_latency_s],
+                             hw[MACHINE.inter_node_step_latency_s])
     return inter + 2.0 * intra_allgather_s(nbytes, g, hw)
 
 
@@ -111,12 +111,12 @@ def group_reduce_scatter_allgather_s(nbytes, n, stride, hw):
     """
     if n <= 1.0:
         return 0.0
-    g = members_per_node(stride, n, hw[H_GPUS_PER_NODE])
+    g = members_per_node(stride, n, hw[MACHINE.gpus_per_node])
     nodes = math.ceil(n / g)
     if nodes <= 1.0:
         return 2.0 * intra_allgather_s(nbytes, n, hw)
-    inter = 2.0 * ring_allgather_s(nbytes / g, nodes, hw[H_INTER_BPS], hw[H_INTER_EFF], hw[H_INTER_LAT_S],
-                                   hw[H_INTER_STEP_S])
+    inter = 2.0 * ring_allgather_s(nbytes / g, nodes, hw[MACHINE.inter_node_Bps], hw[MACHINE.inter_node_efficiency], hw[MACHINE.inter_node_latency_s],
+                                   hw[MACHINE.inter_node_step_latency_s])
     return inter + 2.0 * intra_allgather_s(nbytes, g, hw)
 
 
@@ -132,16 +132,16 @@ def group_allgather_s(nbytes, n, stride, hw):
 @jit
 def intra_allreduce_s(nbytes, n, hw):
     """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks inside one node (NVLink)."""
-    return ring_allreduce_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S],
-                            hw[H_INTRA_STEP_S])
+    return ring_allreduce_s(nbytes, n, hw[MACHINE.intra_node_Bps], hw[MACHINE.intra_node_efficiency], hw[MACHINE.intra_node_latency_s],
+                            hw[MACHINE.intra_node_step_latency_s])
 
 
 @jit
 def intra_allgather_s(nbytes, n, hw):
     """Seconds of a ring all-gather (or reduce-scatter) of ``nbytes`` over ``n`` ranks inside
     one node (NVLink)."""
-    return ring_allgather_s(nbytes, n, hw[H_INTRA_BPS], hw[H_INTRA_EFF], hw[H_INTRA_LAT_S],
-                            hw[H_INTRA_STEP_S])
+    return ring_allgather_s(nbytes, n, hw[MACHINE.intra_node_Bps], hw[MACHINE.intra_node_efficiency], hw[MACHINE.intra_node_latency_s],
+                            hw[MACHINE.intra_node_step_latency_s])
 
 
 @jit
@@ -150,8 +150,8 @@ def p2p_s(nbytes, crosses_node, hw):
     on the NIC when ``crosses_node`` else on NVLink:
     ``p2p_overhead_s + latency + nbytes / (bw * efficiency)``."""
     if crosses_node:
-        return hw[H_P2P_OVERHEAD_S] + hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
-    return hw[H_P2P_OVERHEAD_S] + hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])
+        return hw[MACHINE.p2p_overhead_s] + hw[MACHINE.inter_node_latency_s] + nbytes / (hw[MACHINE.inter_node_Bps] * hw[MACHINE.inter_node_efficiency])
+    return hw[MACHINE.p2p_overhead_s] + hw[MACHINE.intra_node_latency_s] + nbytes / (hw[MACHINE.intra_node_Bps] * hw[MACHINE.intra_node_efficiency])
 
 
 @jit
@@ -163,8 +163,8 @@ def cp_ring_step_s(nbytes, crosses_node, hw):
     blocking send (vTrain's Megatron-DeepSpeed runs), while TE launches the ring's sends and receives
     asynchronously (``batch_isend_irecv``) on the attention's stream."""
     if crosses_node:
-        return hw[H_INTER_LAT_S] + nbytes / (hw[H_INTER_BPS] * hw[H_INTER_EFF])
-    return hw[H_INTRA_LAT_S] + nbytes / (hw[H_INTRA_BPS] * hw[H_INTRA_EFF])
+        return hw[MACHINE.inter_node_latency_s] + nbytes / (hw[MACHINE.inter_node_Bps] * hw[MACHINE.inter_node_efficiency])
+    return hw[MACHINE.intra_node_latency_s] + nbytes / (hw[MACHINE.intra_node_Bps] * hw[MACHINE.intra_node_efficiency])
 
 
 @jit
@@ -215,10 +215,10 @@ def all_to_all_s(nbytes, n, stride, hw):
     the NIC at the same time: the inter-node latency + the longer of the two. 0 at ``n = 1``."""
     if n <= 1.0:
         return 0.0
-    gpn = hw[H_GPUS_PER_NODE]
+    gpn = hw[MACHINE.gpus_per_node]
     g = members_per_node(stride, n, gpn)
-    intra = hw[H_INTRA_BPS] * hw[H_INTRA_EFF]
+    intra = hw[MACHINE.intra_node_Bps] * hw[MACHINE.intra_node_efficiency]
     if g >= n:
-        return hw[H_INTRA_LAT_S] + nbytes * (n - 1.0) / n / intra
-    return hw[H_INTER_LAT_S] + max(nbytes * (g - 1.0) / n / intra,
-                                   nbytes * (n - g) / n / (hw[H_INTER_BPS] * hw[H_INTER_EFF]))
+        return hw[MACHINE.intra_node_latency_s] + nbytes * (n - 1.0) / n / intra
+    return hw[MACHINE.inter_node_latency_s] + max(nbytes * (g - 1.0) / n / intra,
+                                   nbytes * (n - g) / n / (hw[MACHINE.inter_node_Bps] * hw[MACHINE.inter_node_efficiency]))

@@ -20,64 +20,15 @@ from ._jit import jit
 from . import comm, memory, ops
 from .arch import DEFAULT_ARCH
 from .experts import ep_exchange_s, expert_sizes, moe_layer_extra
-from .layer_split import (H_BF16_END, H_BF16_START, bf16_layer_counts, bf16_layers_of, moe_layer_counts,
-                          moe_layers_of, stage_layers)
+from .layer_split import bf16_layer_counts, bf16_layers_of, moe_layer_counts, moe_layers_of, stage_layers
 from .layout import dp_cp_size, dp_cp_stride, pp_stride, spans_nodes
 from .offload import activation_offload_layers
 from .overlap import cp_exchange_s, mlp_tp_hidden_s, tp_hidden_s
-from .params import H_GPUS_PER_NODE, H_HBM_BPS, H_HBM_EFF, H_PRECISION, H_SEQ_PAR, PRECISION_BF16
+from .records import MACHINE, MicroCosts, PRECISION_BF16, SplitCosts
 
 
 # Gradient accumulation: read the accumulated and the new fp16 gradient, write the sum.
 GRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
-
-
-# Per-micro-batch costs (:func:`micro_batch_costs`), fixed by (model, machine,
-# micro_batch_size, tp): indices into the tuple.
-MICRO_NAMES = (
-    "layer_forward_s", "layer_backward_s", "tp_allreduce_activation_s", "tp_allreduce_ce_s",
-    "embedding_s", "head_s", "pp_allgather_s", "pp_send_intra_s", "pp_send_inter_s",
-    "layer_activation_bytes", "logits_bytes", "attention_core_forward_s", "attention_core_activation_bytes",
-    "tp_backward_hidden_s", "fp8_weight_cast_s", "fp8_weight_bytes",
-    "cp_forward_exposed_s", "cp_backward_exposed_s",
-    "bf16_layer_forward_extra_s", "bf16_layer_backward_extra_s", "bf16_layer_tp_hidden_extra_s",
-    "bf16_layer_activation_extra_bytes",
-    "moe_layer_forward_extra_s", "moe_layer_backward_extra_s", "ep_forward_s", "ep_backward_s",
-    "moe_layer_activation_extra_bytes", "moe_mlp_tp_hidden_s",
-)
-
-
-NUM_MICRO = len(MICRO_NAMES)
-
-
-(M_FWD, M_BWD, M_AR_ACT, M_AR_CE, M_EMB, M_HEAD, M_GATHER, M_SEND_INTRA, M_SEND_INTER, M_ACT_LAYER,
- M_LOGITS, M_CORE_FWD, M_CORE_ACT, M_TP_HIDDEN, M_FP8_CAST, M_FP8_WEIGHTS, M_CP_FWD, M_CP_BWD,
- M_BF16_FWD, M_BF16_BWD, M_BF16_TP_HIDDEN, M_BF16_ACT, M_MOE_FWD, M_MOE_BWD, M_EP_FWD, M_EP_BWD,
- M_MOE_ACT, M_MOE_TP_HIDDEN) = range(NUM_MICRO)
-
-
-# Per-split costs (:func:`split_costs`), fixed by (model, machine, tp, pp, dp).
-SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "crosses_node",
-               "accumulate_layers_s", "accumulate_embedding_s", "accumulate_head_s",
-               "zero3_layer_gather_s", "zero3_embedding_gather_s", "zero3_head_gather_s", "zero3_gathered_bytes",
-               "layers_first", "layers_middle", "layers_last", "params_middle", "accumulate_first_s",
-               "accumulate_last_s", "embedding_sync_s", "replica_allreduce_s",
-               "bf16_layers_first", "bf16_layers_second", "bf16_layers_last", "bf16_layers_middle_sum",
-               "bf16_layers_middle_max", "bf16_layers_middle_min",
-               "expert_params_first", "expert_params_middle", "expert_params_last", "expert_shard_ranks",
-               "moe_layers_first", "moe_layers_second", "moe_layers_last", "moe_layers_middle_sum",
-               "moe_layers_middle_max", "offloaded_bf16_layers", "offloaded_moe_layers", "param_copy_layer_s",
-               "param_copy_embedding_s", "param_copy_head_s")
-
-
-NUM_SPLIT = len(SPLIT_NAMES)
-
-
-(S_P_FIRST, S_P_LAST, S_DP, S_OPT, S_CROSSES, S_ACC_BODY, S_ACC_EMB, S_ACC_HEAD, S_AG_LAYER, S_AG_EMB, S_AG_HEAD,
- S_GATHERED, S_L_FIRST, S_L_MID, S_L_LAST, S_P_MID, S_ACC_FIRST, S_ACC_LAST, S_EMB_SYNC,
- S_REPLICA, S_BF16_FIRST, S_BF16_SECOND, S_BF16_LAST, S_BF16_MID_SUM, S_BF16_MID_MAX,
- S_BF16_MID_MIN, S_E_FIRST, S_E_MID, S_E_LAST, S_EDZ, S_MOE_FIRST, S_MOE_SECOND, S_MOE_LAST, S_MOE_MID_SUM,
- S_MOE_MID_MAX, S_OFF_BF16, S_OFF_MOE, S_PCOPY_LAYER, S_PCOPY_EMB, S_PCOPY_HEAD) = range(NUM_SPLIT)
 
 
 @jit
@@ -135,7 +86,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     qw = ops.attention_width(h, a, arch)            # queries, context, projection input: a x kv_channels
     cw = ops.context_width(h, a, arch)              # the projection's input (qw but with MLA)
     latent = ops.mla_latent_width(arch) if ops.mla_on(arch) else 0.0   # MLA's compressed q and kv
-    if hw[H_SEQ_PAR] != 0.0:
+    if hw[MACHINE.sequence_parallel] != 0.0:
         # the activation between stages is already split over the TP ranks: each sends its
         # 1/t and no all-gather follows
         gather = 0.0
@@ -149,13 +100,13 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
     layer_fwd = ops.layer_forward_s(b, s, h, a, g, f, t, hw, arch)
     layer_bwd = ops.layer_backward_s(b, s, h, a, g, f, t, hw, arch)
     tp_hidden = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated, qw, arch)
-    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, flash, hw[H_SEQ_PAR], fp8, mxfp8, cw,
+    act_saving = memory.fp8_activation_saving_bytes(b, s, h, f, t, flash, hw[MACHINE.sequence_parallel], fp8, mxfp8, cw,
                                                     latent)
     # a layer kept in bf16 under FP8 (num_layers_at_start/end_in_bf16): what it costs beyond an FP8 one
     fwd16 = bwd16 = hidden16 = 0.0
-    if fp8 != 0.0 and (hw[H_BF16_START] > 0.0 or hw[H_BF16_END] > 0.0):
+    if fp8 != 0.0 and (hw[MACHINE.num_layers_at_start_in_bf16] > 0.0 or hw[MACHINE.num_layers_at_end_in_bf16] > 0.0):
         hw16 = hw.copy()
-        hw16[H_PRECISION] = PRECISION_BF16
+        hw16[MACHINE.precision] = PRECISION_BF16
         fwd16 = ops.layer_forward_s(b, s, h, a, g, f, t, hw16, arch) - layer_fwd
         bwd16 = ops.layer_backward_s(b, s, h, a, g, f, t, hw16, arch) - layer_bwd
         hidden16 = tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw16, gated, qw, arch) - tp_hidden
@@ -164,7 +115,7 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
         moe_fwd, moe_bwd, moe_act = moe_layer_extra(b, s, h, f, t, hw, arch)
         ep_fwd, ep_bwd = ep_exchange_s(b, s, h, t, hw, arch)
         mlp_hidden = mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated)
-        if (fp8 != 0.0 and (hw[H_BF16_START] > 0.0 or hw[H_BF16_END] > 0.0)
+        if (fp8 != 0.0 and (hw[MACHINE.num_layers_at_start_in_bf16] > 0.0 or hw[MACHINE.num_layers_at_end_in_bf16] > 0.0)
                 and arch.moe_layer_step == 1.0 and arch.moe_first_dense_layers == 0.0):
             # where every layer is an MoE layer (Mixtral, Qwen3-MoE, gpt-oss) a bf16 layer runs its
             # experts in bf16 too, and the TP exchange it hides is the attention's (no dense MLP);
@@ -173,26 +124,24 @@ def micro_batch_costs(b, s, h, a, g, f, v, t, hw, arch=DEFAULT_ARCH, cp=1.0):
             fwd16 += moe16_fwd - moe_fwd
             bwd16 += moe16_bwd - moe_bwd
             hidden16 -= mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw16, gated) - mlp_hidden
-    return (layer_fwd + cp_fwd,
-            layer_bwd + cp_bwd,
-            tp_exchange,
-            comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
-            ops.embedding_s(b, s, h, v, t, hw, arch),
-            ops.head_s(b, s, h, v, t, hw),
-            gather,
-            comm.p2p_s(sbh2 / t, False, hw),
-            comm.p2p_s(sbh2 / t, True, hw),
-            memory.layer_activation_bytes(b, s, h, a, g, f, t, flash, hw[H_SEQ_PAR], gated, qw, latent, eb)
-            - act_saving,
-            s * b * v / t * (eb + 4.0),
-            ops.attention_core_forward_s(b, s, qw, a, g, t, hw) + cp_fwd,
-            memory.attention_core_activation_bytes(b, s, a, t, flash, eb),
-            tp_hidden,
-            fp8_weight_cast_s(h, a, g, f, t, hw, gated, qw, arch),
-            memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8, qw, arch),
-            cp_fwd_exposed, cp_bwd_exposed,
-            fwd16, bwd16, hidden16, act_saving,
-            moe_fwd, moe_bwd, ep_fwd, ep_bwd, moe_act, mlp_hidden)
+    return MicroCosts(layer_forward_s=layer_fwd + cp_fwd, layer_backward_s=layer_bwd + cp_bwd,
+                      tp_allreduce_activation_s=tp_exchange,
+                      tp_allreduce_ce_s=comm.group_allreduce_s(4.0 * b * s, t, 1.0, hw),
+                      embedding_s=ops.embedding_s(b, s, h, v, t, hw, arch), head_s=ops.head_s(b, s, h, v, t, hw),
+                      pp_allgather_s=gather, pp_send_intra_s=comm.p2p_s(sbh2 / t, False, hw),
+                      pp_send_inter_s=comm.p2p_s(sbh2 / t, True, hw),
+                      layer_activation_bytes=memory.layer_activation_bytes(b, s, h, a, g, f, t, flash, hw[MACHINE.sequence_parallel], gated, qw, latent, eb) - act_saving,
+                      logits_bytes=s * b * v / t * (eb + 4.0),
+                      attention_core_forward_s=ops.attention_core_forward_s(b, s, qw, a, g, t, hw) + cp_fwd,
+                      attention_core_activation_bytes=memory.attention_core_activation_bytes(b, s, a, t, flash, eb),
+                      tp_backward_hidden_s=tp_hidden,
+                      fp8_weight_cast_s=fp8_weight_cast_s(h, a, g, f, t, hw, gated, qw, arch),
+                      fp8_weight_bytes=memory.fp8_weight_copy_bytes(h, a, g, f, t, fp8, gated, mxfp8, qw, arch),
+                      cp_forward_exposed_s=cp_fwd_exposed, cp_backward_exposed_s=cp_bwd_exposed,
+                      bf16_layer_forward_extra_s=fwd16, bf16_layer_backward_extra_s=bwd16,
+                      bf16_layer_tp_hidden_extra_s=hidden16, bf16_layer_activation_extra_bytes=act_saving,
+                      moe_layer_forward_extra_s=moe_fwd, moe_layer_backward_extra_s=moe_bwd, ep_forward_s=ep_fwd,
+                      ep_backward_s=ep_bwd, moe_layer_activation_extra_bytes=moe_act, moe_mlp_tp_hidden_s=mlp_hidden)
 
 
 # FP8 weight cast: bytes per weight (read bf16 2, write the FP8 weight 1 and its transpose 1) and
@@ -344,10 +293,10 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     if moe:     # + the expert parameters' shard (over the expert-data-parallel ranks)
         optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero)
                                            + max(e_first, e_mid, e_last) / memory.optimizer_shards(edz, zero), hw, d)
-    crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[H_GPUS_PER_NODE]) else 0.0
+    crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[MACHINE.gpus_per_node]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
-    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM * ops.activation_scale(hw) / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
+    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM * ops.activation_scale(hw) / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
     if zero >= 2.0:
         per_param = per_param / d
     ag_layer = ag_emb = ag_head = 0.0
@@ -369,11 +318,21 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         if moe:
             off_moe = moe_layers_of(0.0, k_off, arch.moe_layer_step, arch.moe_first_dense_layers)
     # parameter offloading (param_cpu_offload): one copy of a layer's (embedding's, head's) fp32 shard
-    return (p_first, p_last, dp_comm_s, optimizer_time_s, crosses, per_param * (p_mid + e_mid),
-            per_param * p_emb, per_param * acc_head, ag_layer, ag_emb, ag_head,
-            memory.zero3_gathered_bytes(p_layer, d, zero, eb), l_first, l_mid, l_last, p_mid,
-            per_param * (p_body + e_first), per_param * (p_body_last + e_last), emb_sync_s, replica_s,
-            n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min,
-            e_first, e_mid, e_last, edz, nm_first, nm_second, nm_last, nm_mid_sum, nm_mid_max,
-            off16, off_moe, ops.param_offload_copy_s(p_layer / d, d, hw),
-            ops.param_offload_copy_s(p_emb / d, d, hw), ops.param_offload_copy_s(p_head / d, d, hw))
+    return SplitCosts(params_first=p_first, params_last=p_last, dp_comm_s=dp_comm_s, optimizer_s=optimizer_time_s,
+                      crosses_node=crosses, accumulate_layers_s=per_param * (p_mid + e_mid),
+                      accumulate_embedding_s=per_param * p_emb, accumulate_head_s=per_param * acc_head,
+                      zero3_layer_gather_s=ag_layer, zero3_embedding_gather_s=ag_emb, zero3_head_gather_s=ag_head,
+                      zero3_gathered_bytes=memory.zero3_gathered_bytes(p_layer, d, zero, eb), layers_first=l_first,
+                      layers_middle=l_mid, layers_last=l_last, params_middle=p_mid,
+                      accumulate_first_s=per_param * (p_body + e_first),
+                      accumulate_last_s=per_param * (p_body_last + e_last), embedding_sync_s=emb_sync_s,
+                      replica_allreduce_s=replica_s, bf16_layers_first=n16_first, bf16_layers_second=n16_second,
+                      bf16_layers_last=n16_last, bf16_layers_middle_sum=n16_mid_sum,
+                      bf16_layers_middle_max=n16_mid_max, bf16_layers_middle_min=n16_mid_min,
+                      expert_params_first=e_first, expert_params_middle=e_mid, expert_params_last=e_last,
+                      expert_shard_ranks=edz, moe_layers_first=nm_first, moe_layers_second=nm_second,
+                      moe_layers_last=nm_last, moe_layers_middle_sum=nm_mid_sum, moe_layers_middle_max=nm_mid_max,
+                      offloaded_bf16_layers=off16, offloaded_moe_layers=off_moe,
+                      param_copy_layer_s=ops.param_offload_copy_s(p_layer / d, d, hw),
+                      param_copy_embedding_s=ops.param_offload_copy_s(p_emb / d, d, hw),
+                      param_copy_head_s=ops.param_offload_copy_s(p_head / d, d, hw))

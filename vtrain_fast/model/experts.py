@@ -17,34 +17,28 @@ from __future__ import annotations
 
 from ._jit import jit
 from . import comm, ops
-from .params import hw_index
+
 from .settings import BY_NAME as SETTING_BY_NAME
+from .records import MACHINE
 
 
-H_EP = hw_index("ep")                                    # MoE: expert-parallel size
 
 
-H_ETP = hw_index("etp")                                  # MoE: expert-tensor-parallel size (0: tp)
 
 
-H_DISPATCHER = hw_index("moe_token_dispatcher_type")     # MoE: the token dispatcher (its index among the choices)
 
 
 DISPATCHER_ALLGATHER = SETTING_BY_NAME["moe_token_dispatcher_type"].encode("allgather")
 
 
-H_EP_OVERLAP = hw_index("overlap_moe_expert_parallel_comm")   # MoE: 1: all-to-all behind the other micro-batch
 
 
 # MoE (issue 13, docs/moe.md): the busiest expert's tokens over the mean (the setting
 # moe_load_imbalance, 1.0 by default), capped by the capacity factor: moe_busiest_share
-H_CAPACITY = hw_index("moe_expert_capacity_factor")     # MoE: 0 dropless, else tokens per expert capped
 
 
-H_PAD_CAPACITY = hw_index("moe_pad_expert_input_to_capacity")   # MoE: 1: every expert padded to capacity
 
 
-H_IMBALANCE = hw_index("moe_load_imbalance")             # MoE: the busiest expert's tokens over the mean
 
 
 # Router memory-bound work per routed token and expert: the fp32 logits read and the fp32
@@ -64,8 +58,8 @@ MOE_PERMUTE_KERNELS = 2.0
 def expert_sizes(t, hw):
     """``(ep, etp)`` of a machine vector at tensor-parallel size ``t``: ``etp`` 0 stands for ``t``
     (Megatron-core: ``expert_tensor_parallel_size`` None is ``tensor_model_parallel_size``)."""
-    etp = hw[H_ETP]
-    return hw[H_EP], (etp if etp > 0.0 else t)
+    etp = hw[MACHINE.etp]
+    return hw[MACHINE.ep], (etp if etp > 0.0 else t)
 
 
 @jit
@@ -73,7 +67,7 @@ def ep_overlap_on(hw):
     """Whether ``overlap_moe_expert_parallel_comm`` acts: on, with the alltoall dispatcher it needs
     (Megatron-core asserts alltoall or flex; with allgather the flag has no effect, and sweeps and
     evaluate refuse the combination)."""
-    return hw[H_EP_OVERLAP] != 0.0 and hw[H_DISPATCHER] != DISPATCHER_ALLGATHER
+    return hw[MACHINE.overlap_moe_expert_parallel_comm] != 0.0 and hw[MACHINE.moe_token_dispatcher_type] != DISPATCHER_ALLGATHER
 
 
 @jit
@@ -100,10 +94,10 @@ def moe_busiest_share(ep, hw):
     (Megatron-core drops the tokens beyond each expert's capacity, ``c`` times the even share:
     ``moe_utils.get_capacity``), and exactly ``c`` with ``moe_pad_expert_input_to_capacity`` (every
     expert padded to it)."""
-    imbalance = min(hw[H_IMBALANCE], ep) if ep > 1.0 else 1.0
-    c = hw[H_CAPACITY]
+    imbalance = min(hw[MACHINE.moe_load_imbalance], ep) if ep > 1.0 else 1.0
+    c = hw[MACHINE.moe_expert_capacity_factor]
     if c > 0.0:
-        return c if hw[H_PAD_CAPACITY] != 0.0 else min(imbalance, c)
+        return c if hw[MACHINE.moe_pad_expert_input_to_capacity] != 0.0 else min(imbalance, c)
     return imbalance
 
 
@@ -141,7 +135,7 @@ def moe_router_s(b, s, h, t, hw, arch):
     routed, _, _ = moe_rows(b, s, t, hw, arch)
     e, k = arch.num_experts, arch.moe_router_topk
     permute = 4.0 * routed * h * (1.0 + k)
-    if hw[H_DISPATCHER] == DISPATCHER_ALLGATHER:
+    if hw[MACHINE.moe_token_dispatcher_type] == DISPATCHER_ALLGATHER:
         ep, etp = expert_sizes(t, hw)
         permute += 6.0 * (ep * etp - 1.0) * routed * h
     permute *= ops.activation_scale(hw)     # 4-byte rows under fp32 / tf32
@@ -236,7 +230,7 @@ def ep_exchange_s(b, s, h, t, hw, arch):
 
     Exposed in full; ``overlap_moe_expert_parallel_comm`` hides them in :func:`~vtrain_fast.model.pipeline.schedule`."""
     ep, etp = expert_sizes(t, hw)
-    if hw[H_DISPATCHER] == DISPATCHER_ALLGATHER:
+    if hw[MACHINE.moe_token_dispatcher_type] == DISPATCHER_ALLGATHER:
         n = ep * etp
         if n <= 1.0:
             return 0.0, 0.0

@@ -19,25 +19,20 @@ import math
 
 from ._jit import jit
 from . import ops
-from .params import H_VPP, hw_index
+
+from .records import MACHINE
 
 
-H_FIRST_LAYERS = hw_index("first_pipeline_num_layers")   # layers on the first stage (0: even split)
 
 
-H_LAST_LAYERS = hw_index("last_pipeline_num_layers")     # layers on the last stage (0: even split)
 
 
-H_EMB_SPLIT = hw_index("account_for_embedding_in_pipeline_split")  # 1: embedding counted as a layer
 
 
-H_LOSS_SPLIT = hw_index("account_for_loss_in_pipeline_split")      # 1: output layer + loss counted as a layer
 
 
-H_BF16_START = hw_index("num_layers_at_start_in_bf16")   # FP8: first layers kept in bf16
 
 
-H_BF16_END = hw_index("num_layers_at_end_in_bf16")       # FP8: last layers kept in bf16
 
 
 @jit
@@ -57,10 +52,10 @@ def stage_layers(L, p, hw):
     """
     if p <= 1.0:
         return L, L, L, L >= 1.0
-    first = hw[H_FIRST_LAYERS]
-    last = hw[H_LAST_LAYERS]
-    e = 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
-    lo = 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    first = hw[MACHINE.first_pipeline_num_layers]
+    last = hw[MACHINE.last_pipeline_num_layers]
+    e = 1.0 if hw[MACHINE.account_for_embedding_in_pipeline_split] != 0.0 else 0.0
+    lo = 1.0 if hw[MACHINE.account_for_loss_in_pipeline_split] != 0.0 else 0.0
     if e + lo > 0.0:
         total = L + e + lo
         per = total / p
@@ -86,9 +81,9 @@ def chunks_split(L, p, vpp, hw):
     by ``vpp``; with the embedding / loss counted as layers, ``(L + e + l) / (p vpp)`` per chunk,
     one fewer in the first chunk of the first stage / the last chunk of the last stage."""
     first, mid, last, _ = stage_layers(L, p, hw)
-    if hw[H_EMB_SPLIT] != 0.0 or hw[H_LOSS_SPLIT] != 0.0:
-        first += 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
-        last += 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    if hw[MACHINE.account_for_embedding_in_pipeline_split] != 0.0 or hw[MACHINE.account_for_loss_in_pipeline_split] != 0.0:
+        first += 1.0 if hw[MACHINE.account_for_embedding_in_pipeline_split] != 0.0 else 0.0
+        last += 1.0 if hw[MACHINE.account_for_loss_in_pipeline_split] != 0.0 else 0.0
     return first % vpp == 0.0 and (p <= 2.0 or mid % vpp == 0.0) and last % vpp == 0.0
 
 
@@ -98,8 +93,8 @@ def bf16_layers_of(lo, hi, L, hw):
     ``num_layers_at_start_in_bf16`` and the last ``num_layers_at_end_in_bf16`` of the ``L``
     (Megatron-core ``fp8_utils.is_first_last_bf16_layer``: ``layer_no < start or layer_no >= L -
     end``, a global index, so a count beyond a stage's layers goes on to the next stage)."""
-    start = hw[H_BF16_START]
-    end_from = max(start, L - hw[H_BF16_END])      # layers from here on: the end's (not counted twice)
+    start = hw[MACHINE.num_layers_at_start_in_bf16]
+    end_from = max(start, L - hw[MACHINE.num_layers_at_end_in_bf16])      # layers from here on: the end's (not counted twice)
     return max(0.0, min(hi, start) - lo) + max(0.0, hi - max(lo, end_from))
 
 
@@ -116,8 +111,8 @@ def device_layer_count(i, L, p, hw, moe, step_, first_dense):
         return layers_of(0.0, L, L, hw, moe, step_, first_dense)
     l_first, l_mid, l_last, _ = stage_layers(L, p, hw)
     vs = virtual_stages(p, hw)
-    e = 1.0 if hw[H_EMB_SPLIT] != 0.0 else 0.0
-    lo = 1.0 if hw[H_LOSS_SPLIT] != 0.0 else 0.0
+    e = 1.0 if hw[MACHINE.account_for_embedding_in_pipeline_split] != 0.0 else 0.0
+    lo = 1.0 if hw[MACHINE.account_for_loss_in_pipeline_split] != 0.0 else 0.0
     n_dev = int(p)
     n = l_first + e if i == 0 else (l_last + lo if i == n_dev - 1 else l_mid)
     count = 0.0
@@ -165,7 +160,7 @@ def device_layer_counts(L, p, hw, moe, step_, first_dense):
 def bf16_layer_counts(L, p, hw):
     """Layers kept in bf16 under FP8 (:func:`bf16_layers_of`) per pipeline device
     (:func:`device_layer_counts`); all 0.0 in bf16 or with both counts 0."""
-    if not ops.fp8_on(hw) or (hw[H_BF16_START] <= 0.0 and hw[H_BF16_END] <= 0.0):
+    if not ops.fp8_on(hw) or (hw[MACHINE.num_layers_at_start_in_bf16] <= 0.0 and hw[MACHINE.num_layers_at_end_in_bf16] <= 0.0):
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     return device_layer_counts(L, p, hw, False, 1.0, 0.0)
 
@@ -204,4 +199,4 @@ def moe_layer_counts(L, p, hw, arch):
 def virtual_stages(p, hw):
     """Model chunks per device of the interleaved 1F1B schedule: the machine vector's ``vpp``
     with pipeline parallelism, 1 without (``p == 1`` has nothing to interleave)."""
-    return hw[H_VPP] if p > 1.0 else 1.0
+    return hw[MACHINE.vpp] if p > 1.0 else 1.0

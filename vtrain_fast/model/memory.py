@@ -23,7 +23,8 @@ from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_wi
                   full_precision, fused_softmax, mla_latent_width, mla_weights, offloaded_fraction)
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .ops import param_offload_on
-from .params import H_DP_SHARD, H_OPT_SHARD, H_PRECISION_AWARE, H_ZERO_STAGE
+from .records import MACHINE
+
 
 STATE_BYTES_PER_PARAM = 16.0
 WEIGHT_BYTES_PER_PARAM = 2.0             # fp16 / bf16 weight
@@ -42,7 +43,7 @@ ZERO3_GATHERED_LAYERS = 2.0
 def sharding_stage(hw):
     """The ZeRO stage a machine vector asks for (0-3): its ``zero_stage``, or 1 with
     ``distributed_optimizer`` (Megatron-LM's distributed optimizer is ZeRO-1)."""
-    return max(hw[H_ZERO_STAGE], hw[H_OPT_SHARD])
+    return max(hw[MACHINE.zero_stage], hw[MACHINE.distributed_optimizer])
 
 
 @jit
@@ -50,7 +51,7 @@ def shard_ranks(d, hw):
     """Ranks one ZeRO shard group spans among ``d`` data-parallel (x context-parallel) ranks: the
     machine vector's ``dp_shard`` (hybrid sharding: the groups are replicas), or all ``d`` when it
     is 0."""
-    k = hw[H_DP_SHARD]
+    k = hw[MACHINE.dp_shard]
     return k if k > 0.0 else d
 
 
@@ -58,7 +59,7 @@ def shard_ranks(d, hw):
 def shards_divide(d, hw):
     """Whether ``dp_shard`` divides the ``d`` data-parallel (x context-parallel) ranks (true when 0,
     or without ZeRO sharding, where it has no effect)."""
-    k = hw[H_DP_SHARD]
+    k = hw[MACHINE.dp_shard]
     return k <= 0.0 or sharding_stage(hw) < 1.0 or (k <= d and d % k == 0.0)
 
 
@@ -79,7 +80,7 @@ def optimizer_bytes_per_param(hw):
     (:func:`~vtrain_fast.model.ops.full_precision`) no master weight: the moments' bytes only (8)."""
     if full_precision(hw):          # fp32 / tf32: the weights are the master weights, Adam's moments only
         return adam_moment_bytes(hw) * (1.0 - offloaded_fraction(hw))
-    if hw[H_PRECISION_AWARE] == 0.0:
+    if hw[MACHINE.use_precision_aware_optimizer] == 0.0:
         return OPTIMIZER_BYTES_PER_PARAM
     # the offloaded share's states live in host memory (optimizer_cpu_offload)
     return (REMAINDER_MASTER_BYTES_PER_PARAM + adam_moment_bytes(hw)) * (1.0 - offloaded_fraction(hw))

@@ -13,8 +13,8 @@ import-hf`` writes them and ``vtrain-fast presets`` shows them. Names are Megatr
 same name in both: ``megatron/core/transformer/transformer_config.py``); where Megatron-core's
 default is ``None`` the field's 0 stands for it (TOML has no null).
 
-How the kernels read them (``docs/moe.md``): the model table ``params.MODEL_FIELDS`` holds the
-columns of :data:`KERNEL_COLUMNS` after the architecture flags (``MD_MOE`` on), with
+How the kernels read them (``docs/moe.md``): the model table ``records.MODEL_FIELDS`` holds the
+columns of :data:`KERNEL_COLUMNS` after the architecture flags, with
 ``moe_layer_freq`` as a step and a count of dense first layers (:func:`layer_placement`), from which
 the kernels count each pipeline device's MoE layers; the counts here (:func:`param_counts`) are the
 reference the kernels' parameter counts are tested against.
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 @dataclass(frozen=True)
 class ShapeField:
-    """One integer, float or switch field of a model shape beyond the sizes of ``params.MODEL_SIZES``.
+    """One integer, float or switch field of a model shape beyond the sizes of ``records.MODEL_SIZES``.
 
     Attributes
     ----------
@@ -117,7 +117,7 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim
 KERNEL_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                  "kv_channels", "multi_latent_attention", *MLA_FIELDS)
 
-# The MoE columns of the kernels' model table (``params.MODEL_FIELDS``, after the architecture
+# The MoE columns of the kernels' model table (``records.MODEL_FIELDS``, after the architecture
 # flags) and of the kernels' record ``arch.Arch``, with the value of a dense model: the routed
 # experts, top-k, one expert's width (0: ffn_hidden_size), the shared experts' total width, and
 # the layer placement as two integers (:func:`layer_placement`): every ``moe_layer_step``-th layer
@@ -353,7 +353,7 @@ def unpriced_reason(shape) -> str | None:
     factor given in the model (the training setting ``moe_expert_capacity_factor`` prices it). Routed experts themselves are priced (issue 13,
     docs/moe.md), and so are heads of ``kv_channels`` other than ``hidden_size /
     num_attention_heads`` (the kernels' ``kv_channels`` column) and multi-head latent attention (the
-    MLA columns). The kernels read the sizes, flags and MoE columns of ``params.MODEL_FIELDS``
+    MLA columns). The kernels read the sizes, flags and MoE columns of ``records.MODEL_FIELDS``
     only; such a shape priced by them would silently be another."""
     if is_moe(shape):
         if layer_placement(shape.num_layers, shape.moe_layer_freq) is None:

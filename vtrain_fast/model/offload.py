@@ -10,17 +10,16 @@ tests/reference.py simulates its two streams event by event. Parameter offloadin
 from __future__ import annotations
 
 from ._jit import jit
-from .params import RECOMPUTE_NONE, hw_index
+from .records import MACHINE, RECOMPUTE_NONE
 
 
-H_ACT_OFFLOAD = hw_index("cpu_offloading_num_layers")    # layers whose saved activations live in host memory
 
 
 @jit
 def activation_offload_layers(hw):
     """Transformer layers whose saved activations are offloaded to the host
     (``cpu_offloading_num_layers``; 0.0 when off or negative)."""
-    return max(0.0, hw[H_ACT_OFFLOAD])
+    return max(0.0, hw[MACHINE.cpu_offloading_num_layers])
 
 
 @jit

@@ -24,19 +24,13 @@ import math
 
 from ._jit import jit, jit_inline
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, ROPE
-from .params import (H_FLASH_ATTN, H_FLASH_EFF, H_FP8_GEMM_EFF, H_GEMM_EFF, H_HBM_BPS, H_HBM_EFF,
-                     H_HOST_LAUNCH_S, H_KERNEL_OVERHEAD_S, H_NUM_SMS, H_PEAK_FLOPS, H_PEAK_FP8_FLOPS,
-                     H_PRECISION, H_SEQ_PAR, PRECISION_FP8)
-from .params import H_PEAK_FP32_FLOPS, H_PEAK_TF32_FLOPS, PRECISION_FP16, PRECISION_FP32, PRECISION_TF32
-from .params import CP_ALL_GATHER, H_CP_COMM
-from .params import FP8_MXFP8, FP8_TENSORWISE, H_FP8_RECIPE
-from .params import H_EXP_AVG, H_EXP_AVG_SQ, H_PRECISION_AWARE
-from .params import H_CPU_OFFLOAD, H_HOST_LINK_BPS, H_HOST_MEM_BPS, H_OFFLOAD_FRACTION, H_OFFLOAD_OVERLAP
-from .params import H_CPU_ADAM_RATE, H_HOST_CORES
-from .params import hw_index
+from .records import (CP_ALL_GATHER, FP8_MXFP8, FP8_TENSORWISE, MACHINE, PRECISION_FP16, PRECISION_FP32,
+                      PRECISION_FP8, PRECISION_TF32)
 
-H_PARAM_OFFLOAD = hw_index("param_cpu_offload")   # 1: FSDP2 CPUOffloadPolicy (needs ZeRO-3)
-H_ZERO_STAGE_OPS = hw_index("zero_stage")
+
+
+
+
 
 BYTES_PER_ELEMENT = 2.0  # fp16 / bf16 activations and weights
 FP32_BYTES_PER_ELEMENT = 4.0  # fp32 activations and weights (precision fp32 or tf32)
@@ -266,7 +260,7 @@ def mla_memory_costs(tokens, a, t, sp, backward, arch):
 def full_precision(hw):
     """Whether the machine vector trains without mixed precision (``precision`` fp32 or tf32):
     fp32 weights, activations, gradients and communication."""
-    return hw[H_PRECISION] == PRECISION_FP32 or hw[H_PRECISION] == PRECISION_TF32
+    return hw[MACHINE.precision] == PRECISION_FP32 or hw[MACHINE.precision] == PRECISION_TF32
 
 
 @jit
@@ -292,11 +286,11 @@ def gemm_peak_flops(hw):
     cores; also fp8's GEMMs that stay in bf16), ``peak_tf32_flops`` under tf32 and
     ``peak_fp32_flops`` (CUDA cores on NVIDIA, FP32 matrix cores on AMD) under fp32; a sweep
     refuses the precision on a GPU without that peak (``plan.spec``)."""
-    if hw[H_PRECISION] == PRECISION_FP32:
-        return hw[H_PEAK_FP32_FLOPS]
-    if hw[H_PRECISION] == PRECISION_TF32:
-        return hw[H_PEAK_TF32_FLOPS]
-    return hw[H_PEAK_FLOPS]
+    if hw[MACHINE.precision] == PRECISION_FP32:
+        return hw[MACHINE.peak_fp32_flops]
+    if hw[MACHINE.precision] == PRECISION_TF32:
+        return hw[MACHINE.peak_tf32_flops]
+    return hw[MACHINE.peak_flops]
 
 
 @jit
@@ -304,7 +298,7 @@ def flash_on(hw):
     """Whether the attention core runs as FlashAttention: ``use_flash_attn`` set and 16-bit
     tensors (FlashAttention-2 takes fp16 / bf16 only; under fp32 or tf32 Transformer Engine's
     DotProductAttention falls back to its unfused backend)."""
-    return hw[H_FLASH_ATTN] != 0.0 and not full_precision(hw)
+    return hw[MACHINE.use_flash_attn] != 0.0 and not full_precision(hw)
 
 
 @jit
@@ -312,7 +306,7 @@ def phase_s(gpu_s, num_kernels, hw):
     """Seconds of a phase of ``num_kernels`` kernels whose GPU time is ``gpu_s``: eager
     PyTorch launches asynchronously, so the phase takes the larger of the GPU time and the host
     time ``num_kernels * host_launch_s`` (the host-bound regime of small models)."""
-    return max(gpu_s, num_kernels * hw[H_HOST_LAUNCH_S])
+    return max(gpu_s, num_kernels * hw[MACHINE.host_launch_s])
 
 
 @jit
@@ -341,9 +335,9 @@ def gemm_time_s(m, n, k, batch, hw):
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
     # flops / (peak * efficiency * sm_util) with sm_util = min(1, tiles / num_sms); the
     # reciprocal rate is shared by every GEMM of a caller
-    t_compute = flops * (1.0 / (gemm_peak_flops(hw) * hw[H_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
-    t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
-    return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
+    t_compute = flops * (1.0 / (gemm_peak_flops(hw) * hw[MACHINE.gemm_efficiency])) * max(hw[MACHINE.num_sms] / tiles, 1.0)
+    t_memory = nbytes * (1.0 / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency]))
+    return max(t_compute, t_memory) + hw[MACHINE.kernel_overhead_s]
 
 
 @jit
@@ -368,18 +362,18 @@ def fp8_gemm_time_s(m, n, k, hw, groups=1.0):
     ``groups`` times the FLOPs and bytes, the SM utilisation of all groups' tiles, one kernel overhead
     (the streams' launch gaps overlap), as the bf16 grouped GEMM (:func:`gemm_time_s` with ``batch``)."""
     flops = 2.0 * m * n * k * groups
-    operand = FP8_BYTES_PER_ELEMENT + (MXFP8_SCALE_BYTES_PER_ELEMENT if hw[H_FP8_RECIPE] == FP8_MXFP8 else 0.0)
+    operand = FP8_BYTES_PER_ELEMENT + (MXFP8_SCALE_BYTES_PER_ELEMENT if hw[MACHINE.fp8_recipe] == FP8_MXFP8 else 0.0)
     nbytes = (operand * (m * k + k * n) + BYTES_PER_ELEMENT * m * n) * groups
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * groups
-    t_compute = flops * (1.0 / (hw[H_PEAK_FP8_FLOPS] * hw[H_FP8_GEMM_EFF])) * max(hw[H_NUM_SMS] / tiles, 1.0)
-    t_memory = nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF]))
-    return max(t_compute, t_memory) + hw[H_KERNEL_OVERHEAD_S]
+    t_compute = flops * (1.0 / (hw[MACHINE.peak_fp8_flops] * hw[MACHINE.fp8_gemm_efficiency])) * max(hw[MACHINE.num_sms] / tiles, 1.0)
+    t_memory = nbytes * (1.0 / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency]))
+    return max(t_compute, t_memory) + hw[MACHINE.kernel_overhead_s]
 
 
 @jit
 def fp8_on(hw):
     """Whether the machine vector trains the linear layers in FP8 (``precision`` = fp8)."""
-    return hw[H_PRECISION] == PRECISION_FP8
+    return hw[MACHINE.precision] == PRECISION_FP8
 
 
 @jit
@@ -398,9 +392,9 @@ def fp8_quantize_cost(hw):
 
     Used for the linears' inputs (forward), output gradients (backward) and weights (once per
     iteration)."""
-    if hw[H_FP8_RECIPE] == FP8_TENSORWISE:
+    if hw[MACHINE.fp8_recipe] == FP8_TENSORWISE:
         return FP8_CAST_TRANSPOSE_BYTES + FP8_AMAX_BYTES, 1.0 + FP8_AMAX_KERNELS
-    if hw[H_FP8_RECIPE] == FP8_MXFP8:
+    if hw[MACHINE.fp8_recipe] == FP8_MXFP8:
         return FP8_CAST_TRANSPOSE_BYTES + 2.0 * MXFP8_SCALE_BYTES_PER_ELEMENT, 1.0
     return FP8_CAST_TRANSPOSE_BYTES, 1.0
 
@@ -409,7 +403,7 @@ def fp8_quantize_cost(hw):
 def mxfp8_on(hw):
     """Whether the machine vector trains in FP8 with MXFP8 block scaling (``precision`` = fp8
     and ``fp8_recipe`` = mxfp8)."""
-    return hw[H_PRECISION] == PRECISION_FP8 and hw[H_FP8_RECIPE] == FP8_MXFP8
+    return hw[MACHINE.precision] == PRECISION_FP8 and hw[MACHINE.fp8_recipe] == FP8_MXFP8
 
 
 @jit
@@ -419,7 +413,7 @@ def linear_gemm_time_s(m, n, k, hw):
     :func:`gemm_time_s` (bf16). Attention-core GEMMs, the LM head and the embeddings stay bf16
     (:func:`gemm_time_s`): Megatron-LM's output layer is not a Transformer Engine layer, and TE
     runs the attention core in bf16 unless FP8 attention is asked for (not modelled)."""
-    if hw[H_PRECISION] == PRECISION_FP8:
+    if hw[MACHINE.precision] == PRECISION_FP8:
         return fp8_gemm_time_s(m, n, k, hw)
     return gemm_time_s(m, n, k, 1.0, hw)
 
@@ -440,7 +434,7 @@ def fp8_cast_forward(b, s, h, f, t, hw, qw=0.0):
     micro-batch per autocast region), its amax all-reduce over the data- and tensor-parallel group,
     and current scaling's amax all-reduce over the tensor-parallel group of the sequence-parallel
     inputs are not charged (one float per tensor: latency only)."""
-    if hw[H_PRECISION] != PRECISION_FP8:
+    if hw[MACHINE.precision] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
     q = qw if qw > 0.0 else h
@@ -457,7 +451,7 @@ def fp8_cast_backward(b, s, h, a, g, f, t, hw, gated=0.0, qw=0.0):
     4 bytes per element; per recipe :func:`fp8_quantize_cost`). Output gradients: QKV
     ``b s (qw + 2 qw g/a)/t`` (``qw`` the attention width, :func:`attention_width`; 0: ``h``),
     projection ``b s h``, FC1 ``b s (1 + gated) f/t``, FC2 ``b s h``. ``(0, 0)`` in bf16."""
-    if hw[H_PRECISION] != PRECISION_FP8:
+    if hw[MACHINE.precision] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
     q = qw if qw > 0.0 else h
@@ -474,7 +468,7 @@ def mla_fp8_casts(b, s, h, a, f, t, hw, backward, gated, arch):
     (their output gradients) count a standard layer's, with MLA's linears
     (:func:`mla_linear_elements`, one cast each) in place of QKV and the output projection's input
     the context, :func:`context_width`. ``(0, 0)`` in bf16."""
-    if hw[H_PRECISION] != PRECISION_FP8:
+    if hw[MACHINE.precision] != PRECISION_FP8:
         return 0.0, 0.0
     tokens = b * s
     cw = context_width(h, a, arch)
@@ -505,7 +499,7 @@ def memory_bound_time_s(nbytes, num_kernels, hw):
     float
         ``nbytes / (hbm_Bps * hbm_efficiency) + num_kernels * kernel_overhead_s``.
     """
-    return nbytes * (1.0 / (hw[H_HBM_BPS] * hw[H_HBM_EFF])) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+    return nbytes * (1.0 / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])) + num_kernels * hw[MACHINE.kernel_overhead_s]
 
 
 @jit
@@ -567,7 +561,7 @@ def sequence_split(t, hw):
     """How many ways the token-wise work outside attention and MLP (layer norms, dropouts,
     residual adds) is split: ``t`` with sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2),
     else 1 (every TP rank repeats it)."""
-    return t if hw[H_SEQ_PAR] != 0.0 else 1.0
+    return t if hw[MACHINE.sequence_parallel] != 0.0 else 1.0
 
 
 # Rotary position embedding (Megatron-core with Transformer Engine's fused RoPE): one kernel on q
@@ -780,10 +774,10 @@ def flash_attention_time_s(flops, nbytes, b, s, a, t, num_kernels, hw):
     ``flops`` at ``peak_flops * flash_attention_efficiency``, scaled by the SM occupancy
     ``min(1, blocks / num_sms)`` (:func:`flash_attention_blocks`), and ``nbytes`` at
     ``hbm_Bps * hbm_efficiency``, plus ``num_kernels`` kernel overheads."""
-    occupancy = max(hw[H_NUM_SMS] / flash_attention_blocks(b, s, a, t), 1.0)
-    t_compute = flops / (hw[H_PEAK_FLOPS] * hw[H_FLASH_EFF]) * occupancy
-    t_memory = nbytes / (hw[H_HBM_BPS] * hw[H_HBM_EFF])
-    return max(t_compute, t_memory) + num_kernels * hw[H_KERNEL_OVERHEAD_S]
+    occupancy = max(hw[MACHINE.num_sms] / flash_attention_blocks(b, s, a, t), 1.0)
+    t_compute = flops / (hw[MACHINE.peak_flops] * hw[MACHINE.flash_attention_efficiency]) * occupancy
+    t_memory = nbytes / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
+    return max(t_compute, t_memory) + num_kernels * hw[MACHINE.kernel_overhead_s]
 
 
 @jit
@@ -901,9 +895,9 @@ def state_dtype_bytes(code):
 def adam_moment_bytes(hw):
     """Bytes per parameter of Adam's two moments: 8 (fp32), or under the precision-aware
     optimizer those of ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` (:func:`state_dtype_bytes`)."""
-    if hw[H_PRECISION_AWARE] == 0.0:
+    if hw[MACHINE.use_precision_aware_optimizer] == 0.0:
         return 8.0
-    return state_dtype_bytes(hw[H_EXP_AVG]) + state_dtype_bytes(hw[H_EXP_AVG_SQ])
+    return state_dtype_bytes(hw[MACHINE.exp_avg_dtype]) + state_dtype_bytes(hw[MACHINE.exp_avg_sq_dtype])
 
 
 @jit
@@ -926,7 +920,7 @@ def optimizer_s(params, hw):
     """
     if full_precision(hw):
         return memory_bound_time_s((FP32_ADAM_BYTES_PER_PARAM + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
-    extra = FP16_UNSCALE_BYTES_PER_PARAM if hw[H_PRECISION] == PRECISION_FP16 else 0.0
+    extra = FP16_UNSCALE_BYTES_PER_PARAM if hw[MACHINE.precision] == PRECISION_FP16 else 0.0
     return memory_bound_time_s((MIXED_ADAM_BYTES_PER_PARAM + extra + 2.0 * adam_moment_bytes(hw)) * params, 6.0, hw)
 
 
@@ -952,8 +946,8 @@ OFFLOAD_CAST_BYTES_PER_PARAM = 6.0
 def offloaded_fraction(hw):
     """The share of the parameters whose optimizer runs on the CPU: ``optimizer_offload_fraction``
     under ``optimizer_cpu_offload`` (with the precision-aware optimizer it needs), else 0."""
-    on = hw[H_CPU_OFFLOAD] != 0.0 and hw[H_PRECISION_AWARE] != 0.0
-    return hw[H_OFFLOAD_FRACTION] if on else 0.0
+    on = hw[MACHINE.optimizer_cpu_offload] != 0.0 and hw[MACHINE.use_precision_aware_optimizer] != 0.0
+    return hw[MACHINE.optimizer_offload_fraction] if on else 0.0
 
 
 @jit_inline
@@ -970,8 +964,8 @@ def cpu_adam_s(params, hw):
     (megatron/core/optimizer/__init__.py), whose CPU kernel vectorises and threads the same loop
     (aten/src/ATen/native/cpu/FusedAdamKernel.cpp): the same rate is assumed for it.
     """
-    memory = CPU_ADAM_BYTES_PER_PARAM * params / hw[H_HOST_MEM_BPS]
-    compute = params / (hw[H_CPU_ADAM_RATE] * hw[H_HOST_CORES])
+    memory = CPU_ADAM_BYTES_PER_PARAM * params / hw[MACHINE.host_memory_Bps]
+    compute = params / (hw[MACHINE.cpu_adam_params_per_s_per_core] * hw[MACHINE.host_cores_per_gpu])
     return max(memory, compute)
 
 
@@ -991,7 +985,7 @@ def param_offload_on(hw, d):
     needs (FSDP2's CPUOffloadPolicy is an option of ``fully_shard``, DeepSpeed's ``offload_param``
     of stage 3) over ``d > 1`` shard ranks (at one data-parallel rank nothing is sharded: torchtitan
     applies FSDP only with dp_shard x cp > 1, and zero_stage has no effect there)."""
-    return hw[H_PARAM_OFFLOAD] != 0.0 and hw[H_ZERO_STAGE_OPS] >= 3.0 and d > 1.0
+    return hw[MACHINE.param_cpu_offload] != 0.0 and hw[MACHINE.zero_stage] >= 3.0 and d > 1.0
 
 
 @jit_inline
@@ -1001,7 +995,7 @@ def param_offload_copy_s(params, d, hw):
     parameter offloading over ``d`` shard ranks (:func:`param_offload_on`)."""
     if not param_offload_on(hw, d):
         return 0.0
-    return PARAM_OFFLOAD_COPY_BYTES_PER_PARAM * params / hw[H_HOST_LINK_BPS]
+    return PARAM_OFFLOAD_COPY_BYTES_PER_PARAM * params / hw[MACHINE.host_link_Bps]
 
 
 @jit_inline
@@ -1025,9 +1019,9 @@ def optimizer_step_s(params, hw, d=1.0):
     if f <= 0.0:
         return gpu
     n = f * params
-    copy = OFFLOAD_COPY_BYTES_PER_PARAM * n / hw[H_HOST_LINK_BPS]
+    copy = OFFLOAD_COPY_BYTES_PER_PARAM * n / hw[MACHINE.host_link_Bps]
     cpu = cpu_adam_s(n, hw)
-    host = max(copy, cpu) if hw[H_OFFLOAD_OVERLAP] != 0.0 else 2.0 * copy + cpu
+    host = max(copy, cpu) if hw[MACHINE.overlap_cpu_optimizer_d2h_h2d] != 0.0 else 2.0 * copy + cpu
     if full_precision(hw):          # fp32 weights: the parameter copied back is the weight, no cast
         return gpu + host
     return gpu + host + memory_bound_time_s(OFFLOAD_CAST_BYTES_PER_PARAM * n, 1.0, hw)
@@ -1048,7 +1042,7 @@ CP_ALL_GATHER_KERNELS = 2.0
 def cp_all_gather_on(hw):
     """Whether the machine vector asks for the all-gather variant of context parallelism
     (``cp_comm_type`` = all_gather) rather than ring attention (p2p)."""
-    return hw[H_CP_COMM] == CP_ALL_GATHER
+    return hw[MACHINE.cp_comm_type] == CP_ALL_GATHER
 
 
 @jit

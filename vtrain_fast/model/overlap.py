@@ -20,10 +20,10 @@ from ._jit import jit
 from . import comm, ops
 from .arch import DEFAULT_ARCH
 from .layout import spans_nodes
-from .params import H_GPUS_PER_NODE, H_SEQ_PAR, H_TP_OVERLAP, hw_index
+
+from .records import MACHINE
 
 
-H_TP_COMM_OVERLAP = hw_index("tp_comm_overlap")   # 1: TP exchanges overlapped with their GEMMs (TE userbuffers)
 
 
 @jit
@@ -39,10 +39,10 @@ def mlp_tp_hidden_s(b, s, h, f, t, tp_exchange, hw, gated=0.0):
         return 0.0
     tokens = b * s
     hidden = 0.0
-    if hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0:
-        ex = tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0)
+    if hw[MACHINE.async_tensor_model_parallel_allreduce] != 0.0 or hw[MACHINE.sequence_parallel] != 0.0:
+        ex = tp_exchange * (0.5 if hw[MACHINE.sequence_parallel] != 0.0 else 1.0)
         hidden = min(ex, ops.linear_gemm_time_s(h, (1.0 + gated) * f / t, tokens, hw))
-    if hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0:
+    if hw[MACHINE.tp_comm_overlap] != 0.0 and hw[MACHINE.sequence_parallel] != 0.0:
         half_s = 0.5 * tp_exchange
         hidden += (min(half_s, ops.linear_gemm_time_s(tokens, (1.0 + gated) * f / t, h, hw))
                    + min(half_s, ops.linear_gemm_time_s(tokens, h, f / t, hw))
@@ -59,10 +59,10 @@ def tp_hidden_s(b, s, h, a, g, f, t, tp_exchange, hw, gated=0.0, qw=0.0, arch=DE
     (``qw`` the attention width, :func:`~vtrain_fast.model.ops.attention_width`; 0: ``h``; ``arch``
     for multi-head latent attention's linears)."""
     hidden = 0.0
-    if hw[H_TP_OVERLAP] != 0.0 or hw[H_SEQ_PAR] != 0.0:
-        hidden = tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[H_SEQ_PAR] != 0.0 else 1.0),
+    if hw[MACHINE.async_tensor_model_parallel_allreduce] != 0.0 or hw[MACHINE.sequence_parallel] != 0.0:
+        hidden = tp_backward_hidden_s(b, s, h, a, g, f, t, tp_exchange * (0.5 if hw[MACHINE.sequence_parallel] != 0.0 else 1.0),
                                       hw, gated, qw, arch)
-    if hw[H_TP_COMM_OVERLAP] != 0.0 and hw[H_SEQ_PAR] != 0.0:
+    if hw[MACHINE.tp_comm_overlap] != 0.0 and hw[MACHINE.sequence_parallel] != 0.0:
         hidden += tp_comm_overlap_hidden_s(b, s, h, a, g, f, t, 0.5 * tp_exchange, hw, gated, qw, arch)
     return hidden
 
@@ -87,7 +87,7 @@ def cp_exchange_s(b, s, h, a, g, t, cp, hw):
     if ops.cp_all_gather_on(hw):
         gather = comm.cp_all_gather_s(kv, cp, t, hw)
         return gather, 2.0 * gather
-    crosses = spans_nodes(cp, t, hw[H_GPUS_PER_NODE])
+    crosses = spans_nodes(cp, t, hw[MACHINE.gpus_per_node])
     return (comm.cp_ring_forward_exposed_s(kv, cp, ops.flash_attention_forward_s(b, s, h, a, g, t, hw), crosses, hw),
             comm.cp_ring_backward_exposed_s(kv, cp, ops.flash_attention_backward_s(b, s, h, a, g, t, hw), crosses, hw))
 

@@ -26,57 +26,21 @@ import math
 
 from ._jit import jit, jit_inline
 from . import memory, ops
-from .costs import (M_ACT_LAYER, M_AR_ACT, M_AR_CE, M_BF16_ACT, M_BF16_BWD, M_BF16_FWD, M_BF16_TP_HIDDEN, M_BWD,
-                    M_CORE_ACT, M_CORE_FWD, M_CP_BWD, M_CP_FWD, M_EMB, M_EP_BWD, M_EP_FWD, M_FP8_CAST, M_FP8_WEIGHTS,
-                    M_FWD, M_GATHER, M_HEAD, M_LOGITS, M_MOE_ACT, M_MOE_BWD, M_MOE_FWD, M_MOE_TP_HIDDEN,
-                    M_SEND_INTER, M_SEND_INTRA, M_TP_HIDDEN, S_ACC_BODY, S_ACC_EMB, S_ACC_FIRST, S_ACC_HEAD,
-                    S_ACC_LAST, S_AG_EMB, S_AG_HEAD, S_AG_LAYER, S_BF16_FIRST, S_BF16_LAST, S_BF16_MID_MAX,
-                    S_BF16_MID_MIN, S_BF16_MID_SUM, S_BF16_SECOND, S_CROSSES, S_DP, S_EDZ, S_EMB_SYNC, S_E_FIRST,
-                    S_E_LAST, S_E_MID, S_GATHERED, S_L_FIRST, S_L_LAST, S_L_MID, S_MOE_FIRST, S_MOE_LAST,
-                    S_MOE_MID_MAX, S_MOE_MID_SUM, S_OFF_BF16, S_OFF_MOE, S_OPT, S_PCOPY_EMB, S_PCOPY_HEAD,
-                    S_PCOPY_LAYER, S_P_FIRST, S_P_LAST, S_P_MID, S_REPLICA)
+
 from .experts import ep_overlap_on
 from .layer_split import virtual_stages
 from .layout import dp_cp_size, world_size
 from .offload import activation_offload_exposed_s, activation_offload_layers, refused_activation_offload
-from .params import (H_DP_OVERLAP, H_HBM_BYTES, H_HOST_LINK_BPS, H_ITER_OVERHEAD_S, H_PEAK_FLOPS, H_PRECISION, H_PUE,
-                     H_RESERVED_BYTES, H_TDP_W, H_USD_PER_GPU_HOUR, OK, OUT_OF_MEMORY, O_ACT, O_BUBBLE, O_COMPUTE,
-                     O_COST, O_CP, O_DAYS, O_DP, O_ENERGY, O_EP, O_GPU_HOURS, O_HFU, O_ITER, O_LOSS, O_MEM, O_MFU,
-                     O_MICRO, O_OFFLOAD, O_OPT, O_OVERHEAD, O_PARAMS, O_PP, O_STATES, O_STEPS, O_TFLOPS,
-                     O_TOKENS_PER_S, O_TP, PRECISION_FP16, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, REFUSED, hw_index)
+from .records import (MACHINE, OK, OUT_OF_MEMORY, OUTPUT, PRECISION_FP16, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE,
+                      REFUSED, StageCosts)
 from .rules import fill_nan
-from .totals import ATTENTION_FLOPS_PER_TOKEN_PER_S_H, T_FWD_FLOPS, T_LOSS, T_PARAMS
-
-
-H_PARAM_GATHER = hw_index("overlap_param_gather")  # 1: parameter all-gather behind the next forward
-
-
-H_P2P_OVERLAP = hw_index("overlap_p2p_comm")             # 1: interleaved 1F1B's sends behind the next chunk
+from .totals import ATTENTION_FLOPS_PER_TOKEN_PER_S_H
 
 
 GiB = 1024.0 ** 3
 
 
 SECONDS_PER_DAY = 86400.0
-
-
-# Per-stage per-micro-batch costs (:func:`stage_costs`), fixed by the configuration: indices into the tuple.
-STAGE_COST_NAMES = ("first_compute_s", "middle_compute_s", "last_compute_s", "embedding_compute_s", "head_compute_s",
-                    "first_tp_s", "middle_tp_s", "last_tp_s", "embedding_tp_s", "head_tp_s",
-                    "first_dp_s", "middle_dp_s", "last_dp_s", "embedding_dp_s", "head_dp_s",
-                    "first_cp_s", "middle_cp_s", "last_cp_s", "first_ep_s", "last_ep_s",
-                    "bf16_layer_compute_s", "bf16_layer_tp_s", "moe_layer_compute_s", "moe_layer_ep_s",
-                    "moe_layer_tp_s", "pp_s", "dp_window_s", "first_offload_s", "middle_offload_s",
-                    "last_offload_s")
-
-
-NUM_STAGE_COSTS = len(STAGE_COST_NAMES)
-
-
-(C_FIRST_COMPUTE, C_MID_COMPUTE, C_LAST_COMPUTE, C_EMB_COMPUTE, C_HEAD_COMPUTE, C_FIRST_TP, C_MID_TP, C_LAST_TP,
- C_EMB_TP, C_HEAD_TP, C_FIRST_DP, C_MID_DP, C_LAST_DP, C_EMB_DP, C_HEAD_DP, C_FIRST_CP, C_MID_CP, C_LAST_CP,
- C_FIRST_EP, C_LAST_EP, C_BF16_COMPUTE, C_BF16_TP, C_MOE_COMPUTE, C_MOE_EP, C_MOE_TP, C_PP,
- C_DP_WINDOW, C_FIRST_OFFLOAD, C_MID_OFFLOAD, C_LAST_OFFLOAD) = range(NUM_STAGE_COSTS)
 
 
 @jit_inline
@@ -94,7 +58,7 @@ def schedule_sizes(B, b, lay, recompute, hw, split):
     dz = memory.shard_ranks(dz, hw) if zero >= 1.0 else dz
     m = B / (d * b)
     # layers of the first, a middle and the last stage (L / p each unless uneven; stage_layers)
-    l_first, l_mid, l_last = split[S_L_FIRST], split[S_L_MID], split[S_L_LAST]
+    l_first, l_mid, l_last = split.layers_first, split.layers_middle, split.layers_last
     l_min = min(l_first, l_mid, l_last)
     vs = virtual_stages(p, hw)         # model chunks per device (interleaved 1F1B when > 1)
     rc = 1.0 if recompute == RECOMPUTE_FULL else 0.0
@@ -133,13 +97,13 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         window of the shortest stage that the data-parallel reduction hides under.
     """
     p, d, dz, zero, m, l_first, l_mid, l_last, l_min, vs, rc, sel = schedule_sizes(B, b, lay, recompute, hw, split)
-    core = sel * mb[M_CORE_FWD]        # selective: the attention core runs again before backward
-    fwd = mb[M_FWD]
-    ar_act = mb[M_AR_ACT]
+    core = sel * mb.attention_core_forward_s        # selective: the attention core runs again before backward
+    fwd = mb.layer_forward_s
+    ar_act = mb.tp_allreduce_activation_s
 
     # ---- per micro-batch compute and TP communication, per stage type (first, middle, last)
-    layer_compute = fwd + mb[M_BWD] + rc * fwd + core
-    layer_tp = (4.0 + 2.0 * rc) * ar_act - mb[M_TP_HIDDEN]   # minus what async TP hides
+    layer_compute = fwd + mb.layer_backward_s + rc * fwd + core
+    layer_tp = (4.0 + 2.0 * rc) * ar_act - mb.tp_backward_hidden_s   # minus what async TP hides
     first_compute = l_first * layer_compute
     mid_compute = l_mid * layer_compute
     last_compute = l_last * layer_compute
@@ -148,43 +112,43 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     last_tp = l_last * layer_tp
     # context parallelism's exposed K/V exchange (0 at cp = 1): every forward (recomputed ones too,
     # and the attention core rerun by selective recomputation) and every backward of a layer
-    layer_cp = (1.0 + rc + sel) * mb[M_CP_FWD] + mb[M_CP_BWD]
+    layer_cp = (1.0 + rc + sel) * mb.cp_forward_exposed_s + mb.cp_backward_exposed_s
     first_cp = l_first * layer_cp
     mid_cp = l_mid * layer_cp
     last_cp = l_last * layer_cp
-    emb_compute = mb[M_EMB]
+    emb_compute = mb.embedding_s
     emb_tp = ar_act
-    head_compute = mb[M_HEAD]
-    head_tp = ar_act + 3.0 * mb[M_AR_CE]
+    head_compute = mb.head_s
+    head_tp = ar_act + 3.0 * mb.tp_allreduce_ce_s
     # gradient accumulation into .grad from the second micro-batch on (6 bytes per parameter),
     # spread over the m micro-batches
     acc = (m - 1.0) / m
     # + the FP8 weight cast (0 in bf16): once per iteration, spread over the micro-batches; with
     # ZeRO-3 the weights are gathered per use, so each layer is cast at its forward and backward gather
     regather = zero >= 3.0 and dz > 1.0
-    cast = 2.0 * mb[M_FP8_CAST] if regather else mb[M_FP8_CAST] / m
-    first_compute += acc * split[S_ACC_FIRST] + l_first * cast
-    mid_compute += acc * split[S_ACC_BODY] + l_mid * cast
-    last_compute += acc * split[S_ACC_LAST] + l_last * cast
+    cast = 2.0 * mb.fp8_weight_cast_s if regather else mb.fp8_weight_cast_s / m
+    first_compute += acc * split.accumulate_first_s + l_first * cast
+    mid_compute += acc * split.accumulate_layers_s + l_mid * cast
+    last_compute += acc * split.accumulate_last_s + l_last * cast
     # layers kept in bf16 under FP8 (0 otherwise): each adds its bf16 GEMMs' extra time (forward,
     # recomputed forward, backward) and the TP exchange they hide beyond the FP8 ones', and has no
     # FP8 weight cast; a middle stage's time is that of a stage without them, plus theirs
-    n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
-    x16_compute = (1.0 + rc) * mb[M_BF16_FWD] + mb[M_BF16_BWD] - cast
-    x16_tp = -mb[M_BF16_TP_HIDDEN]
+    n16_first, n16_last = split.bf16_layers_first, split.bf16_layers_last
+    x16_compute = (1.0 + rc) * mb.bf16_layer_forward_extra_s + mb.bf16_layer_backward_extra_s - cast
+    x16_tp = -mb.bf16_layer_tp_hidden_extra_s
     first_compute += n16_first * x16_compute
     last_compute += n16_last * x16_compute
     first_tp += n16_first * x16_tp
     last_tp += n16_last * x16_tp
-    emb_compute += acc * split[S_ACC_EMB]
-    head_compute += acc * split[S_ACC_HEAD]
+    emb_compute += acc * split.accumulate_embedding_s
+    head_compute += acc * split.accumulate_head_s
     # MoE layers (0 for a dense model): each adds what its MLP costs beyond a dense one (forward,
     # recomputed forward, backward) and its exposed token dispatch and combine (expert parallelism,
     # forward and recomputed forward, backward); a middle stage's time is that of a stage without
     # them, plus theirs
-    nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
-    xm_compute = (1.0 + rc) * mb[M_MOE_FWD] + mb[M_MOE_BWD]
-    xm_ep = (1.0 + rc) * mb[M_EP_FWD] + mb[M_EP_BWD]
+    nm_first, nm_last = split.moe_layers_first, split.moe_layers_last
+    xm_compute = (1.0 + rc) * mb.moe_layer_forward_extra_s + mb.moe_layer_backward_extra_s
+    xm_ep = (1.0 + rc) * mb.ep_forward_s + mb.ep_backward_s
     if ep_overlap_on(hw):
         # overlap_moe_expert_parallel_comm (Megatron-core combined_1f1b): a micro-batch's forward runs
         # with another's backward, an MoE layer of each in turn, the all-to-alls of the one on their own
@@ -201,7 +165,7 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     last_ep = nm_last * xm_ep
     # an MoE layer runs no dense MLP: the MLP's tensor-parallel exchange (forward, recomputed
     # forward, backward: one activation's each), less what its linears hid, comes off the layer's
-    xm_tp = mb[M_MOE_TP_HIDDEN] - (2.0 + rc) * ar_act
+    xm_tp = mb.moe_mlp_tp_hidden_s - (2.0 + rc) * ar_act
     first_tp += nm_first * xm_tp
     last_tp += nm_last * xm_tp
 
@@ -209,20 +173,20 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     # scatter-gather: each TP rank sends 1/t, then an intra-node all-gather (Megatron-LM).
     pp_mb = 0.0
     if p > 1.0:
-        send = mb[M_SEND_INTER] if split[S_CROSSES] != 0.0 else mb[M_SEND_INTRA]
-        exchange = send + mb[M_GATHER]
+        send = mb.pp_send_inter_s if split.crosses_node != 0.0 else mb.pp_send_intra_s
+        exchange = send + mb.pp_allgather_s
         pp_mb = 2.0 * vs * exchange   # each of the vs chunks sends and receives
-        if vs > 1.0 and hw[H_P2P_OVERLAP] != 0.0:
+        if vs > 1.0 and hw[MACHINE.overlap_p2p_comm] != 0.0:
             # overlap_p2p_comm (Megatron-core's interleaved schedule, schedules.py): each chunk's send
             # and receive run asynchronously under the next chunk's forward (activation) or backward
             # (gradient), so only what is longer than a chunk of the shortest stage shows
             chunk_layers = l_min / vs
             pp_mb = vs * (max(0.0, exchange - chunk_layers * fwd)
-                          + max(0.0, exchange - chunk_layers * (mb[M_BWD] + rc * fwd + core)))
+                          + max(0.0, exchange - chunk_layers * (mb.layer_backward_s + rc * fwd + core)))
 
     # ---- sharded data parallelism per micro-batch (ZeRO-2/3), exposed part per stage
     # a stage's backward of one micro-batch (+ recompute); with uneven stages the shortest's
-    window = l_min * (mb[M_BWD] + rc * fwd + core)
+    window = l_min * (mb.layer_backward_s + rc * fwd + core)
     first_dp = 0.0
     mid_dp = 0.0
     last_dp = 0.0
@@ -237,18 +201,18 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         # et al. 2020, Sec. 5.3; PyTorch FSDP forward/backward prefetch, Zhao et al. 2023,
         # "PyTorch FSDP", VLDB, Sec. 3.3). The embedding's exchanges have no compute to hide
         # behind; the head's hide behind the head.
-        ag = split[S_AG_LAYER]
-        layer_dp = max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb[M_BWD] + rc * fwd + core))
+        ag = split.zero3_layer_gather_s
+        layer_dp = max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb.layer_backward_s + rc * fwd + core))
         first_dp = l_first * layer_dp + 3.0 * ag
         mid_dp = l_mid * layer_dp + 3.0 * ag
         last_dp = l_last * layer_dp + 3.0 * ag
-        emb_dp = 3.0 * split[S_AG_EMB]
-        head_dp = max(0.0, 3.0 * split[S_AG_HEAD] - mb[M_HEAD])
+        emb_dp = 3.0 * split.zero3_embedding_gather_s
+        head_dp = max(0.0, 3.0 * split.zero3_head_gather_s - mb.head_s)
     elif zero >= 2.0:
         # ZeRO-2: the gradients are reduce-scattered into their shards after every micro-batch
         # (the larger stage's, half of the exchange), under that backward with overlap_grad_reduce
-        rs = 0.5 * split[S_DP]
-        first_dp = rs - hw[H_DP_OVERLAP] * min(rs, window)
+        rs = 0.5 * split.dp_comm_s
+        first_dp = rs - hw[MACHINE.overlap_grad_reduce] * min(rs, window)
         mid_dp = first_dp
         last_dp = first_dp
 
@@ -256,7 +220,7 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
     first_off = 0.0
     mid_off = 0.0
     last_off = 0.0
-    c = split[S_PCOPY_LAYER]
+    c = split.param_copy_layer_s
     if zero >= 3.0 and c > 0.0:
         # parameter offloading (FSDP2 CPUOffloadPolicy): each layer's fp32 shard is copied to the GPU
         # before its all-gather, in forward and again in backward, and its gradient shard copied back
@@ -265,13 +229,13 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         # exchanges alone expose (in dp_comm_s); the first copy of the forward and of the backward and
         # the last copy back wait in full; the embedding's copies have no compute to hide behind, the
         # head's hide behind the head
-        ag = split[S_AG_LAYER]
-        back = mb[M_BWD] + rc * fwd + core
+        ag = split.zero3_layer_gather_s
+        back = mb.layer_backward_s + rc * fwd + core
         layer_off = (max(0.0, ag + c - fwd) + max(0.0, 2.0 * (ag + c) - back)
                      - max(0.0, ag - fwd) - max(0.0, 2.0 * ag - back))
-        emb_off = 3.0 * split[S_PCOPY_EMB]
-        ag_head, c_head = split[S_AG_HEAD], split[S_PCOPY_HEAD]
-        head_off = max(0.0, 3.0 * (ag_head + c_head) - mb[M_HEAD]) - max(0.0, 3.0 * ag_head - mb[M_HEAD])
+        emb_off = 3.0 * split.param_copy_embedding_s
+        ag_head, c_head = split.zero3_head_gather_s, split.param_copy_head_s
+        head_off = max(0.0, 3.0 * (ag_head + c_head) - mb.head_s) - max(0.0, 3.0 * ag_head - mb.head_s)
         first_off = l_first * layer_off + 3.0 * c + emb_off + (head_off if p == 1.0 else 0.0)
         mid_off = l_mid * layer_off + 3.0 * c
         last_off = l_last * layer_off + 3.0 * c + head_off
@@ -280,18 +244,21 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         # activation offloading (cpu_offloading_num_layers): the first k layers' saved activations to
         # the host in forward and back in backward, each direction at host_link_Bps, exposed beyond
         # the other layers' compute (activation_offload_exposed_s)
-        n16_off = split[S_OFF_BF16]
-        nm_off = split[S_OFF_MOE]
-        nbytes = memory.offloaded_activation_bytes(k_off, mb[M_ACT_LAYER], n16_off, mb[M_BF16_ACT], nm_off, mb[M_MOE_ACT])
-        copy = nbytes / k_off / hw[H_HOST_LINK_BPS]
+        n16_off = split.offloaded_bf16_layers
+        nm_off = split.offloaded_moe_layers
+        nbytes = memory.offloaded_activation_bytes(k_off, mb.layer_activation_bytes, n16_off, mb.bf16_layer_activation_extra_bytes, nm_off, mb.moe_layer_activation_extra_bytes)
+        copy = nbytes / k_off / hw[MACHINE.host_link_Bps]
         first_off += (activation_offload_exposed_s(k_off, l_first, copy, fwd)
-                      + activation_offload_exposed_s(k_off, l_first, copy, mb[M_BWD]))
+                      + activation_offload_exposed_s(k_off, l_first, copy, mb.layer_backward_s))
 
-    return (first_compute, mid_compute, last_compute, emb_compute, head_compute,
-            first_tp, mid_tp, last_tp, emb_tp, head_tp,
-            first_dp, mid_dp, last_dp, emb_dp, head_dp,
-            first_cp, mid_cp, last_cp, first_ep, last_ep,
-            x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window, first_off, mid_off, last_off)
+    return StageCosts(first_compute_s=first_compute, middle_compute_s=mid_compute, last_compute_s=last_compute,
+                      embedding_compute_s=emb_compute, head_compute_s=head_compute, first_tp_s=first_tp,
+                      middle_tp_s=mid_tp, last_tp_s=last_tp, embedding_tp_s=emb_tp, head_tp_s=head_tp,
+                      first_dp_s=first_dp, middle_dp_s=mid_dp, last_dp_s=last_dp, embedding_dp_s=emb_dp,
+                      head_dp_s=head_dp, first_cp_s=first_cp, middle_cp_s=mid_cp, last_cp_s=last_cp,
+                      first_ep_s=first_ep, last_ep_s=last_ep, bf16_layer_compute_s=x16_compute, bf16_layer_tp_s=x16_tp,
+                      moe_layer_compute_s=xm_compute, moe_layer_ep_s=xm_ep, moe_layer_tp_s=xm_tp, pp_s=pp_mb,
+                      dp_window_s=window, first_offload_s=first_off, middle_offload_s=mid_off, last_offload_s=last_off)
 
 
 @jit
@@ -304,17 +271,17 @@ def stage_micro_batch_s(sc, kind, n16, nm):
     already), 3 the only one (``pp = 1``: the embedding and the head too). The ``T_i`` of
     :func:`schedule`'s ``(m - 1) max_i T_i + sum_i T_i`` (at ``pp = 1``, ``m T``)."""
     if kind == 3:
-        return (sc[C_FIRST_COMPUTE] + sc[C_EMB_COMPUTE] + sc[C_HEAD_COMPUTE] + sc[C_FIRST_TP] + sc[C_EMB_TP]
-                + sc[C_HEAD_TP] + sc[C_FIRST_DP] + sc[C_EMB_DP] + sc[C_HEAD_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP]
-                + sc[C_FIRST_OFFLOAD])
+        return (sc.first_compute_s + sc.embedding_compute_s + sc.head_compute_s + sc.first_tp_s + sc.embedding_tp_s
+                + sc.head_tp_s + sc.first_dp_s + sc.embedding_dp_s + sc.head_dp_s + sc.first_cp_s + sc.first_ep_s
+                + sc.first_offload_s)
     if kind == 0:
-        return (sc[C_FIRST_COMPUTE] + sc[C_EMB_COMPUTE] + sc[C_FIRST_TP] + sc[C_EMB_TP] + sc[C_PP] + sc[C_FIRST_DP]
-                + sc[C_EMB_DP] + sc[C_FIRST_CP] + sc[C_FIRST_EP] + sc[C_FIRST_OFFLOAD])
+        return (sc.first_compute_s + sc.embedding_compute_s + sc.first_tp_s + sc.embedding_tp_s + sc.pp_s + sc.first_dp_s
+                + sc.embedding_dp_s + sc.first_cp_s + sc.first_ep_s + sc.first_offload_s)
     if kind == 2:
-        return (sc[C_LAST_COMPUTE] + sc[C_HEAD_COMPUTE] + sc[C_LAST_TP] + sc[C_HEAD_TP] + sc[C_PP] + sc[C_LAST_DP]
-                + sc[C_HEAD_DP] + sc[C_LAST_CP] + sc[C_LAST_EP] + sc[C_LAST_OFFLOAD])
-    return (sc[C_MID_COMPUTE] + sc[C_MID_TP] + sc[C_PP] + sc[C_MID_DP] + sc[C_MID_CP] + sc[C_MID_OFFLOAD]
-            + n16 * (sc[C_BF16_COMPUTE] + sc[C_BF16_TP]) + nm * (sc[C_MOE_COMPUTE] + sc[C_MOE_EP] + sc[C_MOE_TP]))
+        return (sc.last_compute_s + sc.head_compute_s + sc.last_tp_s + sc.head_tp_s + sc.pp_s + sc.last_dp_s
+                + sc.head_dp_s + sc.last_cp_s + sc.last_ep_s + sc.last_offload_s)
+    return (sc.middle_compute_s + sc.middle_tp_s + sc.pp_s + sc.middle_dp_s + sc.middle_cp_s + sc.middle_offload_s
+            + n16 * (sc.bf16_layer_compute_s + sc.bf16_layer_tp_s) + nm * (sc.moe_layer_compute_s + sc.moe_layer_ep_s + sc.moe_layer_tp_s))
 
 
 @jit_inline
@@ -359,25 +326,25 @@ def stage_memory(i, p, m, vs, layers, n16, nm, params, experts, b, sl, h, t, dz,
         layers' own stored activations, the bytes activation offloading keeps in host memory instead
         (``pp = 1``), the micro-batches in flight and the bytes of the FP8 weight copies among the states.
     """
-    full = mb[M_ACT_LAYER] - sel * mb[M_CORE_ACT]   # selective keeps all but the attention core's
-    rebuilt = sel * mb[M_CORE_ACT]      # ... and rebuilds one layer's core at a time in backward
+    full = mb.layer_activation_bytes - sel * mb.attention_core_activation_bytes   # selective keeps all but the attention core's
+    rebuilt = sel * mb.attention_core_activation_bytes      # ... and rebuilds one layer's core at a time in backward
     hs = h / ops.sequence_split(t, hw)  # hidden size a rank keeps per token outside TP regions
     eb = ops.element_bytes(hw)          # bytes of an activation element: 2, 4 under fp32 / tf32
     ce = eb * 0.5                       # the stage's extra terms below are written for 2-byte elements
-    x16_act = mb[M_BF16_ACT]            # a bf16 layer under FP8 saves its linears' inputs in bf16
-    xm_act = mb[M_MOE_ACT]              # an MoE layer's stored bytes beyond a dense layer's
+    x16_act = mb.bf16_layer_activation_extra_bytes            # a bf16 layer under FP8 saves its linears' inputs in bf16
+    xm_act = mb.moe_layer_activation_extra_bytes              # an MoE layer's stored bytes beyond a dense layer's
     last = i == p - 1.0
     host = 0.0
     if p == 1.0:
         n_in = 1.0
         layer = memory.stage_activation_bytes_from_layer(layers, 1.0, b, sl, hs, full, rc, eb)
-        act = (layer + ce * sl * b * hs * 3.0 + mb[M_LOGITS] + rebuilt
+        act = (layer + ce * sl * b * hs * 3.0 + mb.logits_bytes + rebuilt
                + memory.bf16_layers_extra_bytes(n16, 1.0, x16_act, rc)
                + memory.bf16_layers_extra_bytes(nm, 1.0, xm_act, rc))
         # activation offloading (cpu_offloading_num_layers, refused but at pp = 1 without
         # recomputation): the first k layers' saved activations live in host memory
         k_off = activation_offload_layers(hw)
-        host = memory.offloaded_activation_bytes(k_off, full, split[S_OFF_BF16], x16_act, split[S_OFF_MOE], xm_act)
+        host = memory.offloaded_activation_bytes(k_off, full, split.offloaded_bf16_layers, x16_act, split.offloaded_moe_layers, xm_act)
         act -= host
         layer -= k_off * full
     elif vs <= 1.0:
@@ -387,7 +354,7 @@ def stage_memory(i, p, m, vs, layers, n16, nm, params, experts, b, sl, h, t, dz,
         if i == 0.0:
             act += ce * n_in * sl * b * hs
         elif last:
-            act = act + ce * 2.0 * sl * b * hs + mb[M_LOGITS]
+            act = act + ce * 2.0 * sl * b * hs + mb.logits_bytes
         act = (act + rebuilt + memory.bf16_layers_extra_bytes(n16, n_in, x16_act, rc)
                + memory.bf16_layers_extra_bytes(nm, n_in, xm_act, rc))
     else:
@@ -402,15 +369,15 @@ def stage_memory(i, p, m, vs, layers, n16, nm, params, experts, b, sl, h, t, dz,
         if i == 0.0:
             act += ce * chunks / vs * sl * b * hs
         elif last:
-            act = act + ce * 2.0 * sl * b * hs + mb[M_LOGITS]
+            act = act + ce * 2.0 * sl * b * hs + mb.logits_bytes
         act = (act + rebuilt + memory.bf16_layers_extra_bytes(n16, n_in, x16_act, rc)
                + memory.bf16_layers_extra_bytes(nm, n_in, xm_act, rc))
     # FP8 weight copies of the device's FP8 layers (0 in bf16); with ZeRO-3 of the layers held gathered
     regather = zero >= 3.0 and dz > 1.0
-    fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers - n16) * mb[M_FP8_WEIGHTS]
+    fp8 = (memory.ZERO3_GATHERED_LAYERS if regather else layers - n16) * mb.fp8_weight_bytes
     # MoE: the experts' states over the expert-data-parallel ranks
-    states = (memory.model_state_bytes(params, dz, zero, hw) + split[S_GATHERED] + fp8
-              + memory.model_state_bytes(experts, split[S_EDZ], zero, hw))
+    states = (memory.model_state_bytes(params, dz, zero, hw) + split.zero3_gathered_bytes + fp8
+              + memory.model_state_bytes(experts, split.expert_shard_ranks, zero, hw))
     return states, act, layer, host, n_in, fp8
 
 
@@ -440,7 +407,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         :func:`~vtrain_fast.model.totals.model_totals` of this
         configuration.
     out : numpy.ndarray
-        ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`~vtrain_fast.model.params.OUTPUT_NAMES`).
+        ``float64``, shape ``(NUM_OUTPUTS, n)``, output (layout :data:`~vtrain_fast.model.records.OUTPUT_NAMES`).
     i : int
         Column to write.
     """
@@ -448,22 +415,22 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     t = float(lay.tp)
     p, d, dz, zero, m, l_first, l_mid, l_last, l_min, vs, rc, sel = schedule_sizes(B, b, lay, recompute, hw, split)
     sl = s / float(lay.cp)             # tokens of a sequence on one rank (context parallelism)
-    if rc != 0.0 and ep_overlap_on(hw) and split[S_MOE_FIRST] + split[S_MOE_LAST] + split[S_MOE_MID_SUM] > 0.0:
+    if rc != 0.0 and ep_overlap_on(hw) and split.moe_layers_first + split.moe_layers_last + split.moe_layers_middle_sum > 0.0:
         fill_nan(out, i)                # Megatron-core: "disable full recomputation when enabling
         return REFUSED                  # overlap_moe_expert_parallel_comm"
     if refused_activation_offload(L, p, recompute, hw):
         fill_nan(out, i)                # Megatron-core: no CPU offloading with pipeline parallelism,
         return REFUSED                  # recomputation, or of every layer
     num_gpus = float(world_size(lay))
-    fwd = mb[M_FWD]
+    fwd = mb.layer_forward_s
     sc = stage_costs(L, s, B, b, lay, recompute, hw, mb, split)
     (first_compute, mid_compute, last_compute, emb_compute, head_compute,
      first_tp, mid_tp, last_tp, emb_tp, head_tp,
      first_dp, mid_dp, last_dp, emb_dp, head_dp,
      first_cp, mid_cp, last_cp, first_ep, last_ep,
      x16_compute, x16_tp, xm_compute, xm_ep, xm_tp, pp_mb, window, first_off, mid_off, last_off) = sc
-    n16_first, n16_last = split[S_BF16_FIRST], split[S_BF16_LAST]
-    nm_first, nm_last = split[S_MOE_FIRST], split[S_MOE_LAST]
+    n16_first, n16_last = split.bf16_layers_first, split.bf16_layers_last
+    nm_first, nm_last = split.moe_layers_first, split.moe_layers_last
 
     # ---- schedule
     if p == 1.0:
@@ -481,7 +448,7 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         t_mid = stage_micro_batch_s(sc, 1, 0.0, 0.0)
         x16 = x16_compute + x16_tp
         xm = xm_compute + xm_ep + xm_tp
-        total = t_first + t_last + (p - 2.0) * t_mid + split[S_BF16_MID_SUM] * x16 + split[S_MOE_MID_SUM] * xm
+        total = t_first + t_last + (p - 2.0) * t_mid + split.bf16_layers_middle_sum * x16 + split.moe_layers_middle_sum * xm
         if t_last >= t_first:
             c_slow = last_compute + head_compute
             tp_slow = last_tp + head_tp
@@ -501,8 +468,8 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         # the slowest middle stage: the one with the most bf16 layers, or the fewest where a bf16
         # layer is the faster (small GEMMs, where FP8's quantize kernels cost more than they save)
         # (and the one with the most MoE layers: with bf16 layers too, an upper bound)
-        n16_mid = split[S_BF16_MID_MAX] if x16 >= 0.0 else split[S_BF16_MID_MIN]
-        nm_mid = split[S_MOE_MID_MAX]
+        n16_mid = split.bf16_layers_middle_max if x16 >= 0.0 else split.bf16_layers_middle_min
+        nm_mid = split.moe_layers_middle_max
         if p > 2.0 and t_mid + n16_mid * x16 + nm_mid * xm > t_slow:   # uneven stages: a middle stage may be the slowest
             c_slow = mid_compute + n16_mid * x16_compute + nm_mid * xm_compute
             tp_slow = mid_tp + n16_mid * x16_tp + nm_mid * xm_tp
@@ -532,40 +499,40 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
         # all-gather waits for the step and runs after it, or with --overlap-param-gather (which
         # needs --overlap-grad-reduce) bucket by bucket under the first forward of the next
         # iteration (Megatron-LM DistributedOptimizer)
-        half = 0.5 * split[S_DP]
-        gather_window = l_min * fwd if hw[H_DP_OVERLAP] != 0.0 else 0.0
+        half = 0.5 * split.dp_comm_s
+        gather_window = l_min * fwd if hw[MACHINE.overlap_grad_reduce] != 0.0 else 0.0
         if zero >= 2.0:
-            dp_comm_s = m * dp_slow + half - hw[H_PARAM_GATHER] * min(half, gather_window)
+            dp_comm_s = m * dp_slow + half - hw[MACHINE.overlap_param_gather] * min(half, gather_window)
         else:
-            dp_comm_s = (half - hw[H_DP_OVERLAP] * min(half, window)
-                         + half - hw[H_PARAM_GATHER] * min(half, gather_window))
+            dp_comm_s = (half - hw[MACHINE.overlap_grad_reduce] * min(half, window)
+                         + half - hw[MACHINE.overlap_param_gather] * min(half, gather_window))
     else:
-        dp_comm_s = split[S_DP] - hw[H_DP_OVERLAP] * min(split[S_DP], window)
-    dp_comm_s += split[S_EMB_SYNC]          # the tied embedding's gradient (pp > 1), after the backward
-    if split[S_REPLICA] > 0.0:
+        dp_comm_s = split.dp_comm_s - hw[MACHINE.overlap_grad_reduce] * min(split.dp_comm_s, window)
+    dp_comm_s += split.embedding_sync_s          # the tied embedding's gradient (pp > 1), after the backward
+    if split.replica_allreduce_s > 0.0:
         # hybrid sharding: the shard replicas' all-reduce, under the last backward where gradient
         # reduction overlaps (overlap_grad_reduce; FSDP always)
-        hides = 1.0 if (zero >= 3.0 or hw[H_DP_OVERLAP] != 0.0) else 0.0
-        dp_comm_s += split[S_REPLICA] - hides * min(split[S_REPLICA], window)
-    optimizer_time_s = split[S_OPT]
-    overhead_s = hw[H_ITER_OVERHEAD_S]
+        hides = 1.0 if (zero >= 3.0 or hw[MACHINE.overlap_grad_reduce] != 0.0) else 0.0
+        dp_comm_s += split.replica_allreduce_s - hides * min(split.replica_allreduce_s, window)
+    optimizer_time_s = split.optimizer_s
+    overhead_s = hw[MACHINE.iteration_overhead_s]
     iteration = compute_s + tp_comm_s + pp_comm_s + bubble + dp_comm_s + optimizer_time_s + overhead_s + cp_comm_s
     iteration += ep_comm_s
     iteration += offload_s
 
     # ---- memory per GPU (the fullest of the first, the second and the last stage: stage_memory)
-    n16_second = split[S_BF16_SECOND]
+    n16_second = split.bf16_layers_second
     # the second stage may be the fullest with more layers than the first (uneven stages), or
     # when the first keeps bf16 layers (their activations against the second's FP8 weight copies)
     # (or with more MoE layers than the first: dense first layers)
-    nm_mid = split[S_MOE_MID_MAX]
+    nm_mid = split.moe_layers_middle_max
     check_mid = p > 2.0 and (l_mid > l_first or n16_first > 0.0 or nm_mid > nm_first)
-    state_first, act_first, _, _, _, _ = stage_memory(0.0, p, m, vs, l_first, n16_first, nm_first, split[S_P_FIRST],
-                                                   split[S_E_FIRST], b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
+    state_first, act_first, _, _, _, _ = stage_memory(0.0, p, m, vs, l_first, n16_first, nm_first, split.params_first,
+                                                   split.expert_params_first, b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
     state_last, act_last = state_first, act_first
     if p > 1.0:
-        state_last, act_last, _, _, _, _ = stage_memory(p - 1.0, p, m, vs, l_last, n16_last, nm_last, split[S_P_LAST],
-                                                     split[S_E_LAST], b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
+        state_last, act_last, _, _, _, _ = stage_memory(p - 1.0, p, m, vs, l_last, n16_last, nm_last, split.params_last,
+                                                     split.expert_params_last, b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
     mem_first = state_first + act_first
     mem_last = state_last + act_last
     if mem_first >= mem_last:
@@ -573,17 +540,17 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     else:
         states, act = state_last, act_last
     if check_mid:
-        state_mid, act_mid, _, _, _, _ = stage_memory(1.0, p, m, vs, l_mid, n16_second, nm_mid, split[S_P_MID],
-                                                   split[S_E_MID], b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
+        state_mid, act_mid, _, _, _, _ = stage_memory(1.0, p, m, vs, l_mid, n16_second, nm_mid, split.params_middle,
+                                                   split.expert_params_middle, b, sl, h, t, dz, zero, rc, sel, hw, mb, split)
         if act_mid > 0.0 and state_mid + act_mid > states + act:   # uneven stages: the second may be the fullest
             states, act = state_mid, act_mid
-    mem_total = states + act + hw[H_RESERVED_BYTES]
-    if mem_total > hw[H_HBM_BYTES]:
+    mem_total = states + act + hw[MACHINE.reserved_bytes]
+    if mem_total > hw[MACHINE.hbm_bytes]:
         status = OUT_OF_MEMORY
 
     # ---- throughput, utilisation, totals
     tokens_iter = B * s
-    fwd_flops = totals[T_FWD_FLOPS]
+    fwd_flops = totals.forward_flops_per_token
     model_flops = 3.0 * tokens_iter * fwd_flops
     hw_flops = (model_flops + rc * tokens_iter * (fwd_flops - 2.0 * h * v)
                 + sel * tokens_iter * L * ATTENTION_FLOPS_PER_TOKEN_PER_S_H * s * h)
@@ -592,34 +559,34 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     gpu_hours = num_gpus * train_s * (1.0 / 3600.0)
     # rates multiply by reciprocals instead of dividing (a few ulp from tests/reference.py)
     per_iteration = 1.0 / iteration
-    per_peak = 1.0 / (num_gpus * hw[H_PEAK_FLOPS])
+    per_peak = 1.0 / (num_gpus * hw[MACHINE.peak_flops])
 
-    out[O_ITER, i] = iteration
-    out[O_TOKENS_PER_S, i] = tokens_iter * per_iteration
-    out[O_TFLOPS, i] = model_flops * per_iteration * (1.0 / (num_gpus * 1e12))
-    out[O_MFU, i] = model_flops * per_iteration * per_peak
-    out[O_HFU, i] = hw_flops * per_iteration * per_peak
-    out[O_MEM, i] = mem_total / GiB
-    out[O_STATES, i] = states / GiB
-    out[O_ACT, i] = act / GiB
-    out[O_COMPUTE, i] = compute_s
-    out[O_TP, i] = tp_comm_s
-    out[O_PP, i] = pp_comm_s
-    out[O_DP, i] = dp_comm_s
-    out[O_BUBBLE, i] = bubble
-    out[O_OPT, i] = optimizer_time_s
-    out[O_OVERHEAD, i] = overhead_s
-    out[O_PARAMS, i] = totals[T_PARAMS]
-    out[O_MICRO, i] = m
-    out[O_STEPS, i] = steps
-    out[O_DAYS, i] = train_s * (1.0 / SECONDS_PER_DAY)
-    out[O_GPU_HOURS, i] = gpu_hours
-    out[O_COST, i] = gpu_hours * hw[H_USD_PER_GPU_HOUR]
-    out[O_ENERGY, i] = gpu_hours * hw[H_TDP_W] * 1e-3 * hw[H_PUE]
-    out[O_LOSS, i] = totals[T_LOSS]
-    out[O_CP, i] = cp_comm_s
-    out[O_EP, i] = ep_comm_s
-    out[O_OFFLOAD, i] = offload_s
+    out[OUTPUT.iteration_time_s, i] = iteration
+    out[OUTPUT.tokens_per_s, i] = tokens_iter * per_iteration
+    out[OUTPUT.model_tflops_per_gpu, i] = model_flops * per_iteration * (1.0 / (num_gpus * 1e12))
+    out[OUTPUT.mfu, i] = model_flops * per_iteration * per_peak
+    out[OUTPUT.hfu, i] = hw_flops * per_iteration * per_peak
+    out[OUTPUT.memory_per_gpu_GiB, i] = mem_total / GiB
+    out[OUTPUT.model_states_GiB, i] = states / GiB
+    out[OUTPUT.activations_GiB, i] = act / GiB
+    out[OUTPUT.compute_s, i] = compute_s
+    out[OUTPUT.tp_comm_s, i] = tp_comm_s
+    out[OUTPUT.pp_comm_s, i] = pp_comm_s
+    out[OUTPUT.dp_comm_s, i] = dp_comm_s
+    out[OUTPUT.bubble_s, i] = bubble
+    out[OUTPUT.optimizer_s, i] = optimizer_time_s
+    out[OUTPUT.overhead_s, i] = overhead_s
+    out[OUTPUT.num_parameters, i] = totals.num_parameters
+    out[OUTPUT.num_micro_batches, i] = m
+    out[OUTPUT.num_steps, i] = steps
+    out[OUTPUT.train_days, i] = train_s * (1.0 / SECONDS_PER_DAY)
+    out[OUTPUT.gpu_hours, i] = gpu_hours
+    out[OUTPUT.cost_usd, i] = gpu_hours * hw[MACHINE.usd_per_gpu_hour]
+    out[OUTPUT.energy_kWh, i] = gpu_hours * hw[MACHINE.tdp_W] * 1e-3 * hw[MACHINE.pue]
+    out[OUTPUT.loss, i] = totals.loss
+    out[OUTPUT.cp_comm_s, i] = cp_comm_s
+    out[OUTPUT.ep_comm_s, i] = ep_comm_s
+    out[OUTPUT.offload_s, i] = offload_s
     return status
 
 
@@ -646,6 +613,6 @@ def loss_scale_skipped_steps(updates, hw):
     :data:`FP16_INITIAL_SKIPPED_STEPS` plus :data:`FP16_SKIPPED_PER_WINDOW` per
     :data:`FP16_LOSS_SCALE_WINDOW` clean steps (rounded up), under ``precision`` fp16; 0
     otherwise (bf16, fp8 and fp32 need no loss scaling)."""
-    if hw[H_PRECISION] != PRECISION_FP16:
+    if hw[MACHINE.precision] != PRECISION_FP16:
         return 0.0
     return FP16_INITIAL_SKIPPED_STEPS + math.ceil(FP16_SKIPPED_PER_WINDOW * updates / FP16_LOSS_SCALE_WINDOW)

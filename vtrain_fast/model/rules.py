@@ -7,7 +7,7 @@ parallelism's (:func:`validate_context`, :func:`validate_experts`), the refused 
 (:func:`refused_context_parallel`, :func:`refused_experts`, :func:`refused`), a machine that repeats
 an earlier one of a sweep (:func:`repeats`) and the plan kind both masks are indexed by
 (:func:`plan_case`); an infeasible row is NaN (:func:`fill_nan`). The status codes are
-:mod:`vtrain_fast.model.params`'.
+:mod:`vtrain_fast.model.records`'.
 
 Sources: Megatron-LM's argument checks (``megatron/training/arguments.py``), Megatron-core
 ``TransformerConfig.__post_init__``, ``parallel_state.initialize_model_parallel``, ``MoELayer``,
@@ -21,11 +21,11 @@ import math
 from ._jit import jit, jit_inline
 from . import memory, ops
 from .arch import DEFAULT_ARCH
-from .experts import H_EP, ep_overlap_on, expert_sizes
+from .experts import ep_overlap_on, expert_sizes
 from .layer_split import chunks_split, stage_layers, virtual_stages
 from .layout import dp_cp_size
-from .params import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, BAD_SEQ_LENGTH, H_REFUSED_CASES,
-                     H_REPEAT_CASES, H_SEQ_PAR, H_VPP, NUM_OUTPUTS, OK)
+from .records import (BAD_BATCH, BAD_HEADS, BAD_INPUT, BAD_LAYERS, BAD_NUM_GPUS, BAD_SEQ_LENGTH, MACHINE, NUM_OUTPUTS,
+                      OK)
 
 
 @jit
@@ -105,9 +105,9 @@ def refused_experts(lay, hw, arch):
     dense model."""
     if arch.num_experts < 1.0:
         return False
-    if ep_overlap_on(hw) and (hw[H_EP] <= 1.0 or (lay.pp > 1 and hw[H_VPP] <= 1.0)):
+    if ep_overlap_on(hw) and (hw[MACHINE.ep] <= 1.0 or (lay.pp > 1 and hw[MACHINE.vpp] <= 1.0)):
         return True
-    return hw[H_EP] > 1.0 and lay.tp > 1 and hw[H_SEQ_PAR] == 0.0
+    return hw[MACHINE.ep] > 1.0 and lay.tp > 1 and hw[MACHINE.sequence_parallel] == 0.0
 
 
 @jit
@@ -154,7 +154,7 @@ def repeats(lay, hw):
     sequence parallelism at ``t = 1``, the asynchronous TP all-reduce at ``t = 1`` or with
     sequence parallelism, the distributed optimizer and overlapped gradient reduction at
     ``d = 1``)."""
-    return (int(hw[H_REPEAT_CASES]) >> plan_case(lay)) & 1 == 1
+    return (int(hw[MACHINE.repeat_cases]) >> plan_case(lay)) & 1 == 1
 
 
 @jit
@@ -172,7 +172,7 @@ def refused(lay, hw):
     ``(tp > 1) + 2 (pp > 1) + 4 (dp x cp > 1) + 8 (cp > 1)`` of the machine-vector field ``refused_cases`` (set by
     :func:`vtrain_fast.plan.spec.refused_cases` where a setting needs one that Megatron-LM
     switches off there, e.g. tp_comm_overlap at tp = 1, where sequence parallelism is off)."""
-    return (int(hw[H_REFUSED_CASES]) >> plan_case(lay)) & 1 == 1
+    return (int(hw[MACHINE.refused_cases]) >> plan_case(lay)) & 1 == 1
 
 
 @jit

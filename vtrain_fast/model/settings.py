@@ -1,14 +1,15 @@
 """The registry of training settings: one record per setting (Megatron-LM's name, kind, default,
 where it has no effect, what it needs, its label and documentation). Everything else reads it:
 spec parsing (``plan.spec.TRAINING_FLAGS``), the sweep's setting axes, ``GPUPreset``'s setting
-fields (``hardware.gpus``), the machine vector's setting fields (``model.params.HW_FIELDS``, one
+fields (``hardware.gpus``), the machine vector's setting fields (``model.records.HW_FIELDS``, one
 per setting, of the same name), the columns and their documentation (``io.schema``), the
 ``repeat`` and ``refused`` statuses and the query-time expansion (:meth:`Setting.has_no_effect`,
 :func:`unmet_requirements`), evaluate's columns, README's rules (:func:`rules_markdown`) and the
 "not validated" notes.
 
 Adding a setting: a record here (at the end of :data:`SETTINGS`), the formula that reads it
-(in ``model``: its machine-vector index is ``params.hw_index(name)``), and its tests.
+(in ``model``: ``hw[MACHINE.<name>]``, :data:`vtrain_fast.model.records.MACHINE`), its export
+(``analysis.export``) and its tests.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ._jit import jit
 from .arch import DEFAULT_ARCH
 from .costs import micro_batch_costs, split_costs
-from .params import OK, REFUSED
+from .records import OK, REFUSED
 from .pipeline import schedule
 from .rules import (fill_nan, refused_context_parallel, refused_experts, validate_batch, validate_interleaving,
                     validate_split)
@@ -46,7 +46,7 @@ def step(L, h, a, g, f, v, s, B, b, lay, recompute, num_tokens, hw, out, i, arch
         Machine vector, ``float64``, shape ``(NUM_HW_FIELDS,)``.
     out : numpy.ndarray
         ``float64``, shape ``(NUM_OUTPUTS, n)``; column ``i`` is written, laid out as
-        :data:`~vtrain_fast.model.params.OUTPUT_NAMES`.
+        :data:`~vtrain_fast.model.records.OUTPUT_NAMES`.
     i : int
         Column to write.
     arch : Arch

@@ -24,38 +24,25 @@ import numpy as np
 from numba import prange
 
 from ._jit import jit, jit_inline, pjit
-from .arch import NUM_FLAGS, NUM_RECORD, Arch
+from .arch import Arch
 from .layout import Layout, split_world
-from .params import (H_GPUS_PER_NODE, MD_ARCH, MD_FFN, MD_GROUPS, MD_HEADS, MD_HIDDEN, MD_LAYERS, MD_SEQ, MD_VOCAB,
-                     MODEL_FIELDS, NUM_MODEL_FIELDS, ROW_FIELDS, R_ARCH, R_CP, R_DP, R_FFN, R_GBS, R_GROUPS, R_HEADS, R_HIDDEN, R_LAYERS, R_MBS,
-                     R_PP, R_RECOMPUTE, R_SEQ, R_TP, R_VOCAB)
-from .costs import NUM_MICRO, NUM_SPLIT, micro_batch_costs, split_costs
+from .records import (AXIS, BAD_NUM_GPUS, INPUT, INPUT_NAMES, MACHINE, MODEL, NUM_AXES, NUM_INPUTS, NUM_MICRO,
+                      NUM_MODEL_FIELDS, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, REFUSED, REPEAT, ROW,
+                      ROW_FIELDS, MicroCosts, SplitCosts, Totals)
+from .costs import micro_batch_costs, split_costs
 from .layer_split import chunks_split, virtual_stages
-from .params import BAD_NUM_GPUS, NUM_OUTPUTS, NUM_STATUS, OK, REFUSED, REPEAT
 from .pipeline import schedule
 from .rules import (fill_nan, refused, refused_context_parallel, refused_experts, repeats, validate_batch,
                     validate_interleaving, validate_split)
 from .step import step
-from .totals import NUM_TOTALS, model_totals
+from .totals import model_totals
 
-# Axis order of a sweep (first = slowest varying, last = fastest).
-AXES = ("model", "num_tokens", "gpu", "cluster_size", "tp", "cp", "pp", "micro_batch_size",
-        "global_batch_size", "recompute")
-NUM_AXES = len(AXES)
-(A_MODEL, A_TOKENS, A_GPU, A_SIZE, A_TP, A_CP, A_PP, A_MBS, A_GBS, A_RECOMPUTE) = range(NUM_AXES)
+
 # Axes of the pruning table (everything the num_gpus, heads and layers rules depend on); the
-# axes after A_PP only enter the batch rule, so an infeasible prefix rules out a whole
-# contiguous run of ``radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]`` points.
-PREFIX_AXES = (A_MODEL, A_GPU, A_SIZE, A_TP, A_CP, A_PP)
+# axes after AXIS.pp only enter the batch rule, so an infeasible prefix rules out a whole
+# contiguous run of ``radices[AXIS.micro_batch_size] * radices[AXIS.global_batch_size] * radices[AXIS.recompute]`` points.
+PREFIX_AXES = (AXIS.model, AXIS.gpu, AXIS.cluster_size, AXIS.tp, AXIS.cp, AXIS.pp)
 
-# Integer input columns written by the sweep kernel: rows of the int64 input matrix.
-INPUT_NAMES = (
-    "model_index", "gpu_index", *MODEL_FIELDS, "num_gpus", "num_nodes",
-    "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size", "recompute",
-)
-NUM_INPUTS = len(INPUT_NAMES)
-(I_MODEL, I_GPU, I_LAYERS) = range(3)      # the model's columns follow, MODEL_FIELDS order
-(I_NUM_GPUS, I_NUM_NODES, I_TP, I_CP, I_PP, I_DP, I_MBS, I_GBS, I_RECOMPUTE) = range(2 + NUM_MODEL_FIELDS, NUM_INPUTS)
 
 # Points per prange iteration of the range drivers (one decode of the flat index each).
 BLOCK = 1024
@@ -107,9 +94,9 @@ def advance_digits(digits, radices):
 @jit
 def prefix_index(digits, radices):
     """Row of the pruning table for ``digits``: mixed radix over :data:`PREFIX_AXES`."""
-    return (((((digits[A_MODEL] * radices[A_GPU] + digits[A_GPU]) * radices[A_SIZE]
-               + digits[A_SIZE]) * radices[A_TP] + digits[A_TP]) * radices[A_CP] + digits[A_CP]) * radices[A_PP]
-            + digits[A_PP])
+    return (((((digits[AXIS.model] * radices[AXIS.gpu] + digits[AXIS.gpu]) * radices[AXIS.cluster_size]
+               + digits[AXIS.cluster_size]) * radices[AXIS.tp] + digits[AXIS.tp]) * radices[AXIS.cp] + digits[AXIS.cp]) * radices[AXIS.pp]
+            + digits[AXIS.pp])
 
 
 @jit
@@ -117,46 +104,72 @@ def prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps):
     """Quantities fixed by the axes up to ``pp``: ``(gpu_index, num_gpus, num_nodes, layout,
     ok)``; the layout (:func:`~vtrain_fast.model.layout.split_world`) gives dp the rest, and
     ``ok`` is False when tp x cp x pp does not divide num_gpus."""
-    gi = gpus[digits[A_GPU]]
-    gpn = int(hw_table[gi, H_GPUS_PER_NODE])
-    size = sizes[digits[A_SIZE]]
+    gi = gpus[digits[AXIS.gpu]]
+    gpn = int(hw_table[gi, MACHINE.gpus_per_node])
+    size = sizes[digits[AXIS.cluster_size]]
     num_gpus = size * gpn if sizes_in_nodes else size
-    lay, ok = split_world(num_gpus, tps[digits[A_TP]], cps[digits[A_CP]], pps[digits[A_PP]])
+    lay, ok = split_world(num_gpus, tps[digits[AXIS.tp]], cps[digits[AXIS.cp]], pps[digits[AXIS.pp]])
     return gi, num_gpus, (num_gpus + gpn - 1) // gpn, lay, ok
 
 
 @jit
+def arch_of(values, at):
+    """The :data:`~vtrain_fast.model.arch.Arch` of one model's integer columns, by field name.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        ``int64``, shape ``(len(at),)``: a row of the model table, or a column of explicit
+        configurations.
+    at : tuple
+        The index record of that layout (:data:`~vtrain_fast.model.records.MODEL` or
+        :data:`~vtrain_fast.model.records.ROW`); both name the flag and MoE columns as ``Arch``'s fields.
+    """
+    return Arch(gated_mlp=float(values[at.gated_mlp]),
+                normalization=float(values[at.normalization]),
+                position_embedding_type=float(values[at.position_embedding_type]),
+                add_bias_linear=float(values[at.add_bias_linear]),
+                untie_embeddings_and_output_weights=float(values[at.untie_embeddings_and_output_weights]),
+                num_experts=float(values[at.num_experts]),
+                moe_router_topk=float(values[at.moe_router_topk]),
+                moe_ffn_hidden_size=float(values[at.moe_ffn_hidden_size]),
+                moe_shared_expert_intermediate_size=float(values[at.moe_shared_expert_intermediate_size]),
+                moe_layer_step=float(values[at.moe_layer_step]),
+                moe_first_dense_layers=float(values[at.moe_first_dense_layers]),
+                kv_channels=float(values[at.kv_channels]),
+                multi_latent_attention=float(values[at.multi_latent_attention]),
+                q_lora_rank=float(values[at.q_lora_rank]),
+                kv_lora_rank=float(values[at.kv_lora_rank]),
+                qk_head_dim=float(values[at.qk_head_dim]),
+                qk_pos_emb_head_dim=float(values[at.qk_pos_emb_head_dim]),
+                v_head_dim=float(values[at.v_head_dim]))
+
+
+@jit
 def model_arch(models, mi):
-    """The :data:`~vtrain_fast.model.arch.Arch` of row ``mi`` of the model table (its flag and MoE
-    columns from ``MD_ARCH`` on, as floats)."""
-    return Arch(float(models[mi, MD_ARCH]), float(models[mi, MD_ARCH + 1]), float(models[mi, MD_ARCH + 2]),
-                float(models[mi, MD_ARCH + 3]), float(models[mi, MD_ARCH + 4]), float(models[mi, MD_ARCH + 5]),
-                float(models[mi, MD_ARCH + 6]), float(models[mi, MD_ARCH + 7]), float(models[mi, MD_ARCH + 8]),
-                float(models[mi, MD_ARCH + 9]), float(models[mi, MD_ARCH + 10]), float(models[mi, MD_ARCH + 11]),
-                float(models[mi, MD_ARCH + 12]), float(models[mi, MD_ARCH + 13]), float(models[mi, MD_ARCH + 14]),
-                float(models[mi, MD_ARCH + 15]), float(models[mi, MD_ARCH + 16]), float(models[mi, MD_ARCH + 17]))
+    """The :data:`~vtrain_fast.model.arch.Arch` of row ``mi`` of the model table."""
+    return arch_of(models[mi], MODEL)
 
 
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
 # budget, :func:`~vtrain_fast.model.costs.split_costs` and
-# :func:`~vtrain_fast.model.totals.model_totals` in ``ctx`` (``NUM_CTX`` floats, then a flag at
-# ``CTX_FILLED``), and for the current (model, gpu, tp, cp) a table of
-# :func:`~vtrain_fast.model.costs.micro_batch_costs` over the micro_batch_size axis. Both are
-# filled by the first point that passes the shape rules. The points that share them differ only
-# in the batch axes and recompute, so the full model costs them only the schedule.
-NUM_CTX = NUM_SPLIT + NUM_TOTALS
-CTX_FILLED = NUM_CTX
-if NUM_MICRO != 28 or NUM_SPLIT != 40 or NUM_TOTALS != 3 or NUM_FLAGS != 5 or NUM_RECORD != 18:     # grid_point unpacks them by hand
-    raise ImportError("model.sweep.grid_point / model_arch are out of date with model.costs' and model.totals' tuple layouts "
-                      "or model.arch's flags")
+# :func:`~vtrain_fast.model.totals.model_totals` in ``ctx`` (a one-item list of the pair, valid
+# while ``ctx_ok[0]`` is 1), and for the current (model, gpu, tp, cp)
+# :func:`~vtrain_fast.model.costs.micro_batch_costs` over the micro_batch_size axis in ``micro``
+# (a list of records, entry ``db`` valid while ``micro_ok[db]`` is 1). Both are filled by the
+# first point that passes the shape rules. The points that share them differ only in the batch
+# axes and recompute, so the full model costs them only the schedule.
+EMPTY_MICRO = MicroCosts(*(math.nan,) * NUM_MICRO)      # placeholders the caches start from
+EMPTY_SPLIT = SplitCosts(*(math.nan,) * NUM_SPLIT)
+EMPTY_TOTALS = Totals(*(math.nan,) * NUM_TOTALS)
 
 
 @jit
-def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
+def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx_ok,
                    micro_key, micro_ok):
-    """Recompute what a block caches for the prefix of ``digits`` (see ``NUM_CTX``).
+    """Recompute what a block caches for the prefix of ``digits`` (see the block caches above).
 
-    Marks ``ctx`` (``float64``, shape ``(NUM_CTX + 1,)``) empty, and clears ``micro_ok``
+    Marks the block's split cache empty (``ctx_ok``, ``uint8``, shape ``(1,)``), and clears ``micro_ok``
     (``uint8``, one per micro_batch_size value) when (model, gpu, tp, cp) differs from
     ``micro_key`` (``int64``, shape ``(4,)``, updated). Returns
     ``(gpu_index, num_gpus, num_nodes, layout, ok, split_status)``, the first five as
@@ -167,19 +180,19 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     (:func:`~vtrain_fast.model.rules.repeats`).
     """
     gi, num_gpus, nodes, lay, ok = prefix_values(digits, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps)
-    mi = digits[A_MODEL]
+    mi = digits[AXIS.model]
     split_status = BAD_NUM_GPUS
     if ok:
         arch = model_arch(models, mi)
-        split_status = validate_split(models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS],
-                                      models[mi, MD_GROUPS], models[mi, MD_FFN], models[mi, MD_VOCAB],
-                                      models[mi, MD_SEQ], lay, hw_table[gi], arch)
+        split_status = validate_split(models[mi, MODEL.num_layers], models[mi, MODEL.hidden_size], models[mi, MODEL.num_attention_heads],
+                                      models[mi, MODEL.num_query_groups], models[mi, MODEL.ffn_hidden_size], models[mi, MODEL.vocab_size],
+                                      models[mi, MODEL.seq_length], lay, hw_table[gi], arch)
         if split_status == OK and (refused(lay, hw_table[gi]) or refused_context_parallel(lay, hw_table[gi])
                                    or refused_experts(lay, hw_table[gi], arch)):
             split_status = REFUSED      # Megatron-LM refuses these settings on this plan
         elif split_status == OK and repeats(lay, hw_table[gi]):
             split_status = REPEAT       # an earlier machine of the sweep has these rows
-    ctx[CTX_FILLED] = 0.0
+    ctx_ok[0] = 0
     if micro_key[0] != mi or micro_key[1] != gi or micro_key[2] != lay.tp or micro_key[3] != lay.cp:
         micro_key[0] = mi
         micro_key[1] = gi
@@ -191,28 +204,28 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
 
 @jit_inline
 def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc, tok, models,
-               hw, ctx, micro, micro_ok, inputs, token_col, out, status, j):
+               hw, ctx, ctx_ok, micro, micro_ok, inputs, token_col, out, status, j):
     """Write the inputs of one point into column ``j``, evaluate it and return its status.
 
     ``ok``/``split_status`` come from :func:`refresh_prefix` for this point's prefix and
-    ``ctx`` is its cache (filled here if empty); ``micro`` (``float64``, shape
-    ``(radices[A_MBS], NUM_MICRO)``) and ``micro_ok`` are the block's micro-batch table, whose
+    ``ctx`` / ``ctx_ok`` is its cache (filled here if empty); ``micro`` (a list of
+    :class:`~vtrain_fast.model.records.MicroCosts`, one per micro_batch_size value) and ``micro_ok`` are the block's micro-batch table, whose
     row ``db`` (this point's micro_batch_size digit) is filled here if empty. Not ``ok``: ``BAD_NUM_GPUS``; a shape error: NaN outputs; otherwise the same
     numbers as :func:`~vtrain_fast.model.step.step`.
     """
-    inputs[I_MODEL, j] = mi
-    inputs[I_GPU, j] = gi
+    inputs[INPUT.model_index, j] = mi
+    inputs[INPUT.gpu_index, j] = gi
     for k in range(NUM_MODEL_FIELDS):
-        inputs[I_LAYERS + k, j] = models[mi, k]
-    inputs[I_NUM_GPUS, j] = num_gpus
-    inputs[I_NUM_NODES, j] = num_nodes
-    inputs[I_TP, j] = lay.tp
-    inputs[I_CP, j] = lay.cp
-    inputs[I_PP, j] = lay.pp
-    inputs[I_DP, j] = lay.dp
-    inputs[I_MBS, j] = b
-    inputs[I_GBS, j] = B
-    inputs[I_RECOMPUTE, j] = rc
+        inputs[INPUT.num_layers + k, j] = models[mi, k]
+    inputs[INPUT.num_gpus, j] = num_gpus
+    inputs[INPUT.num_nodes, j] = num_nodes
+    inputs[INPUT.tp, j] = lay.tp
+    inputs[INPUT.cp, j] = lay.cp
+    inputs[INPUT.pp, j] = lay.pp
+    inputs[INPUT.dp, j] = lay.dp
+    inputs[INPUT.micro_batch_size, j] = b
+    inputs[INPUT.global_batch_size, j] = B
+    inputs[INPUT.recompute, j] = rc
     token_col[j] = tok
     if not ok:
         fill_nan(out, j)
@@ -220,39 +233,24 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
         return BAD_NUM_GPUS
     st = validate_batch(split_status, B, b, lay.dp)
     if st == OK:
-        st = validate_interleaving(models[mi, MD_LAYERS], B, b, lay.pp, lay.dp, hw)
+        st = validate_interleaving(models[mi, MODEL.num_layers], B, b, lay.pp, lay.dp, hw)
     if st != OK:
         fill_nan(out, j)
         status[j] = st
         return st
-    L, h, a = float(models[mi, MD_LAYERS]), float(models[mi, MD_HIDDEN]), float(models[mi, MD_HEADS])
-    g, f = float(models[mi, MD_GROUPS]), float(models[mi, MD_FFN])
-    v, s = float(models[mi, MD_VOCAB]), float(models[mi, MD_SEQ])
-    if ctx[CTX_FILLED] == 0.0:
+    L, h, a = float(models[mi, MODEL.num_layers]), float(models[mi, MODEL.hidden_size]), float(models[mi, MODEL.num_attention_heads])
+    g, f = float(models[mi, MODEL.num_query_groups]), float(models[mi, MODEL.ffn_hidden_size])
+    v, s = float(models[mi, MODEL.vocab_size]), float(models[mi, MODEL.seq_length])
+    if ctx_ok[0] == 0:
         arch = model_arch(models, mi)
-        sc = split_costs(L, h, a, g, f, v, s, lay, hw, arch)
-        for k in range(NUM_SPLIT):
-            ctx[k] = sc[k]
-        mt = model_totals(L, h, a, g, f, v, s, tok, arch)
-        for k in range(NUM_TOTALS):
-            ctx[NUM_SPLIT + k] = mt[k]
-        ctx[CTX_FILLED] = 1.0
+        ctx[0] = (split_costs(L, h, a, g, f, v, s, lay, hw, arch), model_totals(L, h, a, g, f, v, s, tok, arch))
+        ctx_ok[0] = 1
     if micro_ok[db] == 0:
-        mc = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, model_arch(models, mi), float(lay.cp))
-        for k in range(NUM_MICRO):
-            micro[db, k] = mc[k]
+        micro[db] = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, model_arch(models, mi),
+                                      float(lay.cp))
         micro_ok[db] = 1
-    mb = (micro[db, 0], micro[db, 1], micro[db, 2], micro[db, 3], micro[db, 4], micro[db, 5], micro[db, 6], micro[db, 7], micro[db, 8],
-          micro[db, 9], micro[db, 10], micro[db, 11], micro[db, 12], micro[db, 13], micro[db, 14], micro[db, 15], micro[db, 16], micro[db, 17],
-          micro[db, 18], micro[db, 19], micro[db, 20], micro[db, 21], micro[db, 22], micro[db, 23], micro[db, 24], micro[db, 25], micro[db, 26],
-          micro[db, 27])
-    st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, mb,
-                  (ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10], ctx[11],
-                   ctx[12], ctx[13], ctx[14], ctx[15], ctx[16], ctx[17], ctx[18], ctx[19], ctx[20], ctx[21], ctx[22], ctx[23],
-                   ctx[24], ctx[25], ctx[26], ctx[27], ctx[28], ctx[29], ctx[30], ctx[31], ctx[32], ctx[33], ctx[34],
-                   ctx[35], ctx[36], ctx[37], ctx[38], ctx[39]),
-                  (ctx[40], ctx[41], ctx[42]),
-                  out, j)
+    sc, mt = ctx[0]
+    st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, micro[db], sc, mt, out, j)
     status[j] = st
     return st
 
@@ -299,30 +297,31 @@ def sweep_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_
         tk = np.empty(SCRATCH, dtype=np.float64)
         res = np.empty((NUM_OUTPUTS, SCRATCH), dtype=np.float64)
         st = np.empty(SCRATCH, dtype=np.int8)
-        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
-        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
-        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        ctx = [(EMPTY_SPLIT, EMPTY_TOTALS)]
+        ctx_ok = np.zeros(1, dtype=np.uint8)
+        micro = [EMPTY_MICRO] * radices[AXIS.micro_batch_size]
+        micro_ok = np.zeros(radices[AXIS.micro_batch_size], dtype=np.uint8)
         micro_key = np.full(4, -1, dtype=np.int64)
         decode_index(start + lo, radices, digits)
         gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx_ok,
             micro_key, micro_ok)
-        mi = digits[A_MODEL]
-        tok = tokens[digits[A_TOKENS]]
+        mi = digits[AXIS.model]
+        tok = tokens[digits[AXIS.num_tokens]]
         hw = hw_table[gi]
         for s0 in range(lo, hi, SCRATCH):
             m = min(SCRATCH, hi - s0)
             for j in range(m):
-                db = digits[A_MBS]
+                db = digits[AXIS.micro_batch_size]
                 grid_point(mi, gi, num_gpus, nodes, lay, ok, split_status, db, mbss[db],
-                           gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]], tok, models,
-                           hw, ctx, micro, micro_ok, ins, tk, res, st, j)
-                if advance_digits(digits, radices) <= A_PP:
+                           gbss[digits[AXIS.global_batch_size]], recomputes[digits[AXIS.recompute]], tok, models,
+                           hw, ctx, ctx_ok, micro, micro_ok, ins, tk, res, st, j)
+                if advance_digits(digits, radices) <= AXIS.pp:
                     gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
                         digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps,
-                        ctx, micro_key, micro_ok)
-                    mi = digits[A_MODEL]
-                    tok = tokens[digits[A_TOKENS]]
+                        ctx_ok, micro_key, micro_ok)
+                    mi = digits[AXIS.model]
+                    tok = tokens[digits[AXIS.num_tokens]]
                     hw = hw_table[gi]
             for k in range(NUM_INPUTS):
                 inputs[k, s0:s0 + m] = ins[k, :m]
@@ -343,9 +342,10 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
     nblocks = (n + SCRATCH - 1) // SCRATCH
     for bi in prange(nblocks):
         digits = np.empty(NUM_AXES, dtype=np.int64)
-        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
-        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
-        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        ctx = [(EMPTY_SPLIT, EMPTY_TOTALS)]
+        ctx_ok = np.zeros(1, dtype=np.uint8)
+        micro = [EMPTY_MICRO] * radices[AXIS.micro_batch_size]
+        micro_ok = np.zeros(radices[AXIS.micro_batch_size], dtype=np.uint8)
         micro_key = np.full(4, -1, dtype=np.int64)
         prev = -1
         prev_prefix = -1
@@ -360,16 +360,16 @@ def sweep_points(indices, radices, models, tokens, gpus, hw_table, sizes, sizes_
                 decode_index(indices[j], radices, digits)
             prev = indices[j]
             pre = prefix_index(digits, radices)
-            if pre != prev_prefix or digits[A_TOKENS] != prev_tok:
+            if pre != prev_prefix or digits[AXIS.num_tokens] != prev_tok:
                 gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx_ok,
                     micro_key, micro_ok)
                 prev_prefix = pre
-                prev_tok = digits[A_TOKENS]
-            db = digits[A_MBS]
-            grid_point(digits[A_MODEL], gi, num_gpus, nodes, lay, ok, split_status, db,
-                       mbss[db], gbss[digits[A_GBS]], recomputes[digits[A_RECOMPUTE]],
-                       tokens[digits[A_TOKENS]], models, hw_table[gi], ctx, micro, micro_ok,
+                prev_tok = digits[AXIS.num_tokens]
+            db = digits[AXIS.micro_batch_size]
+            grid_point(digits[AXIS.model], gi, num_gpus, nodes, lay, ok, split_status, db,
+                       mbss[db], gbss[digits[AXIS.global_batch_size]], recomputes[digits[AXIS.recompute]],
+                       tokens[digits[AXIS.num_tokens]], models, hw_table[gi], ctx, ctx_ok, micro, micro_ok,
                        inputs, token_col, out, status, j)
 
 
@@ -463,7 +463,7 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
     """
     k = obj_src.shape[0]
     nblocks = (n + BLOCK - 1) // BLOCK
-    inner = radices[A_MBS] * radices[A_GBS] * radices[A_RECOMPUTE]
+    inner = radices[AXIS.micro_batch_size] * radices[AXIS.global_batch_size] * radices[AXIS.recompute]
     use_prefix = prefix_ok.shape[0] > 0
     for bi in prange(nblocks):
         lo = bi * BLOCK
@@ -474,9 +474,10 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
         res = np.empty((NUM_OUTPUTS, 1), dtype=np.float64)
         st = np.empty(1, dtype=np.int8)
         vals = np.empty(k, dtype=np.float64)
-        ctx = np.zeros(NUM_CTX + 1, dtype=np.float64)
-        micro = np.empty((radices[A_MBS], NUM_MICRO), dtype=np.float64)
-        micro_ok = np.zeros(radices[A_MBS], dtype=np.uint8)
+        ctx = [(EMPTY_SPLIT, EMPTY_TOTALS)]
+        ctx_ok = np.zeros(1, dtype=np.uint8)
+        micro = [EMPTY_MICRO] * radices[AXIS.micro_batch_size]
+        micro_ok = np.zeros(radices[AXIS.micro_batch_size], dtype=np.uint8)
         micro_key = np.full(4, -1, dtype=np.int64)
         for q in range(NUM_STATUS):
             block_status[bi, q] = 0
@@ -484,7 +485,7 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
         pruned = 0
         decode_index(start + lo, radices, digits)
         gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
+            digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx_ok,
             micro_key, micro_ok)
         live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
         j = lo
@@ -498,20 +499,20 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                 decode_index(start + j, radices, digits)
                 changed = 0
             else:
-                db = digits[A_MBS]
+                db = digits[AXIS.micro_batch_size]
                 # shape errors are only counted here: no candidate, so no row to write
                 if not ok:
                     s = BAD_NUM_GPUS
                 else:
-                    s = validate_batch(split_status, gbss[digits[A_GBS]], mbss[db], lay.dp)
+                    s = validate_batch(split_status, gbss[digits[AXIS.global_batch_size]], mbss[db], lay.dp)
                     if s == OK:
-                        s = validate_interleaving(models[digits[A_MODEL], MD_LAYERS], gbss[digits[A_GBS]], mbss[db],
+                        s = validate_interleaving(models[digits[AXIS.model], MODEL.num_layers], gbss[digits[AXIS.global_batch_size]], mbss[db],
                                                   lay.pp, lay.dp, hw_table[gi])
                 if s == OK:
-                    s = grid_point(digits[A_MODEL], gi, num_gpus, nodes, lay, ok, split_status,
-                                   db, mbss[db], gbss[digits[A_GBS]],
-                                   recomputes[digits[A_RECOMPUTE]], tokens[digits[A_TOKENS]],
-                                   models, hw_table[gi], ctx, micro, micro_ok, ins, tok, res, st, 0)
+                    s = grid_point(digits[AXIS.model], gi, num_gpus, nodes, lay, ok, split_status,
+                                   db, mbss[db], gbss[digits[AXIS.global_batch_size]],
+                                   recomputes[digits[AXIS.recompute]], tokens[digits[AXIS.num_tokens]],
+                                   models, hw_table[gi], ctx, ctx_ok, micro, micro_ok, ins, tok, res, st, 0)
                 block_status[bi, s] += 1
                 if s == OK:
                     keep = True
@@ -533,9 +534,9 @@ def scan_chunk(start, n, radices, models, tokens, gpus, hw_table, sizes, sizes_i
                         fill += 1
                 j += 1
                 changed = advance_digits(digits, radices)
-            if changed <= A_PP:
+            if changed <= AXIS.pp:
                 gi, num_gpus, nodes, lay, ok, split_status = refresh_prefix(
-                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx,
+                    digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cps, pps, ctx_ok,
                     micro_key, micro_ok)
                 live = not use_prefix or prefix_ok[prefix_index(digits, radices)] != 0
         block_fill[bi] = fill
@@ -626,16 +627,16 @@ def prefix_table(radices, models, gpus, hw_table, sizes, sizes_in_nodes, tps, cp
     not involve the batch sizes, so some batch is valid) and, with an interleaved schedule,
     splits its layers into ``pp * vpp`` chunks, else 0."""
     r = 0
-    for mi in range(radices[A_MODEL]):
-        L, h, a, g = models[mi, MD_LAYERS], models[mi, MD_HIDDEN], models[mi, MD_HEADS], models[mi, MD_GROUPS]
-        f, v, s = models[mi, MD_FFN], models[mi, MD_VOCAB], models[mi, MD_SEQ]
-        for gd in range(radices[A_GPU]):
-            gpn = int(hw_table[gpus[gd], H_GPUS_PER_NODE])
-            for sd in range(radices[A_SIZE]):
+    for mi in range(radices[AXIS.model]):
+        L, h, a, g = models[mi, MODEL.num_layers], models[mi, MODEL.hidden_size], models[mi, MODEL.num_attention_heads], models[mi, MODEL.num_query_groups]
+        f, v, s = models[mi, MODEL.ffn_hidden_size], models[mi, MODEL.vocab_size], models[mi, MODEL.seq_length]
+        for gd in range(radices[AXIS.gpu]):
+            gpn = int(hw_table[gpus[gd], MACHINE.gpus_per_node])
+            for sd in range(radices[AXIS.cluster_size]):
                 num_gpus = sizes[sd] * gpn if sizes_in_nodes else sizes[sd]
-                for td in range(radices[A_TP]):
-                    for cd in range(radices[A_CP]):
-                        for pd in range(radices[A_PP]):
+                for td in range(radices[AXIS.tp]):
+                    for cd in range(radices[AXIS.cp]):
+                        for pd in range(radices[AXIS.pp]):
                             lay, ok = split_world(num_gpus, tps[td], cps[cd], pps[pd])
                             if ok:
                                 ok = validate_split(L, h, a, g, f, v, s, lay, hw_table[gpus[gd]],
@@ -656,7 +657,7 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
     ----------
     cols : numpy.ndarray
         ``int64``, shape ``(len(ROW_FIELDS), n)``, rows laid out as
-        :data:`~vtrain_fast.model.params.ROW_FIELDS`: the model, global_batch_size,
+        :data:`~vtrain_fast.model.records.ROW_FIELDS`: the model, global_batch_size,
         micro_batch_size, tp, cp, pp, dp, recompute (0/1/2: none/full/selective).
     tokens : numpy.ndarray
         ``float64``, shape ``(n,)``, tokens to train on.
@@ -668,17 +669,11 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
         ``int8``, shape ``(n,)``, output.
     """
     for j in prange(cols.shape[1]):
-        lay = Layout(cols[R_TP, j], cols[R_CP, j], cols[R_DP, j], cols[R_PP, j])
-        status[j] = step(cols[R_LAYERS, j], cols[R_HIDDEN, j], cols[R_HEADS, j], cols[R_GROUPS, j], cols[R_FFN, j],
-                         cols[R_VOCAB, j], cols[R_SEQ, j], cols[R_GBS, j], cols[R_MBS, j], lay,
-                         cols[R_RECOMPUTE, j], tokens[j], hw_rows[j], out, j,
-                         Arch(float(cols[R_ARCH, j]), float(cols[R_ARCH + 1, j]), float(cols[R_ARCH + 2, j]),
-                              float(cols[R_ARCH + 3, j]), float(cols[R_ARCH + 4, j]), float(cols[R_ARCH + 5, j]),
-                              float(cols[R_ARCH + 6, j]), float(cols[R_ARCH + 7, j]), float(cols[R_ARCH + 8, j]),
-                              float(cols[R_ARCH + 9, j]), float(cols[R_ARCH + 10, j]),
-                              float(cols[R_ARCH + 11, j]), float(cols[R_ARCH + 12, j]), float(cols[R_ARCH + 13, j]),
-                              float(cols[R_ARCH + 14, j]), float(cols[R_ARCH + 15, j]), float(cols[R_ARCH + 16, j]),
-                              float(cols[R_ARCH + 17, j])))
+        lay = Layout(cols[ROW.tp, j], cols[ROW.cp, j], cols[ROW.dp, j], cols[ROW.pp, j])
+        status[j] = step(cols[ROW.num_layers, j], cols[ROW.hidden_size, j], cols[ROW.num_attention_heads, j], cols[ROW.num_query_groups, j], cols[ROW.ffn_hidden_size, j],
+                         cols[ROW.vocab_size, j], cols[ROW.seq_length, j], cols[ROW.global_batch_size, j], cols[ROW.micro_batch_size, j], lay,
+                         cols[ROW.recompute, j], tokens[j], hw_rows[j], out, j,
+                         arch_of(cols[:, j], ROW))
 
 
 def rows_from_inputs(inputs: np.ndarray) -> np.ndarray:

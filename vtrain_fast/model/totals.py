@@ -17,22 +17,12 @@ from . import memory, ops
 from .arch import DEFAULT_ARCH
 from .experts import moe_mlp_extra_flops_per_token
 from .layer_split import moe_layers_of
-from .params import CHINCHILLA_A, CHINCHILLA_ALPHA, CHINCHILLA_B, CHINCHILLA_BETA, CHINCHILLA_E
+from .records import CHINCHILLA_A, CHINCHILLA_ALPHA, CHINCHILLA_B, CHINCHILLA_BETA, CHINCHILLA_E, Totals
 
 
 # Forward FLOPs of the attention scores and context per token per layer, over the full s x s
 # as Megatron-LM counts them: 4 s h (see forward_flops_per_token).
 ATTENTION_FLOPS_PER_TOKEN_PER_S_H = 4.0
-
-
-# Per-model totals (:func:`model_totals`), fixed by (model, num_tokens).
-TOTAL_NAMES = ("num_parameters", "forward_flops_per_token", "loss")
-
-
-NUM_TOTALS = len(TOTAL_NAMES)
-
-
-(T_PARAMS, T_FWD_FLOPS, T_LOSS) = range(NUM_TOTALS)
 
 
 @jit
@@ -86,4 +76,5 @@ def model_totals(L, h, a, g, f, v, s, num_tokens, arch=DEFAULT_ARCH):
         p_moe, p_exp = memory.moe_layer_params_per_rank(h, a, g, f, 1.0, 1.0, 1.0, arch)
         n_params += n_moe * (p_moe + p_exp - memory.layer_params(h, a, g, f, arch))
         fwd_flops += n_moe * moe_mlp_extra_flops_per_token(h, f, arch)
-    return (n_params, fwd_flops, chinchilla_loss(n_params, num_tokens))
+    return Totals(num_parameters=n_params, forward_flops_per_token=fwd_flops,
+                  loss=chinchilla_loss(n_params, num_tokens))

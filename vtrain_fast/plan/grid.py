@@ -1,7 +1,7 @@
 """Axes of a sweep as kernel arrays, and the flat-index encoding (Python twins of the kernel).
 
 A grid point's flat index is a mixed-radix number over the axes in
-:data:`vtrain_fast.model.sweep.AXES` order, last axis fastest. The engine hands index ranges
+:data:`vtrain_fast.model.records.AXES` order, last axis fastest. The engine hands index ranges
 to :func:`vtrain_fast.model.sweep.sweep_chunk`, which decodes them; the grid itself is never
 materialised.
 """
@@ -14,8 +14,8 @@ import numpy as np
 
 from ..io.errors import InputError
 from ..hardware.gpus import machine_vector
-from ..model.params import HW_FIELDS, NUM_MODEL_FIELDS
-from ..model.sweep import AXES, PREFIX_AXES, prefix_table
+from ..model.records import AXES, HW_FIELDS, NUM_MODEL_FIELDS
+from ..model.sweep import PREFIX_AXES, prefix_table
 from .spec import RECOMPUTE_VALUES, SweepSpec, refused_cases, repeat_cases
 
 INT64_MAX = 2 ** 63 - 1

@@ -4,7 +4,7 @@ compute budget (``vtrain-fast optimal --fit``). Pure Python: no kernel reads the
 
 Sources: Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", Eq. 4 and Eq. 10
 (Approach 3; the kernels' ``loss`` column is this fit, :func:`vtrain_fast.model.totals.chinchilla_loss`,
-from the constants of :mod:`vtrain_fast.model.params`); Besiroglu, Erdil, Barnett, You 2024 (Epoch
+from the constants of :mod:`vtrain_fast.model.records`); Besiroglu, Erdil, Barnett, You 2024 (Epoch
 AI), "Chinchilla Scaling: A replication attempt", arXiv:2404.10102, Table 1; Sardana, Portes,
 Doubov, Frankle 2024, "Beyond Chinchilla-Optimal", arXiv:2401.00448, Sec. 2 (lifetime compute with
 inference).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model.params import CHINCHILLA_A, CHINCHILLA_ALPHA, CHINCHILLA_B, CHINCHILLA_BETA, CHINCHILLA_E
+from ..model.records import CHINCHILLA_A, CHINCHILLA_ALPHA, CHINCHILLA_B, CHINCHILLA_BETA, CHINCHILLA_E
 
 
 @dataclass(frozen=True)

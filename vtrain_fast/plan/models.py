@@ -24,7 +24,7 @@ from ..io.inputs import read_toml
 from ..model.arch import ARCH_FLAGS, BY_NAME as ARCH_BY_NAME
 from ..model.moe import KERNEL_NAMES, kernel_values
 from ..model.moe import BY_NAME as SHAPE_BY_NAME, MLA_FIELDS, SHAPE_FIELDS, is_moe, parse_layer_pattern, unpriced_reason
-from ..model.params import MODEL_FIELDS, MODEL_SIZES
+from ..model.records import MODEL_SIZES
 from ..model.settings import with_registry_fields
 
 DEFAULT_VOCAB_SIZE = 50257
@@ -83,7 +83,7 @@ class ModelShape:
         )
 
     def as_row(self) -> tuple[int, ...]:
-        """Integers in the kernels' model order (:data:`~vtrain_fast.model.params.MODEL_FIELDS`:
+        """Integers in the kernels' model order (:data:`~vtrain_fast.model.records.MODEL_FIELDS`:
         the sizes num_layers, hidden_size, num_attention_heads, num_query_groups, ffn_hidden_size,
         vocab_size, seq_length, then each architecture flag's code, ``ArchFlag.encode``, then the
         MoE columns, :func:`~vtrain_fast.model.moe.kernel_values`)."""

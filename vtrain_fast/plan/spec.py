@@ -78,7 +78,7 @@ from .models import check_priced, arch_flag_value, DEFAULT_VOCAB_SIZE, MODEL_INT
 from ..model.settings import (BY_NAME, CHOICES, LAYOUT_SIZES, SAME_PLAN, SETTINGS, SWITCHES, canonical_values,
                               unmet_requirements)
 
-RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.params.RECOMPUTE_*
+RECOMPUTE_VALUES = ("none", "full", "selective")   # codes 0, 1, 2 of model.records.RECOMPUTE_*
 # Boolean training settings ([training] keys, evaluate CSV columns, GPUPreset fields) and what true means.
 # The training switches a spec takes under [training] (key -> what true does): the registry's
 # bool settings (vtrain_fast.model.settings), in the order of the machine axis.

@@ -180,8 +180,7 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
     from ..engine.chunks import RowBuffers
     from ..hardware.gpus import PRESETS
     from ..analysis.query import check_memory_margin
-    from ..model.params import O_ITER, O_MEM, OK
-    from ..model.sweep import I_GBS, I_MBS, I_MODEL, I_NUM_GPUS, I_PP, I_RECOMPUTE, I_TP, sweep_chunk
+    from ..model.records import OK
     from ..plan.grid import build_grid
     from ..plan.models import MODEL_PRESETS
     from ..plan.spec import RECOMPUTE_VALUES, parse_spec
@@ -232,21 +231,19 @@ def job_curves(kinds, gpu: str, num_gpus: int, settings: dict | None = None, cal
     b = RowBuffers(min(CHUNK_POINTS, grid.num_points))
     for start in range(0, grid.num_points, b.capacity):
         n = min(b.capacity, grid.num_points - start)
-        sweep_chunk(start, n, *grid.kernel_args(), b.inputs, b.tokens, b.out, b.status)
+        b.evaluate(grid, start, n)
         ok = np.flatnonzero(b.status[:n] == OK)
         if memory_margin:
             cap = spec.gpus[0].hbm_GiB
-            ok = ok[cap - b.out[O_MEM, ok] >= memory_margin * cap]
-        inp = b.inputs[:, ok]
-        gb = np.array([gbs_pos[int(v)] for v in inp[I_GBS]], dtype=np.int64) if ok.size else np.zeros(0, np.int64)
-        kind = kind_of[inp[I_MODEL], gb]
-        keep = kind >= 0
-        ok, inp, kind = ok[keep], inp[:, keep], kind[keep]
+            ok = ok[cap - b.output("memory_per_gpu_GiB", ok) >= memory_margin * cap]
+        gb = np.array([gbs_pos[int(v)] for v in b.input("global_batch_size", ok)], dtype=np.int64)
+        kind = kind_of[b.input("model_index", ok), gb] if ok.size else np.zeros(0, np.int64)
+        ok, kind = ok[kind >= 0], kind[kind >= 0]
         feasible += ok.size
-        fam = ((tp_pos[inp[I_TP]] * len(pps) + pp_pos[inp[I_PP]]) * len(MICRO_BATCH_VALUES)
-               + mbs_pos[inp[I_MBS]]) * len(RECOMPUTE_VALUES) + inp[I_RECOMPUTE]
-        key = (kind * len(fams) + fam) * (n_nodes + 1) + inp[I_NUM_GPUS] // gpn
-        t = b.out[O_ITER, ok]
+        fam = ((tp_pos[b.input("tp", ok)] * len(pps) + pp_pos[b.input("pp", ok)]) * len(MICRO_BATCH_VALUES)
+               + mbs_pos[b.input("micro_batch_size", ok)]) * len(RECOMPUTE_VALUES) + b.input("recompute", ok)
+        key = (kind * len(fams) + fam) * (n_nodes + 1) + b.input("num_gpus", ok) // gpn
+        t = b.output("iteration_time_s", ok)
         np.minimum.at(flat_t, key, t)
         hit = t == flat_t[key]
         flat_i[key[hit]] = start + ok[hit]
