@@ -161,6 +161,17 @@ def elem_bytes(hw) -> float:
     return 4.0 if _fp32(hw) else BYTES_FP16
 
 
+def grad_elem_bytes(hw) -> float:
+    """Bytes of a gradient element as kept and reduced: 4 under fp32 / tf32 and, Megatron-LM's
+    default under --bf16 (accumulate_allreduce_grads_in_fp32), under bf16 and fp8 unless
+    grad_reduce_in_bf16; 2 under fp16 and with grad_reduce_in_bf16."""
+    if _fp32(hw):
+        return 4.0
+    if _precision(hw) == "fp16" or hw_get(hw, "grad_reduce_in_bf16"):
+        return BYTES_FP16
+    return 4.0
+
+
 def act_scale(hw) -> float:
     """What the 2-byte memory-bound traffic is multiplied by: 2 under fp32 / tf32."""
     return elem_bytes(hw) / BYTES_FP16
@@ -1397,19 +1408,33 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             params -= v * h / t                    # one stage: the head is the word embedding
         return params
 
-    def dp_group_exchange(nbytes):
-        return (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(nbytes, shard, t, hw)
+    gb = grad_elem_bytes(hw)       # gradients kept and reduced in gb bytes, weights gathered in eb
 
-    # the largest stage's exchange (one stage holds everything at p = 1)
-    stage_exchange = max(dp_group_exchange(eb * stage_params(i)) for i in range(p_stages))
+    def all_gather(n_params, nbytes=None, ranks=None, stride=None):
+        """One all-gather (or one reduce-scatter: the same ring) of n_params elements."""
+        return group_reduce_scatter_allgather_s((eb if nbytes is None else nbytes) * n_params,
+                                                shard if ranks is None else ranks,
+                                                t if stride is None else stride, hw) / 2.0
+
+    # the largest stage's exchange (one stage holds everything at p = 1): an all-reduce of the
+    # gradients, or (ZeRO) a reduce-scatter of the gradients and an all-gather of the weights
+    biggest = max(stage_params(i) for i in range(p_stages))
+    if zero >= 1:
+        stage_gather = all_gather(biggest)
+        stage_exchange = all_gather(biggest, gb) + stage_gather
+    else:
+        stage_gather = 0.0
+        stage_exchange = group_allreduce_s(gb * biggest, shard, t, hw)
     expert_params = [moe_layers[i] * moe_expert_params if moe_on else 0.0 for i in range(p_stages)]
     if moe_on and edg > 1:
         # the experts' gradients: over the expert-data-parallel ranks (etp ep apart), after the dense ones
-        stage_exchange += (group_reduce_scatter_allgather_s if zero >= 1 else group_allreduce_s)(
-            eb * max(expert_params), edg, etp_size * ep_size, hw)
-
-    def all_gather(n_params):
-        return group_reduce_scatter_allgather_s(eb * n_params, shard, t, hw) / 2.0
+        most = max(expert_params)
+        if zero >= 1:
+            e_gather = all_gather(most, eb, edg, etp_size * ep_size)
+            stage_exchange += all_gather(most, gb, edg, etp_size * ep_size) + e_gather
+            stage_gather += e_gather
+        else:
+            stage_exchange += group_allreduce_s(gb * most, edg, etp_size * ep_size, hw)
 
     # --- every stage: time per micro-batch, parameters, activations
     stages = []
@@ -1431,14 +1456,14 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # hides nothing, the head hides behind its own compute
         dp = 0.0
         if zero >= 3:
-            gather = all_gather(layer_on_rank)
+            gather, scatter = all_gather(layer_on_rank), all_gather(layer_on_rank, gb)
             # (first gathers of forward and backward, last reduce-scatter: three exchanges wait)
-            dp = 3.0 * gather + n * (max(0.0, gather - fwd)
-                                              + max(0.0, 2.0 * gather - (bwd + rc * fwd + core_again)))
+            dp = 2.0 * gather + scatter + n * (max(0.0, gather - fwd)
+                                               + max(0.0, gather + scatter - (bwd + rc * fwd + core_again)))
             if first:
-                dp += 3.0 * all_gather(embedding_params)
+                dp += 2.0 * all_gather(embedding_params) + all_gather(embedding_params, gb)
             if last:
-                dp += max(0.0, 3.0 * all_gather(head_params) - head_compute)
+                dp += max(0.0, 2.0 * all_gather(head_params) + all_gather(head_params, gb) - head_compute)
         off = 0.0
         if zero >= 3 and param_offload(hw, shard):
             # FSDP2 CPU offload: the fp32 shard (4 bytes) up before each gather (forward, backward),
@@ -1446,18 +1471,20 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             # exposure beyond what the exchanges alone expose
             link = hw_get(hw, "host_link_Bps")
             up = 4.0 * layer_on_rank / shard / link
-            gather = all_gather(layer_on_rank)
+            gather, scatter = all_gather(layer_on_rank), all_gather(layer_on_rank, gb)
             back = bwd + rc * fwd + core_again
-            with_copies = 3.0 * (gather + up) + n * (max(0.0, gather + up - fwd) + max(0.0, 2.0 * (gather + up) - back))
-            off = with_copies - (3.0 * gather + n * (max(0.0, gather - fwd) + max(0.0, 2.0 * gather - back)))
+            with_copies = (2.0 * gather + scatter + 3.0 * up
+                           + n * (max(0.0, gather + up - fwd) + max(0.0, gather + scatter + 2.0 * up - back)))
+            off = with_copies - (2.0 * gather + scatter + n * (max(0.0, gather - fwd) + max(0.0, gather + scatter - back)))
             if first:
                 off += 3.0 * 4.0 * embedding_params / shard / link
             if last:
                 head_gather, head_up = all_gather(head_params), 4.0 * head_params / shard / link
-                off += (max(0.0, 3.0 * (head_gather + head_up) - head_compute)
-                        - max(0.0, 3.0 * head_gather - head_compute))
+                head_scatter = all_gather(head_params, gb)
+                off += (max(0.0, 2.0 * head_gather + head_scatter + 3.0 * head_up - head_compute)
+                        - max(0.0, 2.0 * head_gather + head_scatter - head_compute))
         if 2 <= zero < 3:
-            reduce_scatter = stage_exchange / 2.0
+            reduce_scatter = stage_exchange - stage_gather
             dp = reduce_scatter - hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
         seq_par = hw_get(hw, "sequence_parallel") != 0.0
         flash = _flash_on(hw)
@@ -1489,10 +1516,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             act += ce * in_flight * sbh_rank       # embedding output per in-flight micro-batch
         if last:
             act += ce * 2.0 * sbh_rank + (eb + 4.0) * s * b * v / t  # final LN in/out + logits + fp32 softmax
-        # fp16 weight 2, fp16 gradient 2, fp32 master + Adam m, v 12 bytes per parameter, over d
-        # ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered (weight + gradient)
+        # fp16 weight 2, gradient 2 (4: fp32 main gradients), fp32 master + Adam m, v 12 bytes per
+        # parameter, over d ranks from stage 3, 2 and 1 on; ZeRO-3 also holds two layers gathered
+        # (weight + gradient)
         weight = eb / (shard if zero >= 3 else 1.0)
-        grad = eb / (shard if zero >= 2 else 1.0)
+        grad = gb / (shard if zero >= 2 else 1.0)
         adam = adam_state_bytes(hw) / (shard if zero >= 1 else 1.0)
         states = params * (weight + grad + adam)
         offloaded = zero >= 3 and param_offload(hw, shard)     # the states live in host memory
@@ -1501,10 +1529,10 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         if moe_on and not offloaded:
             # the local experts' states, sharded (ZeRO) over the expert-data-parallel ranks
             eshard = edg
-            states += expert_params[i] * (eb / (eshard if zero >= 3 else 1.0) + eb / (eshard if zero >= 2 else 1.0)
+            states += expert_params[i] * (eb / (eshard if zero >= 3 else 1.0) + gb / (eshard if zero >= 2 else 1.0)
                                           + adam_state_bytes(hw) / (eshard if zero >= 1 else 1.0))
         if zero >= 3 and shard > 1:
-            states += 2.0 * layer_on_rank * 2.0 * eb
+            states += 2.0 * layer_on_rank * (eb + gb)
         if _fp8(hw):
             # TE's cached FP8 weight and FP8 transpose: 2 bytes per linear weight of the stage's layers;
             # cast once per iteration (read 2, write 1 + 1; one kernel per linear), spread over m.
@@ -1519,10 +1547,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
             states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw, arch)
             compute += (n - n16) * (2.0 * cast if regather else cast / m)
-        # from the second micro-batch on, autograd adds each weight gradient into .grad (into
-        # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
-        # per parameter of the stage (averaged per micro-batch)
-        compute += ((m - 1.0) / m * 3.0 * eb * (params + expert_params[i])
+        # from the second micro-batch on, each weight gradient (eb bytes; with sharded gradients
+        # the reduced gb-byte shard) is added into the accumulated gb-byte gradient (into this
+        # rank's 1/d shard when the gradients are sharded): read both, write the sum, per parameter
+        # of the stage (averaged per micro-batch)
+        compute += ((m - 1.0) / m * ((gb if zero >= 2 else eb) + 2.0 * gb) * (params + expert_params[i])
                     / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency")) / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
         epx = nm * moe_ep
@@ -1561,7 +1590,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         dp_comm_s = per_micro_batch_dp             # every exchange happened per layer
     elif zero >= 2:
         # the reduce-scatters ran per micro-batch; the parameter all-gather follows the step
-        all_gather_half = dp_comm_s / 2.0
+        all_gather_half = stage_gather
         if hw_get(hw, "overlap_grad_reduce") != 0.0:
             all_gather_half -= hw_get(hw, "overlap_param_gather") * min(all_gather_half, fewest * fwd)
         dp_comm_s = per_micro_batch_dp + all_gather_half
@@ -1569,7 +1598,8 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # distributed optimizer: the reduce-scatter half under the backward, the parameter
         # all-gather half after the step, or under the next first forward with
         # overlap_param_gather (which Megatron-LM allows only with overlap_grad_reduce)
-        reduce_scatter = all_gather = dp_comm_s / 2.0
+        all_gather = stage_gather
+        reduce_scatter = dp_comm_s - stage_gather
         reduce_scatter -= hw_get(hw, "overlap_grad_reduce") * min(reduce_scatter, backward_window)
         if hw_get(hw, "overlap_grad_reduce") != 0.0:
             all_gather -= hw_get(hw, "overlap_param_gather") * min(all_gather, fewest * fwd)
@@ -1579,11 +1609,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
     if tied and p_stages > 1:
         # the first and the last stage each hold the shared word embedding and all-reduce its
         # gradient after the backward (2 ranks, (p - 1) pipeline strides apart), exposed
-        dp_comm_s += group_allreduce_s(eb * v * h / t, 2, (p - 1) * t * cp * d, hw)
+        dp_comm_s += group_allreduce_s(gb * v * h / t, 2, (p - 1) * t * cp * d, hw)
     if shard < dg:
         # hybrid sharding: the dg / shard replicas of each shard group all-reduce its gradient shard
         # (the largest stage's), under the last backward with overlapped reduction (FSDP always)
-        replica = group_allreduce_s(eb * max(st["params"] for st in stages) / shard, dg / shard,
+        replica = group_allreduce_s(gb * max(st["params"] for st in stages) / shard, dg / shard,
                                     t * shard, hw)
         hides = zero >= 3 or hw_get(hw, "overlap_grad_reduce") != 0.0
         dp_comm_s += replica - (1.0 if hides else 0.0) * min(replica, backward_window)

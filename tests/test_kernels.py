@@ -771,17 +771,21 @@ def test_memory_grows_with_micro_batch():
     assert pp1.sum() > 20 and (mem1[pp1] > mem0[pp1]).all()
 
 
-def test_gradient_accumulation_adds_six_bytes_per_parameter_per_extra_micro_batch():
-    """From the second micro-batch on, autograd adds each weight gradient into ``.grad`` (read
-    both fp16 values, write one): ``(m - 1) * 6 * params / (HBM x hbm_efficiency)`` per step."""
+@pytest.mark.parametrize("bf16_grads, state_bytes, acc_bytes", [(True, 16.0, 6.0), (False, 18.0, 10.0)])
+def test_gradient_accumulation_adds_its_bytes_per_parameter_per_extra_micro_batch(bf16_grads, state_bytes, acc_bytes):
+    """From the second micro-batch on, each weight gradient is added into the accumulated one (read
+    both, write the sum): ``(m - 1) * bytes * params / (HBM x hbm_efficiency)`` per step, 2 + 2 + 2
+    bytes with bf16 gradients (16 bytes of states per parameter), 2 + 4 + 4 with Megatron-LM's fp32
+    main gradients (18 bytes of states)."""
     import polars as pl
     from vtrain_fast.analysis.evaluate import evaluate_frame
     plan = dict(num_layers=12, hidden_size=2048, num_attention_heads=16, seq_length=1024, micro_batch_size=2,
-                tp=2, pp=1, dp=2, gpu="a100-sxm4-80gb")
+                tp=2, pp=1, dp=2, gpu="a100-sxm4-80gb", grad_reduce_in_bf16=bf16_grads)
     rows = evaluate_frame(pl.DataFrame([dict(plan, global_batch_size=B) for B in (4, 8, 16)]))
     c1, c2, c4 = rows["compute_s"].to_list()                         # m = 1, 2, 4
     hw = machine_vector(PRESETS["a100-sxm4-80gb"])
-    params = rows["model_states_GiB"][0] * GiB / 16.0                # 16 bytes per parameter
-    acc = 6.0 * params / (hw[HW_FIELDS.index("hbm_Bps")] * hw[HW_FIELDS.index("hbm_efficiency")])
+    params = rows["model_states_GiB"][0] * GiB / state_bytes
+    assert math.isclose(params, rows["num_parameters"][0] / 2, rel_tol=0.02)     # tp = 2: about half on a rank
+    acc = acc_bytes * params / (hw[HW_FIELDS.index("hbm_Bps")] * hw[HW_FIELDS.index("hbm_efficiency")])
     assert math.isclose(c2 - 2.0 * c1, acc, rel_tol=1e-9)
     assert math.isclose(c4 - 4.0 * c1, 3.0 * acc, rel_tol=1e-9)

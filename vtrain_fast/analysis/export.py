@@ -61,6 +61,7 @@ BRIDGE_KEYS = {
     "--optimizer-offload-fraction": "optimizer.optimizer_offload_fraction",
     "--overlap-cpu-optimizer-d2h-h2d": "optimizer.overlap_cpu_optimizer_d2h_h2d",
     "--use-megatron-fsdp": "ddp.use_megatron_fsdp",
+    "--megatron-fsdp-main-grads-dtype": "ddp.megatron_fsdp_main_grads_dtype",
     "--data-parallel-sharding-strategy": "ddp.data_parallel_sharding_strategy",
     "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
     "--tp-comm-overlap": "comm_overlap.tp_comm_overlap",
@@ -452,6 +453,11 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     else:
         notes.append("precision tf32: fp32 weights with TF32 GEMMs; Megatron-LM has no flag for it: run in NVIDIA's "
                      "PyTorch containers (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) or export that variable")
+    # gradients: Megatron-LM keeps fp32 main gradients under --bf16 unless --grad-reduce-in-bf16
+    # (accumulate_allreduce_grads_in_fp32); fp16 keeps fp16 gradients, fp32 / tf32 fp32 ones
+    bf16_grads = prec in ("bf16", "fp8") and bool(g("grad_reduce_in_bf16"))
+    if bf16_grads:
+        a_ += [SETTINGS["grad_reduce_in_bf16"].megatron]
     if prec == "fp8":
         a_ += [SETTINGS["precision"].megatron, "hybrid", SETTINGS["fp8_recipe"].megatron, str(g("fp8_recipe"))]
         start, end = int(g("num_layers_at_start_in_bf16")), int(g("num_layers_at_end_in_bf16"))
@@ -476,6 +482,10 @@ def megatron_args(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     zero = int(g("zero_stage"))
     if zero >= 2:
         a_ += ["--use-megatron-fsdp", SETTINGS["zero_stage"].megatron, ("optim_grads", "optim_grads_params")[zero - 2]]
+        if prec in ("bf16", "fp8") and not bf16_grads:
+            # Megatron-FSDP ignores accumulate_allreduce_grads_in_fp32: its main gradients follow the
+            # parameters (bf16) unless told (megatron/core/distributed/fsdp/mcore_fsdp_adapter.py)
+            a_ += ["--megatron-fsdp-main-grads-dtype", "fp32"]
     elif zero == 1 or bool(g("distributed_optimizer")):
         a_ += [SETTINGS["distributed_optimizer"].megatron]
     shard = int(g("dp_shard"))
@@ -560,6 +570,8 @@ def bridge_overrides(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
             out.append("model.overlap_p2p_comm=false")
         elif flag == "--num-layers-per-virtual-pipeline-stage":
             out.append(f"model.virtual_pipeline_model_parallel_size={int(_get(row, 'vpp'))}")
+        elif flag == "--grad-reduce-in-bf16":
+            out.append("ddp.grad_reduce_in_fp32=false")
         elif flag == "--use-distributed-optimizer":
             out += ["ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true"]
         else:
@@ -577,6 +589,11 @@ def bridge_overrides(row: dict, gpus_per_node: int, extra_notes=()) -> Export:
     notes = [f"vtrain-fast export: the plan as Megatron-Bridge / NeMo 2 ConfigContainer overrides (NVIDIA-NeMo/"
              f"Megatron-Bridge {MEGATRON_BRIDGE_COMMIT[:8]}); start from your model's recipe and add these"]
     notes += [n for n in m.notes if not n.startswith("vtrain-fast export")]
+    if ("--grad-reduce-in-bf16", None) in flags:
+        notes.append("grad_reduce_in_bf16: Megatron-Bridge's mixed_precision recipe carries its own "
+                     "grad_reduce_in_fp32 (bf16_mixed and the FP8 recipes: true) and copies it onto ddp when the "
+                     "config is finalized (training/config.py, training/mixed_precision.py): build the recipe "
+                     "object with grad_reduce_in_fp32=False, or ddp.grad_reduce_in_fp32=false is overwritten")
     if ("--swiglu", None) in flags:
         notes.append("SwiGLU: model.gated_linear_unit=true needs model.activation_func = silu, which an override "
                      "cannot set: start from a SwiGLU recipe (Llama, Qwen, Mixtral, DeepSeek)")
@@ -758,6 +775,10 @@ def _torchtitan_check(row: dict) -> None:
         _titan_refuse(row, "precision", g("precision"), "bf16 or fp8 (torchtitan trains in bf16 mixed precision, "
                       "training.mixed_precision_param; its fp16 has no loss scaler and its fp32 / tf32 runs are not "
                       "mapped yet)", "export it with --to megatron, or sweep precision = \"bf16\"")
+    if bool(g("grad_reduce_in_bf16")):
+        _titan_refuse(row, "grad_reduce_in_bf16", True, "false (torchtitan reduces the gradients in float32: "
+                      "training.mixed_precision_reduce accepts only \"float32\", torchtitan/config/configs.py)",
+                      "export it with --to megatron or --to bridge, or sweep grad_reduce_in_bf16 = false")
     if int(g("num_experts")):
         _titan_refuse(row, "num_experts", int(g("num_experts")), "0, a dense model (torchtitan's MoE models, "
                       "qwen3, deepseek_v3, gpt_oss, are not mapped yet)", "export it with --to megatron or --to bridge")
@@ -1040,9 +1061,9 @@ def torchtitan_config(row: dict, gpus_per_node: int, extra_notes=(), module: str
         if not bool(g("overlap_grad_reduce")):
             notes.append("overlap_grad_reduce = false: FSDP2 reduces each block's gradients during backward, "
                          "overlapped; priced exposed, so this run may be faster than priced")
-    if dp * cp > 1:
-        notes.append("torchtitan reduces gradients in float32 (training.mixed_precision_reduce, its only choice): "
-                     "twice the gradient bytes the plan was priced with (bf16)")
+    if zero == 3 and dp * cp > 1:
+        notes.append("FSDP2 keeps the fp32 shard as the master weight: 16 bytes per parameter over the shard "
+                     "group, 2 fewer than priced (a bf16 weight + an fp32 gradient + fp32 master and Adam states)")
     if tp > 1 and not bool(g("sequence_parallel")):
         notes.append("async_tensor_model_parallel_allreduce: no torchtitan setting; " + (
             "priced overlapped" if bool(g("async_tensor_model_parallel_allreduce")) else

@@ -27,8 +27,12 @@ from .overlap import cp_exchange_s, mlp_tp_hidden_s, tp_hidden_s
 from .records import MACHINE, MicroCosts, PRECISION_BF16, SplitCosts
 
 
-# Gradient accumulation: read the accumulated and the new fp16 gradient, write the sum.
-GRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
+# Gradient accumulation (per parameter, per micro-batch from the second on): read the new gradient
+# and the accumulated one, write the sum: 2 + 2 + 2 bytes with 16-bit gradients; with fp32 main
+# gradients the new bf16 weight gradient is added into the fp32 buffer, 2 + 4 + 4 (Megatron-core's
+# gradient_accumulation_fusion, wgrad_gemm_accum_fp32, megatron/core/tensor_parallel/layers.py;
+# the backward hook's main_grad.add_(param.grad) without it); sharded gradients (ZeRO-2/3) add
+# the reduced shard, in the gradient's own dtype (split_costs).
 
 
 @jit
@@ -202,28 +206,31 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
 
     Returns
     -------
-    tuple of float
-        ``NUM_SPLIT`` values laid out as :data:`SPLIT_NAMES`: parameters per GPU on the first
+    SplitCosts
+        :class:`~vtrain_fast.model.records.SplitCosts`, among them: parameters per GPU on the first
         and the last stage (the first carries the word and the learned position embeddings, the
         last the LM head and final norm, its own copy of the word embedding when they are tied;
-        one stage carries all, the shared table once when tied), the data-parallel gradient
-        all-reduce seconds (reduce-scatter + all-gather with a sharded optimizer; the slower
-        of the two stages), the Adam seconds of the larger
-        stage, 1.0 when the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride`
-        apart) leaves its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one
-        gradient accumulation
-        (6 bytes per parameter at ``hbm_Bps * hbm_efficiency``, over ``d`` with sharded gradients,
-        ZeRO-2/3) of a stage's layers, of the embeddings and of the head; with ZeRO-3
-        (:func:`~vtrain_fast.model.memory.sharding_stage`) the seconds of one all-gather of a
-        layer's, the embeddings' and the head's fp16 parameters over the data-parallel group and
+        one stage carries all, the shared table once when tied), ``dp_comm_s`` the data-parallel
+        gradient all-reduce seconds (a reduce-scatter plus an all-gather with a sharded optimizer,
+        ``dp_gather_s`` the all-gather's part; the slower stage's), gradients of
+        :func:`~vtrain_fast.model.ops.grad_bytes` (4 with fp32 main gradients) and weights of
+        :func:`~vtrain_fast.model.ops.element_bytes`; the Adam seconds of the larger stage, 1.0 when
+        the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride` apart) leaves
+        its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one
+        gradient accumulation (the new and the accumulated gradient read, the sum written: 6
+        bytes per parameter with 16-bit gradients, 10 with fp32 main gradients, at ``hbm_Bps *
+        hbm_efficiency``, over ``d`` with sharded gradients, ZeRO-2/3) of a stage's layers, of the
+        embeddings and of the head; with ZeRO-3 (:func:`~vtrain_fast.model.memory.sharding_stage`)
+        the seconds of one all-gather of a layer's, the embeddings' and the head's 16-bit
+        parameters and of one reduce-scatter of their gradients over the data-parallel group and
         the bytes held gathered (:func:`~vtrain_fast.model.memory.zero3_gathered_bytes`), else 0.
-        With ZeRO 1-3 the exchange is a reduce-scatter plus an all-gather. Last, the seconds of
-        the all-reduce of the tied word embedding's gradient between the first and the last
-        stage (Megatron-LM's embedding group, ``2 v h / t`` bytes, after the backward; 0 at
-        ``pp = 1`` or when untied).
+        Also the seconds of the all-reduce of the tied word embedding's gradient between the
+        first and the last stage (Megatron-LM's embedding group, ``v h / t`` gradients, after the
+        backward; 0 at ``pp = 1`` or when untied).
     """
     t, p = float(lay.tp), float(lay.pp)
-    eb = ops.element_bytes(hw)             # bytes of a weight or gradient element moved: 2, 4 under fp32 / tf32
+    eb = ops.element_bytes(hw)             # bytes of a weight element moved: 2, 4 under fp32 / tf32
+    gb = ops.grad_bytes(hw)                # bytes of a gradient element kept and reduced: 4 with fp32 main gradients
     d_all = float(dp_cp_size(lay))         # gradients are reduced (and sharded) over dp x cp ranks
     dp_apart = float(dp_cp_stride(lay))    # ranks between their neighbours (tp)
     zero = memory.sharding_stage(hw)
@@ -263,31 +270,39 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         p_last = p_first
     elif untied == 0.0:
         # Megatron-LM keeps the tied table on both ends and all-reduces its gradient between them
-        emb_sync_s = comm.group_allreduce_s(eb * v * h / t, 2.0, (p - 1.0) * float(pp_stride(lay)), hw)
+        emb_sync_s = comm.group_allreduce_s(gb * v * h / t, 2.0, (p - 1.0) * float(pp_stride(lay)), hw)
+    dp_gather_s = 0.0
     if zero >= 1.0:
-        # ZeRO: gradient reduce-scatter + parameter all-gather (per iteration at stage 1, the
-        # reduce-scatter per micro-batch at stage 2, per layer at stage 3: see schedule)
-        dp_comm_s = max(comm.group_reduce_scatter_allgather_s(eb * p_first, d, dp_apart, hw),
-                        comm.group_reduce_scatter_allgather_s(eb * p_last, d, dp_apart, hw))
+        # ZeRO: gradient reduce-scatter (of gb-byte gradients) + parameter all-gather (of eb-byte
+        # weights; per iteration at stage 1, the reduce-scatter per micro-batch at stage 2, per layer
+        # at stage 3: see schedule); the larger stage's
+        dp_gather_s = max(comm.group_allgather_s(eb * p_first, d, dp_apart, hw),
+                          comm.group_allgather_s(eb * p_last, d, dp_apart, hw))
+        dp_comm_s = max(comm.group_allgather_s(gb * p_first, d, dp_apart, hw),
+                        comm.group_allgather_s(gb * p_last, d, dp_apart, hw))
         if p_mid > p_first and p_mid > p_last:      # uneven stages: a middle stage may hold more
-            dp_comm_s = max(dp_comm_s, comm.group_reduce_scatter_allgather_s(eb * p_mid, d, dp_apart, hw))
+            dp_gather_s = max(dp_gather_s, comm.group_allgather_s(eb * p_mid, d, dp_apart, hw))
+            dp_comm_s = max(dp_comm_s, comm.group_allgather_s(gb * p_mid, d, dp_apart, hw))
+        dp_comm_s += dp_gather_s
     else:
-        dp_comm_s = max(comm.group_allreduce_s(eb * p_first, d, dp_apart, hw),
-                        comm.group_allreduce_s(eb * p_last, d, dp_apart, hw))
+        dp_comm_s = max(comm.group_allreduce_s(gb * p_first, d, dp_apart, hw),
+                        comm.group_allreduce_s(gb * p_last, d, dp_apart, hw))
         if p_mid > p_first and p_mid > p_last:
-            dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(eb * p_mid, d, dp_apart, hw))
+            dp_comm_s = max(dp_comm_s, comm.group_allreduce_s(gb * p_mid, d, dp_apart, hw))
     if moe and edz > 1.0:
         # the experts' gradients: reduced (reduce-scatter + all-gather with ZeRO) over their own
         # expert-data-parallel group, after the dense ones
         e_max = max(e_first, e_mid, e_last)
         if zero >= 1.0:
-            dp_comm_s += comm.group_reduce_scatter_allgather_s(eb * e_max, edz, etp * ep, hw)
+            e_gather = comm.group_allgather_s(eb * e_max, edz, etp * ep, hw)
+            dp_comm_s += comm.group_allgather_s(gb * e_max, edz, etp * ep, hw) + e_gather
+            dp_gather_s += e_gather
         else:
-            dp_comm_s += comm.group_allreduce_s(eb * e_max, edz, etp * ep, hw)
+            dp_comm_s += comm.group_allreduce_s(gb * e_max, edz, etp * ep, hw)
     # hybrid sharding: the replicas of a shard group all-reduce their 1/d gradient shards
     replica_s = 0.0
     if d < d_all:
-        replica_s = comm.group_allreduce_s(eb * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
+        replica_s = comm.group_allreduce_s(gb * max(p_first, p_last, p_mid) / d, d_all / d, dp_apart * d, hw)
     # a sharded optimizer updates only its 1/d of the parameters
     optimizer_time_s = ops.optimizer_step_s(max(p_first, p_last, p_mid) / memory.optimizer_shards(d, zero), hw, d)
     if moe:     # + the expert parameters' shard (over the expert-data-parallel ranks)
@@ -296,15 +311,22 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[MACHINE.gpus_per_node]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
-    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM * ops.activation_scale(hw) / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
+    # gradient accumulation (the note at the top of this module): the new gradient, then the accumulated one read and written
+    new_grad = gb if zero >= 2.0 else eb
+    per_param = (new_grad + 2.0 * gb) / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
     if zero >= 2.0:
         per_param = per_param / d
     ag_layer = ag_emb = ag_head = 0.0
+    rs_layer = rs_emb = rs_head = 0.0
     if zero >= 3.0:
         # ZeRO-3 / FSDP: one all-gather of a layer's (embedding's, head's) fp16 parameters
         ag_layer = comm.group_allgather_s(eb * p_layer, d, dp_apart, hw)
         ag_emb = comm.group_allgather_s(eb * p_emb, d, dp_apart, hw)
         ag_head = comm.group_allgather_s(eb * p_head, d, dp_apart, hw)
+        # and one reduce-scatter of its gradients, in their own dtype
+        rs_layer = comm.group_allgather_s(gb * p_layer, d, dp_apart, hw)
+        rs_emb = comm.group_allgather_s(gb * p_emb, d, dp_apart, hw)
+        rs_head = comm.group_allgather_s(gb * p_head, d, dp_apart, hw)
     # one stage with a tied head: the shared table is accumulated once (with the embedding's)
     acc_head = p_head - (1.0 - untied) * v * h / t if p == 1.0 else p_head
     n16_first, n16_second, n16_last, n16_mid_sum, n16_mid_max, n16_mid_min = bf16_layer_counts(L, p, hw)
@@ -318,11 +340,13 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         if moe:
             off_moe = moe_layers_of(0.0, k_off, arch.moe_layer_step, arch.moe_first_dense_layers)
     # parameter offloading (param_cpu_offload): one copy of a layer's (embedding's, head's) fp32 shard
-    return SplitCosts(params_first=p_first, params_last=p_last, dp_comm_s=dp_comm_s, optimizer_s=optimizer_time_s,
+    return SplitCosts(params_first=p_first, params_last=p_last, dp_comm_s=dp_comm_s, dp_gather_s=dp_gather_s,
+                      optimizer_s=optimizer_time_s,
                       crosses_node=crosses, accumulate_layers_s=per_param * (p_mid + e_mid),
                       accumulate_embedding_s=per_param * p_emb, accumulate_head_s=per_param * acc_head,
                       zero3_layer_gather_s=ag_layer, zero3_embedding_gather_s=ag_emb, zero3_head_gather_s=ag_head,
-                      zero3_gathered_bytes=memory.zero3_gathered_bytes(p_layer, d, zero, eb), layers_first=l_first,
+                      zero3_layer_reduce_s=rs_layer, zero3_embedding_reduce_s=rs_emb, zero3_head_reduce_s=rs_head,
+                      zero3_gathered_bytes=memory.zero3_gathered_bytes(p_layer, d, zero, eb, gb), layers_first=l_first,
                       layers_middle=l_mid, layers_last=l_last, params_middle=p_mid,
                       accumulate_first_s=per_param * (p_body + e_first),
                       accumulate_last_s=per_param * (p_body_last + e_last), embedding_sync_s=emb_sync_s,

@@ -2,7 +2,9 @@
 
 Model states: mixed-precision Adam without ZeRO keeps 16 bytes per parameter (fp16 weight 2,
 fp16 gradient 2, fp32 master weight 4, Adam momentum 4 and variance 4; Rajbhandari et al. 2020,
-"ZeRO", Sec. 3.1); ZeRO stages 1-3 divide the Adam states, then the gradients, then the weights
+"ZeRO", Sec. 3.1), 18 with the fp32 main gradients Megatron-LM keeps under bf16 by default (a
+4-byte gradient, :func:`~vtrain_fast.model.ops.grad_bytes`; ``grad_reduce_in_bf16`` gives the 2
+back); ZeRO stages 1-3 divide the Adam states, then the gradients, then the weights
 over the data-parallel ranks (:func:`model_state_bytes`, the paper's Figure 1). Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", Sec. 4 (tensor parallelism without sequence parallelism:
 ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes per layer), generalised here to grouped-query
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from ._jit import jit, jit_inline
 from .ops import (MXFP8_SCALE_BYTES_PER_ELEMENT, adam_moment_bytes, attention_width, context_width, element_bytes,
-                  full_precision, fused_softmax, mla_latent_width, mla_weights, offloaded_fraction)
+                  full_precision, grad_bytes, fused_softmax, mla_latent_width, mla_weights, offloaded_fraction)
 from .arch import DEFAULT_ARCH, LEARNED_POSITIONS, RMSNORM
 from .ops import param_offload_on
 from .records import MACHINE
@@ -28,7 +30,6 @@ from .records import MACHINE
 
 STATE_BYTES_PER_PARAM = 16.0
 WEIGHT_BYTES_PER_PARAM = 2.0             # fp16 / bf16 weight
-GRAD_BYTES_PER_PARAM = 2.0               # fp16 / bf16 gradient
 OPTIMIZER_BYTES_PER_PARAM = 12.0         # fp32 master weight, Adam momentum and variance (ZeRO's K)
 # The precision-aware optimizer's master weight: the bf16 weight plus a 16-bit remainder (int16),
 # Megatron-core's store_param_remainders (megatron/core/optimizer/distrib_optimizer.py), 2 bytes.
@@ -89,8 +90,9 @@ def optimizer_bytes_per_param(hw):
 @jit_inline
 def model_state_bytes(params, d, stage, hw):
     """Model-state bytes of ``params`` parameters on one GPU at ZeRO ``stage`` (0-3) over ``d``
-    data-parallel ranks: fp16 weight (2 bytes, divided by ``d`` at stage 3), fp16 gradient (2,
-    divided at stages 2 and 3) and fp32 master weight, Adam momentum and variance (12, divided
+    data-parallel ranks: fp16 weight (2 bytes, divided by ``d`` at stage 3), gradient
+    (:func:`~vtrain_fast.model.ops.grad_bytes`: 2, or 4 for fp32 main gradients; divided at stages 2
+    and 3) and fp32 master weight, Adam momentum and variance (12, divided
     from stage 1 on). Rajbhandari et al. 2020, "ZeRO", Figure 1 and Sec. 5: ``(2 + 2 + K)``,
     ``2 + 2 + K/N_d``, ``2 + (2 + K)/N_d`` and ``(2 + 2 + K)/N_d`` bytes per parameter with
     ``K = 12`` (7.5B parameters over 64 ranks: 120, 31.4, 16.6 and 1.88 GB); ``K`` from the
@@ -102,8 +104,9 @@ def model_state_bytes(params, d, stage, hw):
 @jit_inline
 def state_bytes_per_param(d, stage, hw):
     """:func:`model_state_bytes` per parameter by part: ``(weight, gradient, optimizer)`` bytes one
-    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (16-bit weight and gradient, 4-byte
-    under fp32 / tf32, :func:`~vtrain_fast.model.ops.element_bytes`; the optimizer's
+    GPU keeps per parameter at ZeRO ``stage`` over ``d`` ranks (16-bit weight, 4-byte under fp32 /
+    tf32, :func:`~vtrain_fast.model.ops.element_bytes`; the gradient's
+    :func:`~vtrain_fast.model.ops.grad_bytes`, 4 for fp32 main gradients; the optimizer's
     :func:`optimizer_bytes_per_param`); all 0.0 with parameter offloading
     (:func:`~vtrain_fast.model.ops.param_offload_on`: they live in host memory)."""
     if param_offload_on(hw, d):
@@ -112,19 +115,20 @@ def state_bytes_per_param(d, stage, hw):
         return 0.0, 0.0, 0.0
     e = element_bytes(hw) * (1.0 / WEIGHT_BYTES_PER_PARAM)
     w = e * WEIGHT_BYTES_PER_PARAM / (d if stage >= 3.0 else 1.0)
-    g = e * GRAD_BYTES_PER_PARAM / (d if stage >= 2.0 else 1.0)
+    g = grad_bytes(hw) / (d if stage >= 2.0 else 1.0)
     return w, g, optimizer_bytes_per_param(hw) / optimizer_shards(d, stage)
 
 
 @jit
-def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0):
+def zero3_gathered_bytes(layer_params_on_rank, d, stage, e=2.0, eg=2.0):
     """Bytes ZeRO-3 / FSDP holds unsharded at a time: :data:`ZERO3_GATHERED_LAYERS` layers of
-    ``layer_params_on_rank`` parameters, weight and gradient of ``e`` bytes each (2: 16-bit; 4
-    under fp32, :func:`~vtrain_fast.model.ops.element_bytes`) (0 below stage 3 or at ``d = 1``,
+    ``layer_params_on_rank`` parameters, a weight of ``e`` bytes (2: 16-bit; 4 under fp32,
+    :func:`~vtrain_fast.model.ops.element_bytes`) and a gradient of ``eg`` bytes each
+    (:func:`~vtrain_fast.model.ops.grad_bytes`) (0 below stage 3 or at ``d = 1``,
     where nothing is sharded; the same with the shards in host memory, ``param_cpu_offload``)."""
     if stage < 3.0 or d <= 1.0:
         return 0.0
-    return ZERO3_GATHERED_LAYERS * layer_params_on_rank * 2.0 * e
+    return ZERO3_GATHERED_LAYERS * layer_params_on_rank * (e + eg)
 
 
 @jit

@@ -272,6 +272,22 @@ def element_bytes(hw):
 
 
 @jit
+def grad_bytes(hw):
+    """Bytes of one gradient element as kept, accumulated and reduced over the data-parallel ranks:
+    4 (:data:`FP32_BYTES_PER_ELEMENT`) under ``precision`` fp32 / tf32, and under bf16 and fp8, where
+    Megatron-LM keeps fp32 main gradients by default (``accumulate_allreduce_grads_in_fp32``, set by
+    ``--bf16`` unless ``--grad-reduce-in-bf16``: megatron/training/arguments.py; the grad buffer's dtype,
+    megatron/core/distributed/param_and_grad_buffer.py), unless ``grad_reduce_in_bf16``; 2
+    (:data:`BYTES_PER_ELEMENT`) under fp16, where Megatron-LM keeps fp16 gradients, and with
+    ``grad_reduce_in_bf16``. The parameter all-gathers move :func:`element_bytes`."""
+    if full_precision(hw):
+        return FP32_BYTES_PER_ELEMENT
+    if hw[MACHINE.precision] == PRECISION_FP16 or hw[MACHINE.grad_reduce_in_bf16] != 0.0:
+        return BYTES_PER_ELEMENT
+    return FP32_BYTES_PER_ELEMENT
+
+
+@jit
 def activation_scale(hw):
     """What the bytes of the memory-bound kernels of the layers, embeddings and head (written here
     for 2-byte elements) are multiplied by: :func:`element_bytes` / 2, so 2.0 under fp32 or tf32.

@@ -200,18 +200,21 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         # backward and the last reduce-scatter wait, 3 exchanges of a layer (Rajbhandari
         # et al. 2020, Sec. 5.3; PyTorch FSDP forward/backward prefetch, Zhao et al. 2023,
         # "PyTorch FSDP", VLDB, Sec. 3.3). The embedding's exchanges have no compute to hide
-        # behind; the head's hide behind the head.
+        # behind; the head's hide behind the head. A reduce-scatter of fp32 gradients takes
+        # longer than a gather of 16-bit weights: ``extra`` (0 when the two move the same bytes).
         ag = split.zero3_layer_gather_s
-        layer_dp = max(0.0, ag - fwd) + max(0.0, 2.0 * ag - (mb.layer_backward_s + rc * fwd + core))
-        first_dp = l_first * layer_dp + 3.0 * ag
-        mid_dp = l_mid * layer_dp + 3.0 * ag
-        last_dp = l_last * layer_dp + 3.0 * ag
-        emb_dp = 3.0 * split.zero3_embedding_gather_s
-        head_dp = max(0.0, 3.0 * split.zero3_head_gather_s - mb.head_s)
+        extra = split.zero3_layer_reduce_s - ag
+        layer_dp = max(0.0, ag - fwd) + max(0.0, 2.0 * ag + extra - (mb.layer_backward_s + rc * fwd + core))
+        first_dp = l_first * layer_dp + 3.0 * ag + extra
+        mid_dp = l_mid * layer_dp + 3.0 * ag + extra
+        last_dp = l_last * layer_dp + 3.0 * ag + extra
+        emb_dp = 3.0 * split.zero3_embedding_gather_s + (split.zero3_embedding_reduce_s - split.zero3_embedding_gather_s)
+        head_dp = max(0.0, 3.0 * split.zero3_head_gather_s + (split.zero3_head_reduce_s - split.zero3_head_gather_s)
+                      - mb.head_s)
     elif zero >= 2.0:
         # ZeRO-2: the gradients are reduce-scattered into their shards after every micro-batch
-        # (the larger stage's, half of the exchange), under that backward with overlap_grad_reduce
-        rs = 0.5 * split.dp_comm_s
+        # (the larger stage's; the exchange less its all-gather), under that backward with overlap_grad_reduce
+        rs = split.dp_comm_s - split.dp_gather_s
         first_dp = rs - hw[MACHINE.overlap_grad_reduce] * min(rs, window)
         mid_dp = first_dp
         last_dp = first_dp
@@ -230,12 +233,15 @@ def stage_costs(L, s, B, b, lay, recompute, hw, mb, split):
         # the last copy back wait in full; the embedding's copies have no compute to hide behind, the
         # head's hide behind the head
         ag = split.zero3_layer_gather_s
+        extra = split.zero3_layer_reduce_s - ag
         back = mb.layer_backward_s + rc * fwd + core
-        layer_off = (max(0.0, ag + c - fwd) + max(0.0, 2.0 * (ag + c) - back)
-                     - max(0.0, ag - fwd) - max(0.0, 2.0 * ag - back))
+        layer_off = (max(0.0, ag + c - fwd) + max(0.0, 2.0 * (ag + c) + extra - back)
+                     - max(0.0, ag - fwd) - max(0.0, 2.0 * ag + extra - back))
         emb_off = 3.0 * split.param_copy_embedding_s
         ag_head, c_head = split.zero3_head_gather_s, split.param_copy_head_s
-        head_off = max(0.0, 3.0 * (ag_head + c_head) - mb.head_s) - max(0.0, 3.0 * ag_head - mb.head_s)
+        extra_head = split.zero3_head_reduce_s - ag_head
+        head_off = (max(0.0, 3.0 * (ag_head + c_head) + extra_head - mb.head_s)
+                    - max(0.0, 3.0 * ag_head + extra_head - mb.head_s))
         first_off = l_first * layer_off + 3.0 * c + emb_off + (head_off if p == 1.0 else 0.0)
         mid_off = l_mid * layer_off + 3.0 * c
         last_off = l_last * layer_off + 3.0 * c + head_off
@@ -494,18 +500,19 @@ def schedule(L, h, s, v, B, b, lay, recompute, num_tokens, hw, mb, split, totals
     if zero >= 3.0:
         dp_comm_s = m * dp_slow             # nothing is left to exchange after the flush
     elif zero >= 1.0:
-        # distributed optimizer: only the gradient reduce-scatter (half the exchange) can run
+        # distributed optimizer: only the gradient reduce-scatter (the exchange less its all-gather) can run
         # under the backward (ZeRO-2: it ran after every micro-batch, above); the parameter
         # all-gather waits for the step and runs after it, or with --overlap-param-gather (which
         # needs --overlap-grad-reduce) bucket by bucket under the first forward of the next
         # iteration (Megatron-LM DistributedOptimizer)
-        half = 0.5 * split.dp_comm_s
+        gather = split.dp_gather_s
+        reduce = split.dp_comm_s - gather
         gather_window = l_min * fwd if hw[MACHINE.overlap_grad_reduce] != 0.0 else 0.0
         if zero >= 2.0:
-            dp_comm_s = m * dp_slow + half - hw[MACHINE.overlap_param_gather] * min(half, gather_window)
+            dp_comm_s = m * dp_slow + gather - hw[MACHINE.overlap_param_gather] * min(gather, gather_window)
         else:
-            dp_comm_s = (half - hw[MACHINE.overlap_grad_reduce] * min(half, window)
-                         + half - hw[MACHINE.overlap_param_gather] * min(half, gather_window))
+            dp_comm_s = (reduce - hw[MACHINE.overlap_grad_reduce] * min(reduce, window)
+                         + gather - hw[MACHINE.overlap_param_gather] * min(gather, gather_window))
     else:
         dp_comm_s = split.dp_comm_s - hw[MACHINE.overlap_grad_reduce] * min(split.dp_comm_s, window)
     dp_comm_s += split.embedding_sync_s          # the tied embedding's gradient (pp > 1), after the backward

@@ -156,7 +156,8 @@ SPLIT_NAMES = ("params_first", "params_last", "dp_comm_s", "optimizer_s", "cross
                "expert_params_first", "expert_params_middle", "expert_params_last", "expert_shard_ranks",
                "moe_layers_first", "moe_layers_second", "moe_layers_last", "moe_layers_middle_sum",
                "moe_layers_middle_max", "offloaded_bf16_layers", "offloaded_moe_layers", "param_copy_layer_s",
-               "param_copy_embedding_s", "param_copy_head_s")
+               "param_copy_embedding_s", "param_copy_head_s",
+               "dp_gather_s", "zero3_layer_reduce_s", "zero3_embedding_reduce_s", "zero3_head_reduce_s")
 
 
 NUM_SPLIT = len(SPLIT_NAMES)

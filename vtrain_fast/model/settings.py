@@ -381,6 +381,18 @@ SETTINGS: tuple[Setting, ...] = (
             "has no such flag (needs zero_stage = 3)",
             NO_MEGATRON_FLAG, inert_at=("dp",), requires=(("zero_stage", 3),),
             framework="PyTorch FSDP2's CPUOffloadPolicy, an option of fully_shard (ZeRO-3),"),
+    Setting("grad_reduce_in_bf16", bool, False, "gradients kept and reduced in bf16",
+            "true keeps the gradients in 16 bits: accumulated in bf16 and reduced over the data-parallel ranks "
+            "in bf16 (Megatron-LM --grad-reduce-in-bf16; DeepSpeed's default). false is Megatron-LM's default "
+            "under --bf16 (accumulate_allreduce_grads_in_fp32, megatron/training/arguments.py): fp32 main "
+            "gradients, a 4-byte buffer per parameter that stays full size on every rank with the distributed "
+            "optimizer (megatron/core/distributed/param_and_grad_buffer.py: the reduce-scatter writes into "
+            "this rank's slice of it), the weight gradients accumulated into it (gradient_accumulation_fusion) "
+            "and reduced in fp32: twice the bytes of the gradient reduce-scatter or all-reduce, while the "
+            "parameter all-gather stays 16-bit; torchtitan reduces in fp32 too (training.mixed_precision_reduce). "
+            "No effect under fp16 (Megatron-LM keeps fp16 gradients there) or fp32 / tf32 (4-byte gradients anyway)",
+            "--grad-reduce-in-bf16",
+            inert_with=(("precision", "fp16"), ("precision", "fp32"), ("precision", "tf32"))),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
