@@ -1551,7 +1551,7 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
         # the reduced gb-byte shard) is added into the accumulated gb-byte gradient (into this
         # rank's 1/d shard when the gradients are sharded): read both, write the sum, per parameter
         # of the stage (averaged per micro-batch)
-        compute += ((m - 1.0) / m * ((gb if zero >= 2 else eb) + 2.0 * gb) * (params + expert_params[i])
+        compute += ((m - 1.0) / m * ((gb if zero >= 2 and shard > 1 else eb) + 2.0 * gb) * (params + expert_params[i])
                     / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency")) / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
         epx = nm * moe_ep

@@ -166,8 +166,8 @@ def test_parameter_offloading_keeps_only_the_gathered_layers_and_steps_on_the_cp
     z3, _, hw = _kernel(zero_stage=3)
     off, _, _ = _kernel(zero_stage=3, param_cpu_offload=True)
     p_layer = 12 * H * H + 13 * H                   # GPT layer: 4 linears' weights + biases + 2 LayerNorms
-    # ZeRO-3's two gathered layers (weight + gradient, 2 bytes each) are all that stays on the GPU
-    assert off["model_states_GiB"] * GiB == pytest.approx(2 * p_layer * 4, rel=1e-12)
+    # ZeRO-3's two gathered layers (a bf16 weight, an fp32 main gradient) are all that stays on the GPU
+    assert off["model_states_GiB"] * GiB == pytest.approx(2 * p_layer * (2 + 4), rel=1e-12)
     assert z3["model_states_GiB"] > off["model_states_GiB"]
     assert off["activations_GiB"] == z3["activations_GiB"]
     # Adam on the CPU over this rank's 1/8 shard of all the parameters, nothing to copy after it
@@ -183,6 +183,9 @@ def test_parameter_offloading_adds_the_shard_copies_beyond_the_prefetch():
     mb = costs.micro_batch_costs(2.0, S, H, A, A, F, V, 1.0, hw)
     split = costs.split_costs(L, H, A, A, F, V, S, Layout(1, 1, 8, 1), hw)
     ag, ag_head = split.zero3_layer_gather_s, split.zero3_head_gather_s
+    # the fp32 gradients' reduce-scatter takes longer than the bf16 weights' gather
+    extra, extra_head = split.zero3_layer_reduce_s - ag, split.zero3_head_reduce_s - ag_head
+    assert extra > 0.0 and extra_head > 0.0
     fwd, back, head = mb.layer_forward_s, mb.layer_backward_s, mb.head_s
     p_layer = 12 * H * H + 13 * H
     c = 4.0 * p_layer / 8 / (link * 1e9)                    # one fp32 shard copy of a layer, each way
@@ -191,9 +194,9 @@ def test_parameter_offloading_adds_the_shard_copies_beyond_the_prefetch():
     # per layer: the forward chain copy + all-gather, the backward's copy + all-gather + reduce-scatter +
     # copy back, beyond the layer's compute, less what the exchanges alone expose; three copies wait
     # in full; the embedding's copies hide behind nothing, the head's behind the head
-    layer = (ag + c - fwd) + (2 * (ag + c) - back) - max(0.0, ag - fwd) - max(0.0, 2 * ag - back)
+    layer = (ag + c - fwd) + (2 * (ag + c) + extra - back) - max(0.0, ag - fwd) - max(0.0, 2 * ag + extra - back)
     per_mb = (L * layer + 3 * c + 3 * c_emb
-              + max(0.0, 3 * (ag_head + c_head) - head) - max(0.0, 3 * ag_head - head))
+              + max(0.0, 3 * (ag_head + c_head) + extra_head - head) - max(0.0, 3 * ag_head + extra_head - head))
     assert off["offload_s"] == pytest.approx(4 * per_mb, rel=1e-12)
     # a fast link hides the layers' copies behind the compute: the ones that always wait are left
     fast, _, _ = _kernel(zero_stage=3, param_cpu_offload=True, host_link_GBps=1e4)

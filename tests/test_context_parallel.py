@@ -124,14 +124,17 @@ def test_gradients_are_reduced_and_sharded_over_dp_times_cp():
         assert s2.dp_comm_s == s1.dp_comm_s > 0.0
         assert s2.optimizer_s == s1.optimizer_s
         p = s2.params_first
-        assert s2.dp_comm_s == (comm.group_reduce_scatter_allgather_s if zero else comm.group_allreduce_s)(
-            2.0 * max(p, s2.params_last), 8.0, 4.0, hw)
+        biggest = max(p, s2.params_last)
+        # fp32 main gradients (bf16): a 4-byte all-reduce, or a 4-byte reduce-scatter + a 2-byte all-gather
+        assert s2.dp_comm_s == (comm.group_allgather_s(4.0 * biggest, 8.0, 4.0, hw)
+                                + comm.group_allgather_s(2.0 * biggest, 8.0, 4.0, hw) if zero else
+                                comm.group_allreduce_s(4.0 * biggest, 8.0, 4.0, hw))
         _, r2 = run(32, 4096, 32, 8, 14336, 128256, 8192, 64, 1, lay2, hw=hw)
         _, r1 = run(32, 4096, 32, 8, 14336, 128256, 8192, 64, 1, Layout(4, 1, 4, 2), hw=hw)
-        # ZeRO-1: 4 + 12 / (dp x cp) bytes per parameter, not 4 + 12 / dp
+        # ZeRO-1: 2 + 4 + 12 / (dp x cp) bytes per parameter (fp32 main gradient), not 6 + 12 / dp
         if zero == 1:
             assert r2["model_states_GiB"] < r1["model_states_GiB"]
-            assert r2["model_states_GiB"] == pytest.approx(p * (4 + 12 / 8) / GiB, rel=1e-12)
+            assert r2["model_states_GiB"] == pytest.approx(p * (6 + 12 / 8) / GiB, rel=1e-12)
 
 
 def test_data_parallel_settings_act_at_dp_1_with_cp():

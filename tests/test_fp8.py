@@ -171,6 +171,8 @@ def test_evaluate_round_trip_keeps_the_precision_as_given():
     rows = PLANS[:1].with_columns(pl.Series("precision", ["fp16"]))
     rows = pl.concat([rows, PLANS[:1].with_columns(precision=pl.lit("bf16")),
                       PLANS[:1].with_columns(precision=pl.lit("fp8"))])
+    # 16-bit gradients in all three (fp16's own; bf16 and fp8 without fp32 main gradients)
+    rows = rows.with_columns(grad_reduce_in_bf16=pl.lit(True))
     out = evaluate_frame(rows)
     assert out["precision"].to_list() == ["fp16", "bf16", "fp8"]
     # fp16 costs bf16's iteration and its loss scaler's unscale (4 bytes per parameter more in the

@@ -26,9 +26,9 @@ def _rows(*variants):
 def test_state_bytes_and_adam_step_by_hand(m, v):
     base, aware = _rows({}, {"use_precision_aware_optimizer": True, "exp_avg_dtype": m, "exp_avg_sq_dtype": v})
     assert base["status"] == aware["status"] == "ok"
-    # 2 + 2 + 12 bytes per parameter on the GPU without (the tp shard, norms replicated: the base's
-    # states over 16 count them); 2 + 2 + (2 remainder + m + v) with
-    n = base["model_states_GiB"] * GiB / 16.0
+    # 2 + 4 + 12 bytes per parameter on the GPU without (bf16 weight, fp32 main gradient; the tp
+    # shard, norms replicated: the base's states over 18 count them); 2 + 4 + (2 remainder + m + v) with
+    n = base["model_states_GiB"] * GiB / 18.0
     assert n == pytest.approx(base["num_parameters"] / 8, rel=0.01)
     want = n * (MOMENT_BYTES[m] + MOMENT_BYTES[v] + 2.0 - 12.0)
     got = (aware["model_states_GiB"] - base["model_states_GiB"]) * GiB

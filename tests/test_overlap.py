@@ -43,8 +43,11 @@ def test_training_settings_are_boolean_spec_keys_off_by_default(key):
 
 
 def test_distributed_optimizer_shards_adam_states_and_step():
-    off = evaluate_frame(PLANS)
-    on = evaluate_frame(PLANS.with_columns(distributed_optimizer=pl.lit("true")))
+    # 16-bit gradients (the all-reduce and the reduce-scatter + all-gather then move the same bytes;
+    # fp32 main gradients: tests/test_fp32_grads.py)
+    bf16 = PLANS.with_columns(grad_reduce_in_bf16=pl.lit(True))
+    off = evaluate_frame(bf16)
+    on = evaluate_frame(bf16.with_columns(distributed_optimizer=pl.lit("true")))
     dp = PLANS["dp"].cast(pl.Float64)
     params_per_gpu = off["model_states_GiB"] / 16.0
     expected = params_per_gpu * (4.0 + 12.0 / dp)          # ZeRO-1: 2 + 2 + 12/dp bytes/param

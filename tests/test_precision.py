@@ -85,13 +85,13 @@ def test_fp32_memory_is_four_byte_weights_gradients_and_activations_without_a_ma
     base = {**PLAN, "dp": 1, "global_batch_size": 4, "recompute": "none"}
     bf16, fp32 = _rows({}, {"precision": "fp32"}, base=base)
     n = bf16["num_parameters"]
-    # bf16: 2 + 2 + 12; fp32: 4 + 4 + 8 (no master weight: the weights are fp32): the same 16 bytes
-    assert bf16["model_states_GiB"] == pytest.approx(16.0 * n / GiB, rel=1e-3)
-    assert fp32["model_states_GiB"] == pytest.approx(bf16["model_states_GiB"], rel=1e-12)
-    # sharded over 8 ranks (ZeRO-1) the difference shows: 4 + 12 / 8 against 8 + 8 / 8
+    # bf16: 2 + 4 + 12 (fp32 main gradient); fp32: 4 + 4 + 8 (no master weight: the weights are fp32)
+    assert bf16["model_states_GiB"] == pytest.approx(18.0 * n / GiB, rel=1e-3)
+    assert fp32["model_states_GiB"] == pytest.approx(16.0 / 18.0 * bf16["model_states_GiB"], rel=1e-12)
+    # sharded over 8 ranks (ZeRO-1): 6 + 12 / 8 against 8 + 8 / 8
     z1 = {**PLAN, "dp": 8, "global_batch_size": 32, "zero_stage": 1}
     b1, f1 = _rows({}, {"precision": "fp32"}, base=z1)
-    assert b1["model_states_GiB"] == pytest.approx(n * (4.0 + 12.0 / 8) / GiB, rel=1e-3)
+    assert b1["model_states_GiB"] == pytest.approx(n * (6.0 + 12.0 / 8) / GiB, rel=1e-3)
     assert f1["model_states_GiB"] == pytest.approx(n * (8.0 + 8.0 / 8) / GiB, rel=1e-3)
     # activations: every element doubles but the 1-byte dropout masks: (4 e + 2) sbh + ... with e = 4
     assert 1.8 < fp32["activations_GiB"] / bf16["activations_GiB"] < 2.0
@@ -109,17 +109,20 @@ def test_the_activation_formula_by_hand():
 
 
 def test_communication_moves_four_byte_elements_under_fp32():
-    # DDP over 8 ranks: the gradient all-reduce carries fp32 gradients (twice the bytes)
-    bf16, fp32 = _rows({}, {"precision": "fp32"})
+    # DDP over 8 ranks: the gradient all-reduce carries fp32 gradients, twice the bytes of 16-bit ones
+    bf16, fp32, main = _rows({"grad_reduce_in_bf16": True}, {"precision": "fp32", "grad_reduce_in_bf16": False},
+                             {"grad_reduce_in_bf16": False})
     # (the fixed latencies of the collectives stay: at most twice, at least nearly so for big buffers)
     assert 1.9 * bf16["dp_comm_s"] < fp32["dp_comm_s"] <= 2.0 * bf16["dp_comm_s"]
+    # bf16 with its fp32 main gradients (Megatron-LM's default) reduces the same fp32 bytes
+    assert main["dp_comm_s"] == fp32["dp_comm_s"]
     tp = {**PLAN, "tp": 8, "dp": 1, "global_batch_size": 8}
     b8, f8 = _rows({}, {"precision": "fp32"}, base=tp)
     assert 1.6 * b8["tp_comm_s"] < f8["tp_comm_s"] <= 2.0 * b8["tp_comm_s"]
 
 
 def test_fp16_pays_the_unscale_and_the_skipped_steps():
-    bf16, fp16 = _rows({}, {"precision": "fp16"})
+    bf16, fp16 = _rows({"grad_reduce_in_bf16": True}, {"precision": "fp16", "grad_reduce_in_bf16": True})  # 16-bit gradients
     updates = bf16["num_steps"]
     skipped = pipeline.FP16_INITIAL_SKIPPED_STEPS + -(-pipeline.FP16_SKIPPED_PER_WINDOW * updates // pipeline.FP16_LOSS_SCALE_WINDOW)
     assert fp16["num_steps"] == updates + skipped

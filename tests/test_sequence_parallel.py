@@ -14,6 +14,7 @@ PLANS = pl.DataFrame({
     "global_batch_size": [2048, 1536, 1024, 64], "micro_batch_size": [1, 1, 2, 4],
     "tp": [8, 8, 4, 1], "pp": [14, 8, 2, 1], "dp": [64, 8, 32, 8],
     "gpu": ["h100-sxm-80gb"] + ["a100-sxm4-80gb"] * 3, "recompute": ["none", "full", "none", "full"],
+    "grad_reduce_in_bf16": [True] * 4,       # 16-bit gradients: the 405B plan fits with sequence parallelism alone
     "use_flash_attn": ["true", "false", "true", "false"], "distributed_optimizer": ["true"] * 4,
 })
 

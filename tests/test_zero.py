@@ -10,15 +10,18 @@ import pytest
 
 from conftest import ONE_POINT_SPEC, SMALL_SWEEP
 from vtrain_fast.analysis.evaluate import evaluate_frame
-from vtrain_fast.hardware.gpus import PRESETS, machine_vector
+from vtrain_fast.hardware.gpus import PRESETS, machine_vector, with_overrides
 from vtrain_fast.io.errors import InputError
 from vtrain_fast.model import comm, memory
 from vtrain_fast.model.records import hw_index
 from vtrain_fast.plan.spec import parse_spec
 
-# GPT-3 13B on 64 A100s, data parallel only, 8 micro-batches per step.
+# GPT-3 13B on 64 A100s, data parallel only, 8 micro-batches per step; 16-bit gradients, as the ZeRO
+# paper counts them (its mixed precision: 2 + 2 + K bytes per parameter; fp32 main gradients are
+# tests/test_fp32_grads.py's)
 PLAN = dict(num_layers=40, hidden_size=5120, num_attention_heads=40, seq_length=2048, global_batch_size=512,
-            micro_batch_size=1, tp=1, pp=1, dp=64, gpu="a100-sxm4-80gb", recompute="full")
+            micro_batch_size=1, tp=1, pp=1, dp=64, gpu="a100-sxm4-80gb", recompute="full", grad_reduce_in_bf16=True)
+A100 = with_overrides(PRESETS["a100-sxm4-80gb"], None, grad_reduce_in_bf16=True)
 
 
 def rows(*variants, **common):
@@ -29,7 +32,7 @@ def rows(*variants, **common):
 @pytest.mark.parametrize("stage, gigabytes", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])
 def test_model_state_bytes_match_the_zero_papers_figure_1(stage, gigabytes):
     """Rajbhandari et al. 2020, Figure 1: 7.5B parameters, K = 12, N_d = 64."""
-    got = memory.model_state_bytes.py_func(7.5e9, 64.0, float(stage), machine_vector(PRESETS["a100-sxm4-80gb"])) / 1e9
+    got = memory.model_state_bytes.py_func(7.5e9, 64.0, float(stage), machine_vector(A100)) / 1e9
     assert got == pytest.approx(gigabytes, abs=0.05)
 
 
@@ -58,7 +61,7 @@ def test_stage_1_is_the_distributed_optimizer():
 def test_stage_2_reduce_scatters_every_micro_batch():
     """ZeRO-2 pays one gradient reduce-scatter per micro-batch instead of one per step."""
     one, two = rows({"zero_stage": 1}, {"zero_stage": 2})
-    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    hw = machine_vector(A100)
     p = one["num_parameters"]
     half = comm.group_reduce_scatter_allgather_s.py_func(2.0 * p, 64.0, 1.0, hw) / 2.0
     m = one["num_micro_batches"]
@@ -142,7 +145,7 @@ def test_hybrid_sharding_shards_within_a_group_and_all_reduces_across_replicas()
     assert full["model_states_GiB"] < hybrid["model_states_GiB"]
     # the replicas' all-reduce of the 1/8 shards, over 64 / 8 = 8 groups (hidden under the last
     # backward as far as it goes, so dp_comm_s is at least its exposed part)
-    hw = machine_vector(PRESETS["a100-sxm4-80gb"])
+    hw = machine_vector(A100)
     replica = comm.group_allreduce_s.py_func(2.0 * n / 8, 8.0, 8.0, hw)
     assert replica > 0.0 and hybrid["dp_comm_s"] > 0.0
 

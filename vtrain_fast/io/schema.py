@@ -119,7 +119,7 @@ _OUT_DOCS = {
     "mfu": ("", "model FLOPs utilisation (PaLM, Chowdhery et al. 2022, App. B)"),
     "hfu": ("", "hardware FLOPs utilisation, counting recomputation (Megatron, Korthikanti et al. 2022)"),
     "memory_per_gpu_GiB": ("GiB", "peak memory of the fullest GPU: states + activations + reserved"),
-    "model_states_GiB": ("GiB", "weights, gradients and Adam states (16 bytes/parameter)"),
+    "model_states_GiB": ("GiB", "weights, gradients and Adam states (16 bytes/parameter; 18 with fp32 main gradients)"),
     "activations_GiB": ("GiB", "activations kept for backward (Korthikanti et al. 2022)"),
     "compute_s": ("s", "slowest stage's compute, all micro-batches"),
     "tp_comm_s": ("s", "slowest stage's tensor-parallel all-reduces"),

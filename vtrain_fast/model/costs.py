@@ -312,7 +312,7 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
     # gradient accumulation (the note at the top of this module): the new gradient, then the accumulated one read and written
-    new_grad = gb if zero >= 2.0 else eb
+    new_grad = gb if zero >= 2.0 and d > 1.0 else eb       # sharded: the reduced shard, in the gradient's dtype
     per_param = (new_grad + 2.0 * gb) / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
     if zero >= 2.0:
         per_param = per_param / d
