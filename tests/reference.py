@@ -1547,11 +1547,11 @@ def step(L, h, a, g, f, v, s, B, b, t, p, d, recompute, num_tokens, hw, arch=0.0
             copies = 2.0 + (2.0 / 32.0 if _mxfp8(hw) else 0.0)
             states += copies * (2.0 if regather else n - n16) * linear_weights(h, a, g, f, t, gated, qw, arch)
             compute += (n - n16) * (2.0 * cast if regather else cast / m)
-        # from the second micro-batch on, each weight gradient (eb bytes; with sharded gradients
-        # the reduced gb-byte shard) is added into the accumulated gb-byte gradient (into this
-        # rank's 1/d shard when the gradients are sharded): read both, write the sum, per parameter
-        # of the stage (averaged per micro-batch)
-        compute += ((m - 1.0) / m * ((gb if zero >= 2 and shard > 1 else eb) + 2.0 * gb) * (params + expert_params[i])
+        # from the second micro-batch on, autograd adds each weight gradient into .grad (into
+        # this rank's 1/d shard when the gradients are sharded): read both, write one fp16 value
+        # per parameter of the stage (averaged per micro-batch); the same bytes with fp32 main
+        # gradients (accumulated inside the weight-gradient GEMM, gradient_accumulation_fusion)
+        compute += ((m - 1.0) / m * 3.0 * eb * (params + expert_params[i])
                     / (hw_get(hw, "hbm_Bps") * hw_get(hw, "hbm_efficiency")) / (shard if zero >= 2 else 1.0))
         cpx = n * layer_cp
         epx = nm * moe_ep

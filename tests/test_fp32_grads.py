@@ -79,8 +79,8 @@ def test_the_distributed_optimizer_reduce_scatters_fp32_and_gathers_bf16():
     assert fp32.dp_gather_s == bf16.dp_gather_s == comm.group_allgather_s(2.0 * p, 4.0, 2.0, hw)
     assert fp32.dp_comm_s - fp32.dp_gather_s == comm.group_allgather_s(4.0 * p, 4.0, 2.0, hw)
     assert bf16.dp_comm_s == 2.0 * bf16.dp_gather_s                 # 16-bit both ways: two equal halves
-    # accumulation: 2 (new bf16 gradient) + 4 + 4 (the fp32 sum read and written) vs 2 + 2 + 2
-    assert math.isclose(fp32.accumulate_first_s / bf16.accumulate_first_s, 10.0 / 6.0, rel_tol=1e-12)
+    # accumulation: the same pass (gradient_accumulation_fusion accumulates inside the wgrad GEMM)
+    assert fp32.accumulate_first_s == bf16.accumulate_first_s > 0.0
 
 
 def test_zero3_reduce_scatters_each_layer_in_fp32():

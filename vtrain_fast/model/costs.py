@@ -27,12 +27,15 @@ from .overlap import cp_exchange_s, mlp_tp_hidden_s, tp_hidden_s
 from .records import MACHINE, MicroCosts, PRECISION_BF16, SplitCosts
 
 
-# Gradient accumulation (per parameter, per micro-batch from the second on): read the new gradient
-# and the accumulated one, write the sum: 2 + 2 + 2 bytes with 16-bit gradients; with fp32 main
-# gradients the new bf16 weight gradient is added into the fp32 buffer, 2 + 4 + 4 (Megatron-core's
-# gradient_accumulation_fusion, wgrad_gemm_accum_fp32, megatron/core/tensor_parallel/layers.py;
-# the backward hook's main_grad.add_(param.grad) without it); sharded gradients (ZeRO-2/3) add
-# the reduced shard, in the gradient's own dtype (split_costs).
+# Gradient accumulation (per parameter, per micro-batch from the second on): read the new and the
+# accumulated 16-bit gradient, write the sum, 2 + 2 + 2 bytes (4 + 4 + 4 under fp32 / tf32). The
+# pass stays at these bytes with fp32 main gradients: Megatron-core's default
+# gradient_accumulation_fusion accumulates into main_grad inside the weight-gradient GEMM
+# (wgrad_gemm_accum_fp32 or _fp16, megatron/core/tensor_parallel/layers.py; TE's
+# fuse_wgrad_accumulation), whose output traffic is small beside its K = tokens reduction, so
+# the gradient's dtype adds no pass of its own; this separate pass is the model's calibrated
+# stand-in for the accumulation (fitted with it), not a kernel of fp32 main gradients.
+GRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
 
 
 @jit
@@ -217,9 +220,9 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
         :func:`~vtrain_fast.model.ops.element_bytes`; the Adam seconds of the larger stage, 1.0 when
         the pipeline group (``pp`` ranks :func:`~vtrain_fast.model.layout.pp_stride` apart) leaves
         its node (:func:`~vtrain_fast.model.layout.spans_nodes`) else 0.0, and the seconds of one
-        gradient accumulation (the new and the accumulated gradient read, the sum written: 6
-        bytes per parameter with 16-bit gradients, 10 with fp32 main gradients, at ``hbm_Bps *
-        hbm_efficiency``, over ``d`` with sharded gradients, ZeRO-2/3) of a stage's layers, of the
+        gradient accumulation (:data:`GRAD_ACCUMULATE_BYTES_PER_PARAM`, 6 bytes per parameter, 12
+        under fp32 / tf32, at ``hbm_Bps * hbm_efficiency``, over ``d`` with sharded gradients,
+        ZeRO-2/3) of a stage's layers, of the
         embeddings and of the head; with ZeRO-3 (:func:`~vtrain_fast.model.memory.sharding_stage`)
         the seconds of one all-gather of a layer's, the embeddings' and the head's 16-bit
         parameters and of one reduce-scatter of their gradients over the data-parallel group and
@@ -311,9 +314,8 @@ def split_costs(L, h, a, g, f, v, s, lay, hw, arch=DEFAULT_ARCH):
     crosses = 1.0 if spans_nodes(p, float(pp_stride(lay)), hw[MACHINE.gpus_per_node]) else 0.0
     # one gradient accumulation (into .grad) of a stage's layers, embeddings and head; with
     # sharded gradients (ZeRO-2/3) into this rank's 1/d shard only
-    # gradient accumulation (the note at the top of this module): the new gradient, then the accumulated one read and written
-    new_grad = gb if zero >= 2.0 and d > 1.0 else eb       # sharded: the reduced shard, in the gradient's dtype
-    per_param = (new_grad + 2.0 * gb) / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
+    # gradient accumulation: the note at the top of this module
+    per_param = GRAD_ACCUMULATE_BYTES_PER_PARAM * ops.activation_scale(hw) / (hw[MACHINE.hbm_Bps] * hw[MACHINE.hbm_efficiency])
     if zero >= 2.0:
         per_param = per_param / d
     ag_layer = ag_emb = ag_head = 0.0
