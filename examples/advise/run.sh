@@ -8,8 +8,8 @@ VF=${VF:-.venv/bin/vtrain-fast}
 export COLUMNS=160
 out=examples/advise
 $VF advise --model llama2-7b --gpus rtx4090-pcie-24gb:8 --budget-usd 10000 \
-    -o $out/llama2-7b-8x-rtx4090.csv --plot docs/img/advise-llama2-7b-8x-rtx4090.png > $out/llama2-7b-8x-rtx4090.txt
+    --overwrite -o $out/llama2-7b-8x-rtx4090.csv --plot docs/img/advise-llama2-7b-8x-rtx4090.png > $out/llama2-7b-8x-rtx4090.txt
 $VF advise --model llama2-7b --gpus l40s-pcie-48gb:16 --days 30 \
-    -o $out/llama2-7b-16x-l40s.csv --plot docs/img/advise-llama2-7b-16x-l40s.png > $out/llama2-7b-16x-l40s.txt
+    --overwrite -o $out/llama2-7b-16x-l40s.csv --plot docs/img/advise-llama2-7b-16x-l40s.png > $out/llama2-7b-16x-l40s.txt
 $VF advise --model llama2-7b --gpus l40s-pcie-48gb:16 --days 30 --set gpus_per_node=4 \
-    -o $out/llama2-7b-4x4-l40s.csv > $out/llama2-7b-4x4-l40s.txt
+    --overwrite -o $out/llama2-7b-4x4-l40s.csv > $out/llama2-7b-4x4-l40s.txt
