@@ -13,7 +13,11 @@ gated (SwiGLU) MLP at the published width instead of a GeLU MLP 1.5x as wide (it
 default, with the tied gradient all-reduced between the first and last stage; the Llama presets
 take RMSNorm, RoPE, no biases and an untied head) together with the A100 refit that followed
 (single-node MAPE 6.37 %; on docs/megatron-table1.csv iteration times moved -0.48 to +0.21 %,
-pp_comm_s -20 to -31 % from the refitted p2p overhead). A change that is meant to move numbers (a new formula, a refit)
+pp_comm_s -20 to -31 % from the refitted p2p overhead). All four were regenerated again when bf16 and
+fp8 plans took Megatron-LM's fp32 main gradients by default (grad_reduce_in_bf16 = false: 4-byte
+gradients kept and reduced); with grad_reduce_in_bf16 = true every output column of
+docs/megatron-table1.csv and every row of the shipped sweeps is bit for bit the earlier one, and fp16,
+fp32 and tf32 plans are unchanged. A change that is meant to move numbers (a new formula, a refit)
 regenerates them, and says so in its commit message:
 
     .venv/bin/python tests/test_golden.py --write
