@@ -60,7 +60,7 @@ def load_runs() -> list[dict]:
 # comm_overlap.tp_comm_overlap true; moe_router_force_load_balancing true.
 _MBRIDGE = dict(distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True, use_flash_attn=True,
                 async_tensor_model_parallel_allreduce=True, tp_comm_overlap=True, overlap_p2p_comm=False,
-                etp=1)
+                etp=1, grad_reduce_in_bf16=True)
 # counted where the layers alone do not split evenly (Qwen3-235B's 94 + 2 = 96 over pp 8 x vpp 4); the
 # recipes of models whose layers split evenly (gpt-oss-120b: 36 over pp 4) leave them off
 _SPLIT = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
@@ -83,8 +83,10 @@ STACKS: dict[str, P.Stack] = {
         "embedding and loss counted in the pipeline split where the layers alone do not split evenly over pp x vpp "
         "(the Qwen3-235B recipe: 94 + 2 = 96 over 8 x 4; gpt-oss-120b's 36 over pp 4 split evenly), TE fused attention, tp_comm_overlap; sequence "
         "parallelism with tp > 1 (MOE_README: Qwen3-235B H100 recipe 'SP on'); fsdp > 0 rows are Megatron-FSDP "
-        "(zero_stage 3). The recipe of the current release only: older releases' recipes are not recorded "
-        "(MOE_README)"),
+        "(zero_stage 3); gradients reduced in bf16 (grad_reduce_in_bf16: the performance configs' "
+        "set_<family>_common_configs set mixed_precision and ddp grad_reduce_in_fp32 = False, "
+        "scripts/performance/configs/{qwen,deepseek,gpt_oss}/*_llm_pretrain.py at a9497c6b). The recipe of the "
+        "current release only: older releases' recipes are not recorded (MOE_README)"),
     "automodel": P.Stack(
         "NeMo AutoModel perf summary", "NeMo AutoModel (PyTorch FSDP2 + EP, TE, DeepEP)",
         dict(use_flash_attn=True, zero_stage=3, etp=1),
