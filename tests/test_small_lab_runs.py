@@ -77,3 +77,14 @@ def test_the_plan_columns_are_those_the_rows_state(runs, priced):
     assert (joined["num_gpus"] == joined["n_priced"]).all()
     assert (joined["micro_batch_size"] == joined["mbs_priced"]).all()
     assert (joined["precision"] == joined["precision_priced"]).all()
+
+
+def test_every_row_states_its_gradient_dtype_and_where_it_comes_from(runs, priced):
+    """R8: each stack's gradient dtype is a column of its own (left out, bf16 / fp8 plans would be
+    priced with Megatron-LM's fp32 main gradients), and the caveats say where it was read."""
+    assert "grad_reduce_in_bf16" in runs.columns
+    assert runs["grad_reduce_in_bf16"].dtype == pl.Boolean and runs["grad_reduce_in_bf16"].null_count() == 0
+    for r in runs.iter_rows(named=True):
+        stated = "true" if r["grad_reduce_in_bf16"] else "false"
+        assert f"(grad_reduce_in_bf16 {stated}, R8)" in r["caveats"], r["id"]
+    assert priced["grad_reduce_in_bf16"].to_list() == runs["grad_reduce_in_bf16"].to_list()
