@@ -130,3 +130,19 @@ def test_the_machine_vector_field_is_the_setting():
     assert hw_of(grad_reduce_in_bf16=True)[MACHINE.grad_reduce_in_bf16] == 1.0
     assert hw_of()[MACHINE.grad_reduce_in_bf16] == 0.0
     assert np.isfinite(hw_of()).all()
+
+
+@pytest.mark.parametrize("name", ["grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"])
+def test_the_opposite_switch_of_other_tools_is_refused_saying_to_invert_it(name):
+    """Megatron-Bridge's ddp.grad_reduce_in_fp32 (Megatron-LM's accumulate_allreduce_grads_in_fp32)
+    means the opposite of grad_reduce_in_bf16: a fix that only renames the key or column would
+    carry `true` over and price 16-bit gradients for a run that keeps fp32 ones."""
+    from vtrain_fast.analysis.evaluate import check_column_names
+    from vtrain_fast.plan.spec import parse_spec
+    from conftest import ONE_POINT_SPEC
+    with pytest.raises(InputError, match="opposite value") as err:
+        check_column_names([*SHAPE, name], "plans.csv")
+    assert f"{name} = true is grad_reduce_in_bf16 = false" in str(err.value)
+    with pytest.raises(InputError, match="opposite value") as err:
+        parse_spec(ONE_POINT_SPEC.format(training=f"{name} = true"), "s.toml")
+    assert f"training.{name}" in str(err.value) and "did you mean" not in str(err.value)

@@ -22,8 +22,8 @@ from ..plan.models import DEFAULT_VOCAB_SIZE, MODEL_PRESETS, check_priced
 from ..model.settings import BY_NAME, CHOICES, FLOAT_SETTINGS, INT_SETTINGS, LAYOUT_SIZES, SETTINGS, canonical_values, unmet_requirements
 from ..io.schema import CLUSTER_COLUMNS, INPUT_COLUMNS, RESULT_COLUMNS, SETTING_COLUMNS, setting_values
 from ..plan.spec import INT_RANGES as SPEC_INT_RANGES
-from ..plan.spec import (RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS, check_flash_attention,
-                   check_precision, check_mxfp8, check_reserved)
+from ..plan.spec import (INVERTED_NAMES, RECOMPUTE_DEFAULT, RECOMPUTE_VALUES, TRAINING_FLAGS,
+                         check_flash_attention, check_precision, check_mxfp8, check_reserved)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp", "gpu")
@@ -247,6 +247,9 @@ def check_column_names(columns, where: str) -> None:
         if col in INPUT_NAMES or col in RESULT_COLUMNS or _normalised(col) in LABELS:
             continue
         norm = _normalised(col)
+        if norm in INVERTED_NAMES:
+            raise InputError(where, "column", col, "the input column grad_reduce_in_bf16 (the opposite switch)",
+                             INVERTED_NAMES[norm])
         if norm in UNMODELLED:
             raise InputError(where, "column", col, "a column vtrain_fast models",
                              f"{UNMODELLED[norm]}: drop the column to price the plan without it")

@@ -89,6 +89,13 @@ TRAINING_CHOICES = {s.name: s.doc for s in CHOICES}
 # Megatron-LM's default (no --recompute-activations / --recompute-granularity); shared with the
 # evaluate CSVs, so a spec and a CSV row that leave recompute out describe the same run.
 RECOMPUTE_DEFAULT = "none"
+# Other tools' names for a switch with the opposite meaning (Megatron-Bridge's and Megatron-core's
+# ddp.grad_reduce_in_fp32, Megatron-LM's internal accumulate_allreduce_grads_in_fp32): a near-miss
+# suggestion would carry the value over and price the opposite plan, so the fix says to invert it.
+INVERTED_NAMES = {
+    name: "write grad_reduce_in_bf16 with the opposite value: " + name + " = true is grad_reduce_in_bf16 = "
+          "false (the default, fp32 main gradients), " + name + " = false is grad_reduce_in_bf16 = true"
+    for name in ("grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32")}
 MAX_INT = 2 ** 31 - 1
 
 # key -> (low, high) for integer axes
@@ -658,8 +665,8 @@ def _check_keys(where, table_name, table, allowed):
     for k in table:
         if k not in allowed:
             home = [t for t, keys in _TABLES.items() if k in keys and t != table_name]
-            fix = (f"move it to the [{home[0]}] table" if home
-                   else did_you_mean(k, sorted(allowed), "remove or rename the key"))
+            fix = (f"move it to the [{home[0]}] table" if home else INVERTED_NAMES.get(k)
+                   or did_you_mean(k, sorted(allowed), "remove or rename the key"))
             raise InputError(where, f"{table_name}.{k}" if table_name else k, table[k],
                              "keys " + ", ".join(sorted(allowed)), fix)
 
