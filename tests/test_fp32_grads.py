@@ -146,3 +146,22 @@ def test_the_opposite_switch_of_other_tools_is_refused_saying_to_invert_it(name)
     with pytest.raises(InputError, match="opposite value") as err:
         parse_spec(ONE_POINT_SPEC.format(training=f"{name} = true"), "s.toml")
     assert f"training.{name}" in str(err.value) and "did you mean" not in str(err.value)
+
+
+def test_a_results_folder_from_before_the_setting_is_read_as_priced():
+    """Rows written before grad_reduce_in_bf16 existed were priced with 16-bit gradients: a results
+    folder without the column is read with true (query.with_settings_priced_before, which every
+    folder reader goes through), so show / export price and export them as they were priced."""
+    from vtrain_fast.analysis.query import with_settings_priced_before
+    from vtrain_fast.model.settings import BY_NAME
+    assert BY_NAME["grad_reduce_in_bf16"].value_before() is True
+    assert BY_NAME["overlap_grad_reduce"].value_before() == BY_NAME["overlap_grad_reduce"].default
+    old = evaluate(grad_reduce_in_bf16=True)
+    legacy = pl.DataFrame([{k: v for k, v in old.items() if k != "grad_reduce_in_bf16"}])
+    read = with_settings_priced_before(legacy.lazy()).collect()
+    assert read["grad_reduce_in_bf16"].to_list() == [True]
+    again = evaluate(**{k: read[k][0] for k in ("grad_reduce_in_bf16",)})
+    assert again["iteration_time_s"] == old["iteration_time_s"] != evaluate()["iteration_time_s"]
+    # a folder that has the column keeps it
+    kept = with_settings_priced_before(pl.DataFrame([evaluate()]).lazy()).collect()
+    assert kept["grad_reduce_in_bf16"].to_list() == [False]

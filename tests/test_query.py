@@ -102,16 +102,24 @@ def test_where_keeps_the_frontier_of_the_plans_that_meet_it(tiny_sweep):
     assert sorted(unconditional.select(key).cast(pl.String).rows()) != sorted(got.select(key).cast(pl.String).rows())
 
 
-def test_where_and_objectives_on_columns_an_older_folder_lacks_are_input_errors(tiny_sweep, tmp_path):
+def test_an_older_folder_reads_the_settings_it_lacks_as_priced_and_refuses_other_missing_columns(tiny_sweep, tmp_path):
+    """A folder written before a setting existed was priced without it: its rows read the setting's
+    value_before (the default, or grad_reduce_in_bf16's true); an output column it lacks is an
+    input error naming the older version."""
     import shutil
+    from vtrain_fast.analysis.query import scan_results
+    from vtrain_fast.model.settings import BY_NAME
     old = tmp_path / "old"
     shutil.copytree(tiny_sweep, old)
     for part in old.glob("part-*.parquet"):
-        pl.read_parquet(part).drop("sequence_parallel", "vpp").write_parquet(part)
+        pl.read_parquet(part).drop("sequence_parallel", "vpp", "grad_reduce_in_bf16", "offload_s").write_parquet(part)
     vouch_for_files(old)                    # an intact folder of an older version's columns
-    for kwargs in (dict(where=["sequence_parallel==true"]), dict(by=["vpp"])):
-        with pytest.raises(InputError, match="older vtrain_fast"):
-            pareto(old, ["cost_usd"], **kwargs)
+    rows = scan_results(old).collect()
+    for name in ("sequence_parallel", "vpp", "grad_reduce_in_bf16"):
+        assert rows[name].unique().to_list() == [BY_NAME[name].value_before()], name
+    assert pareto(old, ["cost_usd"], by=["vpp"]).height > 0
+    with pytest.raises(InputError, match="older vtrain_fast"):
+        pareto(old, ["offload_s"])
 
 
 @pytest.mark.parametrize("cond, needle", [

@@ -435,7 +435,23 @@ def scan_results(folder: str | Path) -> pl.LazyFrame:
     if problem:
         raise InputError(str(Path(folder) / "manifest.json"), *problem, "the manifest was edited or damaged: "
                          + rebuild_fix(manifest, folder) + ", or rerun it with --overwrite")
-    return pl.scan_parquet([str(p) for p in result_paths(folder, manifest)])
+    lf = pl.scan_parquet([str(p) for p in result_paths(folder, manifest)])
+    return with_settings_priced_before(lf)
+
+
+def with_settings_priced_before(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """``lf`` with a column for every training setting a results folder written before the
+    setting existed lacks, holding the value its rows were priced with
+    (:meth:`vtrain_fast.model.settings.Setting.value_before`: 16-bit gradients,
+    ``grad_reduce_in_bf16 = true``, for a folder from before fp32 main gradients), so that every
+    reader (``pareto``, ``plan``, ``show``, ``export``) prices and exports its rows as they were
+    priced."""
+    from ..model.settings import SETTINGS
+    have = set(lf.collect_schema().names())
+    missing = [st for st in SETTINGS if st.name not in have]
+    if not missing:
+        return lf
+    return lf.with_columns(*(pl.lit(st.value_before()).alias(st.name) for st in missing))
 
 
 def feasible_plans(folder: str | Path, where=None, by=(), needed=()) -> pl.LazyFrame:

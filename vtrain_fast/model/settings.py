@@ -85,6 +85,10 @@ class Setting:
         Plans on which Megatron-LM refuses it, in words, where the kernels give those plans status
         ``refused`` themselves (``cpu_offloading_num_layers``: pipeline parallelism, recomputation);
         README's rules say so.
+    priced_before : bool, int, float or str, optional
+        The value rows written before the setting existed were priced with, where it is not
+        :attr:`default` (``grad_reduce_in_bf16``: true, 16-bit gradients): a results folder
+        without the setting's column is read with this value (:meth:`value_before`).
     """
 
     name: str
@@ -105,6 +109,12 @@ class Setting:
     inert_models: str = ""
     refused_where: str = ""
     framework: str = ""
+    priced_before: bool | int | float | str | None = None
+
+    def value_before(self):
+        """The value a row written before this setting existed was priced with
+        (:attr:`priced_before`, else :attr:`default`)."""
+        return self.default if self.priced_before is None else self.priced_before
 
     def owner(self) -> str:
         """Who refuses the setting without what it needs, for notes and errors: ``Megatron-LM
@@ -392,7 +402,8 @@ SETTINGS: tuple[Setting, ...] = (
             "parameter all-gather stays 16-bit; torchtitan reduces in fp32 too (training.mixed_precision_reduce). "
             "No effect under fp16 (Megatron-LM keeps fp16 gradients there) or fp32 / tf32 (4-byte gradients anyway)",
             "--grad-reduce-in-bf16",
-            inert_with=(("precision", "fp16"), ("precision", "fp32"), ("precision", "tf32"))),
+            inert_with=(("precision", "fp16"), ("precision", "fp32"), ("precision", "tf32")),
+            priced_before=True),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The switches (bool settings), in axis order.
