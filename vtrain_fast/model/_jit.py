@@ -18,14 +18,26 @@ rule that out the cache lives in a folder named after a hash of every kernel sou
 parallel kernels otherwise spin for a while after every kernel call, taking the cores the
 Parquet writer threads need. OpenMP reads it when its runtime starts (the first parallel kernel
 call), so it is set here, on import of the kernels.
+
+Compile time. A kernel that only other kernels call needs no entry from Python: :func:`jit`
+compiles it without the CPython wrapper (and no kernel gets the C-callable ``cfunc`` wrapper,
+which only a kernel passed as a first-class function value would use). The wrappers are code
+Numba lowers, optimises and emits for every compiled function (boxing and unboxing each
+argument, an 18-field ``Arch``, the 40-field ``SplitCosts`` it returns) and were a quarter of a
+cold sweep's compile time; the kernels' own code is the same with or without them. Python
+calls of a :func:`jit` kernel (tests, :mod:`vtrain_fast.analysis.show`, the drivers'
+helpers) go to a twin of it compiled with the wrapper on first such call (:class:`KernelDispatcher`).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import types
 from pathlib import Path
 
 import numba
+from numba.core import errors, types as nbtypes
+from numba.core.registry import CPUDispatcher
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -44,24 +56,127 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vtrain_fast")
     numba.config.CACHE_DIR = os.path.join(_root, f"numba-{_kernel_source_hash()}")
 
-JIT_OPTIONS = dict(nogil=True, cache=True, error_model="numpy", fastmath=False)
+# _nrt and forceinline given explicitly: Numba otherwise passes a caller's values on to the functions
+# it compiles for it (jit_inline's would reach every kernel its helpers call)
+JIT_OPTIONS = dict(nogil=True, cache=True, error_model="numpy", fastmath=False, no_cfunc_wrapper=True,
+                   _nrt=True, forceinline=False)
 PARALLEL_OPTIONS = dict(JIT_OPTIONS, parallel=True)
+# JIT_OPTIONS as the target options numba.njit makes of them (cache is the dispatcher's)
+_TARGET_OPTIONS = dict({k: v for k, v in JIT_OPTIONS.items() if k != "cache"}, nopython=True, boundscheck=None)
+
+
+class KernelDispatcher(CPUDispatcher):
+    """A Numba dispatcher whose compiled versions have no CPython wrapper, for kernels that
+    other kernels call: typing a call from another kernel compiles (or loads from the cache) the
+    version without the wrapper, as Numba compiles ``@overload`` implementations.
+
+    Such a version must never be entered from Python (it has no entry point), so a call from
+    Python goes to :attr:`python_twin`, an ordinary dispatcher of the same function built on the
+    first Python call. The twin's function object is a copy named ``<name>__py``: Numba's cache
+    names its files after the function's qualified name and does not tell versions with and
+    without the wrapper apart, so the twin keeps cache files of its own."""
+
+    def __call__(self, *args, **kwargs):
+        return self.python_twin(*args, **kwargs)
+
+    def add_overload(self, cres):
+        if not self.targetoptions.get("_nrt", True):
+            _check_uncounted(self.py_func, cres)
+        super().add_overload(cres)
+
+    def get_call_template(self, args, kws):
+        """Type a call from another kernel with its arguments' plain types first.
+
+        Numba compiles a version for every literal value a caller passes (``p2p_s(x, True,
+        hw)``, ``schedule(..., out, 0)``), each a full compile of the function and everything
+        it calls, the same code after LLVM inlines the call. Only a function that does not
+        type without the literal (one that picks a tuple field or a return type by it) gets
+        the literal version."""
+        plain = tuple(nbtypes.unliteral(a) for a in args)
+        plain_kws = {k: nbtypes.unliteral(v) for k, v in kws.items()}
+        if plain != tuple(args) or plain_kws != kws:
+            try:
+                return super().get_call_template(plain, plain_kws)
+            except errors.TypingError:
+                pass
+        return super().get_call_template(args, kws)
+
+    @property
+    def python_twin(self):
+        twin = self.__dict__.get("_python_twin")
+        if twin is None:
+            f = self.py_func
+            g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+            g.__qualname__ = f.__qualname__ + "__py"
+            g.__kwdefaults__ = f.__kwdefaults__
+            g.__doc__ = f.__doc__
+            g.__module__ = f.__module__
+            twin = numba.njit(**JIT_OPTIONS)(g)
+            self.__dict__["_python_twin"] = twin
+        return twin
+
+
+def _check_uncounted(func, cres):
+    """Refuse a version of ``func`` compiled without reference counting that holds a counted
+    value (an array, a list, ...) other than the arguments its caller holds for it: one it
+    makes, gets from a call or returns would leak or be freed early."""
+    dmm = cres.target_context.data_model_manager
+    counted = lambda t: dmm[t].contains_nrt_meminfo()
+    args = set(cres.fndesc.args)
+    bad = [name for name, t in cres.fndesc.typemap.items()
+           if counted(t) and name.split(".")[0] not in args and not name.startswith("arg.")]
+    if counted(cres.signature.return_type):
+        bad.append("the return value")
+    if bad:
+        raise TypeError(f"{func.__module__}.{func.__qualname__} is compiled without reference counting "
+                        f"(jit_inline) but holds counted values: {', '.join(sorted(bad)[:5])}; "
+                        "make it @jit, or pass those values in from its caller")
+
+
+def _kernel(func, **options):
+    """A :class:`KernelDispatcher` of ``func`` with the project's options plus ``options``."""
+    if numba.config.DISABLE_JIT:
+        return func
+    disp = KernelDispatcher(py_func=func, locals={},
+                            targetoptions={**_TARGET_OPTIONS, "no_cpython_wrapper": True, **options})
+    disp.enable_caching()
+    return disp
 
 
 def jit(func):
-    """Compile a scalar formula with the project's njit options."""
-    return numba.njit(**JIT_OPTIONS)(func)
+    """Compile a scalar formula with the project's njit options (without the CPython wrapper:
+    :class:`KernelDispatcher`); LLVM inlines it into its callers where it finds that pays."""
+    return _kernel(func)
 
 
 def jit_inline(func):
     """Compile a per-configuration helper that takes arrays with the project's njit options,
-    inlined into its callers by Numba (``inline="always"``) rather than called.
+    inlined into every caller by LLVM (``forceinline``: ``alwaysinline``) and compiled without
+    Numba's reference counting (``_nrt=False``).
 
     A called Numba function reference-counts each array it takes (an atomic add on entry and
     an atomic subtract on every exit that the reference-count pruning pass leaves in place); on
     the per-point path of the sweep drivers those atomics, on arrays every thread shares, cost
     more than the cost model itself (scan kernel 172 ns per point single-thread, 85 ns with the
-    helpers inlined; 2026-12-01). Scalar formulas do not need it: LLVM inlines them."""
+    helpers inlined; 2026-12-01). Inlined, the helpers' repeated calls (``stage_memory`` for the
+    first, a middle and the last stage) also share their common terms. These helpers only read
+    the arrays their caller holds, so they need no counting; :class:`KernelDispatcher` refuses
+    one that makes or returns a counted value (an array, a list), which needs :func:`jit`.
+
+    Until 2026-12 these helpers were inlined by Numba (``inline="always"``), which copies,
+    types and lowers a helper's body once per call site and per driver: ``stage_memory``'s three
+    copies in ``schedule`` alone were 6 s of a cold sweep's 35 s compile. LLVM's inlining gives
+    the same machine code from one compile of each helper (outputs bit for bit the same,
+    ``tests/test_golden.py``) and the kernels run faster without the counting."""
+    return _kernel(func, _nrt=False, forceinline=True)
+
+
+def jit_inline_ir(func):
+    """Compile a per-configuration helper that writes into its caller's lists (the sweep drivers'
+    block caches, which Numba updates only with reference counting on) inlined into its callers
+    by Numba (``inline="always"``), so that the arrays it takes are not reference-counted per
+    call (:func:`jit_inline`): its body is copied, typed and lowered in every caller. Keep such
+    helpers small; the kernels they call are compiled once each."""
     return numba.njit(inline="always", **JIT_OPTIONS)(func)
 
 

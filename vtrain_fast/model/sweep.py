@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import jit, jit_inline, pjit
+from ._jit import jit, jit_inline, jit_inline_ir, pjit
 from .arch import Arch
 from .layout import Layout, split_world
 from .records import (AXIS, BAD_NUM_GPUS, INPUT, INPUT_NAMES, MACHINE, MODEL, NUM_AXES, NUM_INPUTS, NUM_MICRO,
@@ -202,7 +202,7 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     return gi, num_gpus, nodes, lay, ok, split_status
 
 
-@jit_inline
+@jit_inline_ir
 def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc, tok, models,
                hw, ctx, ctx_ok, micro, micro_ok, inputs, token_col, out, status, j):
     """Write the inputs of one point into column ``j``, evaluate it and return its status.
@@ -668,7 +668,10 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
     status : numpy.ndarray
         ``int8``, shape ``(n,)``, output.
     """
-    for j in prange(cols.shape[1]):
+    for jj in prange(cols.shape[1]):
+        # int64 column: Numba types the prange index as int64 in the loop and as uint64 in the
+        # parallel function it makes of it, and would compile step (and schedule) for both
+        j = np.int64(jj)
         lay = Layout(cols[ROW.tp, j], cols[ROW.cp, j], cols[ROW.dp, j], cols[ROW.pp, j])
         status[j] = step(cols[ROW.num_layers, j], cols[ROW.hidden_size, j], cols[ROW.num_attention_heads, j], cols[ROW.num_query_groups, j], cols[ROW.ffn_hidden_size, j],
                          cols[ROW.vocab_size, j], cols[ROW.seq_length, j], cols[ROW.global_batch_size, j], cols[ROW.micro_batch_size, j], lay,
