@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
+import tempfile
 import types
 from pathlib import Path
 
 import numba
-from numba.core import errors, types as nbtypes
+from numba.core import errors, event, sigutils, types as nbtypes
+from numba.core.caching import FunctionCache
 from numba.core.registry import CPUDispatcher
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -78,6 +82,11 @@ class KernelDispatcher(CPUDispatcher):
 
     def __call__(self, *args, **kwargs):
         return self.python_twin(*args, **kwargs)
+
+    def compile(self, sig):
+        if _pending:
+            _wait_for_helper(self, sig)
+        return super().compile(sig)
 
     def add_overload(self, cres):
         if not self.targetoptions.get("_nrt", True):
@@ -123,7 +132,8 @@ def _check_uncounted(func, cres):
     dmm = cres.target_context.data_model_manager
     counted = lambda t: dmm[t].contains_nrt_meminfo()
     args = set(cres.fndesc.args)
-    bad = [name for name, t in cres.fndesc.typemap.items()
+    typemap = cres.fndesc.typemap or {}     # None for a version loaded from the cache (checked when compiled)
+    bad = [name for name, t in typemap.items()
            if counted(t) and name.split(".")[0] not in args and not name.startswith("arg.")]
     if counted(cres.signature.return_type):
         bad.append("the return value")
@@ -180,6 +190,124 @@ def jit_inline_ir(func):
     return numba.njit(inline="always", **JIT_OPTIONS)(func)
 
 
+class DriverDispatcher(CPUDispatcher):
+    """The dispatcher of a :func:`pjit` driver: compiling one (not loading it from the cache)
+    starts the compile helper (:func:`compile_in_helper`)."""
+
+
 def pjit(func):
     """Compile a ``prange`` driver loop with the project's njit options plus ``parallel=True``."""
-    return numba.njit(**PARALLEL_OPTIONS)(func)
+    if numba.config.DISABLE_JIT:
+        return func
+    disp = DriverDispatcher(py_func=func, locals={}, targetoptions={**_TARGET_OPTIONS, "parallel": True})
+    disp.enable_caching()
+    return disp
+
+
+# ------------------------------------------------------------------------------ compile helper
+# A cold driver compiles its kernels one after another in one thread (Numba holds one compiler
+# lock per process). The kernels its compile reaches last (split_costs, model_totals, schedule:
+# model.sweep.helper_kernels) are compiled meanwhile by a second Python process, the compile helper,
+# on another core, while the driver's compile does micro_batch_costs; it then waits for the helper
+# if it is still at work and loads the helper's results from the cache. The helper compiles into a
+# cache folder of its own and saves only those kernels into the shared cache, each once complete:
+# Numba's cache files are not safe against two processes saving versions of one function at once,
+# so no function is saved by both. A helper that fails, or is switched off
+# (VTRAIN_FAST_COMPILE_HELPER=0), leaves the compile to the driver; the code is the same either way.
+HELPER_ENV = "VTRAIN_FAST_COMPILE_HELPER"
+_helper_lists: list = []         # functions returning ((kernel, example_args), ...)
+_pending: dict = {}              # ("module:qualname", argument types) -> the helper process compiling it
+
+
+def _kernel_name(kernel) -> str:
+    return f"{kernel.py_func.__module__}:{kernel.py_func.__qualname__}"
+
+
+def compile_in_helper(kernels) -> None:
+    """Let the compile helper compile, when a :func:`pjit` driver compiles cold, the :func:`jit`
+    kernels of ``kernels()``: ``((kernel, example_args), ...)``, each for the argument types of its
+    example values (typed as the drivers pass them; ``tests/test_compile_helper.py`` checks that they
+    do), in that order."""
+    _helper_lists.append(kernels)
+
+
+def _helper_work() -> list:
+    """``[(name, kernel, signature), ...]`` of every registered kernel."""
+    return [(_kernel_name(k), k, tuple(k.typeof_pyval(a) for a in args))
+            for kernels in _helper_lists for k, args in kernels()]
+
+
+def _in_cache(kernel, sig) -> bool:
+    """Whether ``kernel``'s cache holds a version for ``sig`` (its index file names one)."""
+    try:
+        cache = kernel._cache
+        return cache._index_key(sig, kernel.targetctx.codegen()) in cache._cache_file._load_index()
+    except Exception:                                       # unknown: let the helper find out
+        return False
+
+
+def _start_helper() -> None:
+    """Start the compile helper for the registered kernels that are neither compiled in this
+    process nor in the cache."""
+    if os.environ.get(HELPER_ENV, "1") == "0" or (os.cpu_count() or 1) < 2 or not numba.config.CACHE_DIR:
+        return
+    work = [(name, sig) for name, kernel, sig in _helper_work()
+            if (name, sig) not in _pending and sig not in kernel.overloads and not _in_cache(kernel, sig)]
+    if not work:
+        return
+    env = dict(os.environ, **{HELPER_ENV: "0", "NUMBA_CACHE_DIR": tempfile.mkdtemp(prefix="vtrain-fast-helper-"),
+                              "VTRAIN_FAST_SHARED_CACHE_DIR": numba.config.CACHE_DIR})
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "from vtrain_fast.model._jit import _helper_main; _helper_main()",
+                                 *(name for name, _ in work)], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return
+    for key in work:
+        _pending[key] = proc
+
+
+def _wait_for_helper(kernel, sig) -> None:
+    """If the helper compiles ``kernel`` for ``sig``, wait for it to finish (its result is then in
+    the cache)."""
+    args, _ = sigutils.normalize_signature(sig)
+    proc = _pending.pop((_kernel_name(kernel), tuple(args)), None)
+    if proc is not None:
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class _DriverCompileListener(event.Listener):
+    def on_start(self, ev):
+        if isinstance(ev.data.get("dispatcher"), DriverDispatcher):
+            _start_helper()
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", _DriverCompileListener())
+
+
+def _helper_main() -> None:
+    """The compile helper process: compile the kernels named on the command line (in this
+    process's own cache folder) and save each into the shared cache once compiled."""
+    import importlib
+    import shutil
+    importlib.import_module("vtrain_fast.model.sweep")      # registers the kernels
+    shared = os.environ["VTRAIN_FAST_SHARED_CACHE_DIR"]
+    own = numba.config.CACHE_DIR
+    try:
+        work = {name: (kernel, sig) for name, kernel, sig in _helper_work()}
+        for name in sys.argv[1:]:
+            kernel, sig = work[name]
+            kernel.compile(sig)
+            numba.config.CACHE_DIR = shared
+            try:
+                FunctionCache(kernel.py_func).save_overload(sig, kernel.overloads[sig])
+            finally:
+                numba.config.CACHE_DIR = own
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
