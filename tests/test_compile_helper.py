@@ -32,7 +32,7 @@ def test_python_call_of_a_kernel_goes_to_its_twin():
     assert ops.gemm_time_s.targetoptions["no_cpython_wrapper"]
 
 
-def test_literal_arguments_are_typed_plain():
+def test_literal_arguments_are_typed_plain(probe):
     """``p2p_s(x, True, hw)`` from a kernel compiles p2p_s for a bool, not for the literal."""
     src = textwrap.dedent("""
         from vtrain_fast.model._jit import jit
@@ -42,13 +42,13 @@ def test_literal_arguments_are_typed_plain():
         def both(x, hw):
             return p2p_s(x, True, hw) + p2p_s(x, False, hw)
     """)
-    mod = _import_source(src, "literal_probe")
+    mod = probe(src, "literal_probe")
     hw = machine_vector(PRESETS["a100-sxm4-80gb"])
     assert mod.both(1e6, hw) == comm.p2p_s.py_func(1e6, True, hw) + comm.p2p_s.py_func(1e6, False, hw)
     assert all("Literal" not in str(sig) for sig in comm.p2p_s.signatures)
 
 
-def test_jit_inline_refuses_a_helper_that_returns_an_array():
+def test_jit_inline_refuses_a_helper_that_returns_an_array(probe):
     """Without reference counting a returned argument would be released once too often by the
     caller (Numba itself refuses new arrays there)."""
     src = textwrap.dedent("""
@@ -63,24 +63,27 @@ def test_jit_inline_refuses_a_helper_that_returns_an_array():
         def caller(a):
             return passes_on(a).sum()
     """)
-    mod = _import_source(src, "uncounted_probe")
+    mod = probe(src, "uncounted_probe")
     with pytest.raises(Exception, match="without reference counting"):
         mod.caller(np.ones(3))
 
 
-def _import_source(src, name):
-    """Import ``src`` as a module of the kernel folder's neighbour (Numba caches only functions
-    that live in a file)."""
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """Import kernel source as a module file in ``tmp_path`` (Numba caches only functions that
+    live in a file), its cache files in ``tmp_path`` too."""
     import importlib.util
-    import tempfile
-    folder = tempfile.mkdtemp(prefix="vtrain-fast-probe-")
-    path = os.path.join(folder, f"{name}.py")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import numba
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "cache"))
+
+    def _import(src, name):
+        path = tmp_path / f"{name}.py"
+        path.write_text(src, encoding="utf-8")
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return _import
 
 
 # A cold process: the tiny sweep through sweep_chunk and its rows through evaluate_rows, the
