@@ -1,6 +1,6 @@
 """``make bench``: how fast the sweep engine is on this machine.
 
-Measures, in one run and after a warm-up (Numba compilation is excluded):
+Measures, in one run and after a warm-up (Numba compilation is excluded, except in 6):
 
 1. the row kernel (``sweep_chunk``) over the default sweep's index space: configurations per
    second; the row and scan kernels over a sweep whose every point reaches the whole cost model
@@ -10,7 +10,9 @@ Measures, in one run and after a warm-up (Numba compilation is excluded):
 3. the plain-Python reference model (``tests/reference.py``) on sampled points, and the
    kernel on the same points: the speed ratio;
 4. end to end, ``--keep all`` writing every row to Parquet: rows per second;
-5. a ``--keep frontier`` sweep of about 10^9 points in a child process: time and peak RSS.
+5. a ``--keep frontier`` sweep of about 10^9 points in a child process: time and peak RSS;
+6. the first run on a machine: the default sweep in a child process with an empty kernel cache
+   (compiling every kernel it needs), and the same command again with the kernels cached.
 
 Run ``python -m vtrain_fast.bench --help`` for sizes. Numbers depend on the machine and on
 what else runs on it; the load average is printed with them.
@@ -383,6 +385,23 @@ def bench_end_to_end(spec_text: str, folder: Path, writer_threads: int | None) -
             "parts": len(m["parts"])}
 
 
+def bench_cold_compile(folder: Path, timeout: float) -> dict:
+    """``vtrain-fast sweep`` of the default spec in a child process with an empty kernel cache
+    (the first run on a machine, compiling every kernel it needs), then again with the cache it
+    filled: wall seconds of both; their difference is the compile."""
+    env = dict(os.environ, VTRAIN_FAST_CACHE_DIR=str(folder / "kernel-cache"))
+    env.pop("NUMBA_CACHE_DIR", None)
+    cmd = [sys.executable, "-m", "vtrain_fast", "sweep", str(DEFAULT_SPEC), "-o", str(folder / "cold"), "--overwrite"]
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        times.append(time.perf_counter() - t)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-2000:])
+    return {"cold_s": times[0], "warm_s": times[1], "compile_s": times[0] - times[1]}
+
+
 def bench_frontier(num_sizes: int, folder: Path, timeout: float) -> dict:
     """Run the large frontier sweep in a child process (its own peak RSS)."""
     cmd = [sys.executable, "-m", "vtrain_fast.bench", "--frontier-child", str(num_sizes),
@@ -421,6 +440,8 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-tokens", type=int, default=24,
                     help="token budgets in the end-to-end sweep (x 460,800 points each)")
     ap.add_argument("--writer-threads", type=int, default=None)
+    ap.add_argument("--no-cold", action="store_true",
+                    help="skip the cold first run (the default sweep with an empty kernel cache)")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     ap.add_argument("--dir", type=Path, default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--frontier-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -436,6 +457,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.frontier_sizes = min(args.frontier_sizes, 2)
         args.e2e_tokens = min(args.e2e_tokens, 2)
+        args.no_cold = True
     threads = numba.get_num_threads()
     load = os.getloadavg()
     print(f"vtrain_fast bench: {os.cpu_count()} cores, {threads} Numba threads, "
@@ -443,7 +465,7 @@ def main(argv=None) -> int:
     results: dict = {"cores": os.cpu_count(), "numba_threads": threads, "load_before": load}
 
     grid = build_grid(load_spec(DEFAULT_SPEC))
-    print(f"[1/4] kernels on {DEFAULT_SPEC.name} ({grid.num_points:,} points) ...", flush=True)
+    print(f"[1/5] kernels on {DEFAULT_SPEC.name} ({grid.num_points:,} points) ...", flush=True)
     k = bench_kernels(grid, threads, repeat=2 if args.quick else 5)
     results["kernel"] = k
     print(f"      row kernel (every point, full rows):  {k['rows_per_s'] / 1e6:8.2f} M configurations/s"
@@ -459,7 +481,7 @@ def main(argv=None) -> int:
     print(f"      full cost model one configuration at a time (evaluate_rows on the "
           f"{k['full_model_points']:,} default-sweep points that reach it, nothing reused): "
           f"{k['full_model_per_s'] / 1e6:.2f} M/s ({k['full_model_ns_core']:.0f} core-ns/point)")
-    print("[2/4] plain-Python reference on the same points ...", flush=True)
+    print("[2/5] plain-Python reference on the same points ...", flush=True)
     r = bench_reference(grid, 500 if args.quick else 3000)
     results["reference"] = r
     if r is None:
@@ -473,7 +495,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
         text = default_spec_text("e2e", args.e2e_tokens)
-        print("[3/4] end to end, --keep all to Parquet ...", flush=True)
+        print("[3/5] end to end, --keep all to Parquet ...", flush=True)
         e = bench_end_to_end(text, tmp, args.writer_threads)
         results["end_to_end"] = e
         results["peak_rss_MiB"] = _peak_rss_MiB()
@@ -481,13 +503,20 @@ def main(argv=None) -> int:
               f"({e['bytes_per_row']:.1f} bytes/row on disk, {e['parts']} part files); "
               f"peak RSS {results['peak_rss_MiB']:.0f} MiB")
         if args.frontier_sizes:
-            print(f"[4/4] --keep frontier sweep ({args.frontier_sizes} cluster sizes) in a child "
+            print(f"[4/5] --keep frontier sweep ({args.frontier_sizes} cluster sizes) in a child "
                   "process ...", flush=True)
             f = bench_frontier(args.frontier_sizes, tmp, timeout=3600)
             results["frontier"] = f
             print(f"      {f['points']:,} points in {f['seconds']:.1f} s: "
                   f"{f['points_per_s'] / 1e6:.2f} M points/s; frontier {f['frontier_rows']} rows; "
                   f"pruned {f['pruned_points'] / f['points']:.0%}; peak RSS {f['peak_rss_MiB']:.0f} MiB")
+        if not args.no_cold:
+            print(f"[5/5] cold first run: {DEFAULT_SPEC.name} with an empty kernel cache, in a child "
+                  "process ...", flush=True)
+            c = bench_cold_compile(tmp, timeout=1200)
+            results["cold"] = c
+            print(f"      {c['cold_s']:.1f} s (the same command with the kernels cached: {c['warm_s']:.1f} s; "
+                  f"compiling: {c['compile_s']:.1f} s)")
     load = os.getloadavg()
     results["load_after"] = load
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

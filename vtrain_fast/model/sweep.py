@@ -23,10 +23,10 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import jit, jit_inline, pjit
+from ._jit import compile_in_helper, jit, jit_inline, jit_inline_ir, pjit
 from .arch import Arch
 from .layout import Layout, split_world
-from .records import (AXIS, BAD_NUM_GPUS, INPUT, INPUT_NAMES, MACHINE, MODEL, NUM_AXES, NUM_INPUTS, NUM_MICRO,
+from .records import (AXIS, BAD_NUM_GPUS, INPUT, INPUT_NAMES, MACHINE, MODEL, NUM_AXES, NUM_HW_FIELDS, NUM_INPUTS, NUM_MICRO,
                       NUM_MODEL_FIELDS, NUM_OUTPUTS, NUM_SPLIT, NUM_STATUS, NUM_TOTALS, OK, REFUSED, REPEAT, ROW,
                       ROW_FIELDS, MicroCosts, SplitCosts, Totals)
 from .costs import micro_batch_costs, split_costs
@@ -151,6 +151,21 @@ def model_arch(models, mi):
     return arch_of(models[mi], MODEL)
 
 
+def helper_kernels():
+    """The kernels a cold driver's compile leaves to the compile helper
+    (:func:`~vtrain_fast.model._jit.compile_in_helper`): those :func:`grid_point` and
+    :func:`~vtrain_fast.model.step.step` reach after micro_batch_costs, the largest, which the
+    driver compiles meanwhile; each with example arguments typed as those callers pass them
+    (float64 shapes, sizes and token counts, a Layout of int64 sizes, a machine vector: a row of
+    the C-contiguous machine table, the Arch record of float64 codes, the records of the other
+    parts, the output table and an int64 column)."""
+    hw, arch, lay = np.zeros(NUM_HW_FIELDS), Arch(*(0.0,) * len(Arch._fields)), Layout(1, 1, 1, 1)
+    return ((split_costs, (0.0,) * 7 + (lay, hw, arch)),
+            (model_totals, (0.0,) * 8 + (arch,)),
+            (schedule, (0.0,) * 6 + (lay, 0, 0.0, hw, EMPTY_MICRO, EMPTY_SPLIT, EMPTY_TOTALS,
+                                     np.zeros((NUM_OUTPUTS, 1)), 0)))
+
+
 # Block caches. A block keeps, for the current prefix (the axes up to ``pp``) and token
 # budget, :func:`~vtrain_fast.model.costs.split_costs` and
 # :func:`~vtrain_fast.model.totals.model_totals` in ``ctx`` (a one-item list of the pair, valid
@@ -162,6 +177,7 @@ def model_arch(models, mi):
 EMPTY_MICRO = MicroCosts(*(math.nan,) * NUM_MICRO)      # placeholders the caches start from
 EMPTY_SPLIT = SplitCosts(*(math.nan,) * NUM_SPLIT)
 EMPTY_TOTALS = Totals(*(math.nan,) * NUM_TOTALS)
+compile_in_helper(helper_kernels)
 
 
 @jit
@@ -202,7 +218,7 @@ def refresh_prefix(digits, models, gpus, hw_table, sizes, sizes_in_nodes, tps, c
     return gi, num_gpus, nodes, lay, ok, split_status
 
 
-@jit_inline
+@jit_inline_ir
 def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc, tok, models,
                hw, ctx, ctx_ok, micro, micro_ok, inputs, token_col, out, status, j):
     """Write the inputs of one point into column ``j``, evaluate it and return its status.
@@ -241,14 +257,16 @@ def grid_point(mi, gi, num_gpus, num_nodes, lay, ok, split_status, db, b, B, rc,
     L, h, a = float(models[mi, MODEL.num_layers]), float(models[mi, MODEL.hidden_size]), float(models[mi, MODEL.num_attention_heads])
     g, f = float(models[mi, MODEL.num_query_groups]), float(models[mi, MODEL.ffn_hidden_size])
     v, s = float(models[mi, MODEL.vocab_size]), float(models[mi, MODEL.seq_length])
-    if ctx_ok[0] == 0:
-        arch = model_arch(models, mi)
-        ctx[0] = (split_costs(L, h, a, g, f, v, s, lay, hw, arch), model_totals(L, h, a, g, f, v, s, tok, arch))
-        ctx_ok[0] = 1
+    # micro_batch_costs first: a cold compile types the calls in this order, and the compile
+    # helper compiles the kernels after it meanwhile (helper_kernels)
     if micro_ok[db] == 0:
         micro[db] = micro_batch_costs(float(b), s, h, a, g, f, v, float(lay.tp), hw, model_arch(models, mi),
                                       float(lay.cp))
         micro_ok[db] = 1
+    if ctx_ok[0] == 0:
+        arch = model_arch(models, mi)
+        ctx[0] = (split_costs(L, h, a, g, f, v, s, lay, hw, arch), model_totals(L, h, a, g, f, v, s, tok, arch))
+        ctx_ok[0] = 1
     sc, mt = ctx[0]
     st = schedule(L, h, s, v, float(B), float(b), lay, rc, tok, hw, micro[db], sc, mt, out, j)
     status[j] = st
@@ -668,7 +686,10 @@ def evaluate_rows(cols, tokens, hw_rows, out, status):
     status : numpy.ndarray
         ``int8``, shape ``(n,)``, output.
     """
-    for j in prange(cols.shape[1]):
+    for jj in prange(cols.shape[1]):
+        # int64 column: Numba types the prange index as int64 in the loop and as uint64 in the
+        # parallel function it makes of it, and would compile step (and schedule) for both
+        j = np.int64(jj)
         lay = Layout(cols[ROW.tp, j], cols[ROW.cp, j], cols[ROW.dp, j], cols[ROW.pp, j])
         status[j] = step(cols[ROW.num_layers, j], cols[ROW.hidden_size, j], cols[ROW.num_attention_heads, j], cols[ROW.num_query_groups, j], cols[ROW.ffn_hidden_size, j],
                          cols[ROW.vocab_size, j], cols[ROW.seq_length, j], cols[ROW.global_batch_size, j], cols[ROW.micro_batch_size, j], lay,
