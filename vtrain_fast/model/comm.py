@@ -112,7 +112,7 @@ def group_reduce_scatter_allgather_s(nbytes, n, stride, hw):
     if n <= 1.0:
         return 0.0
     g = members_per_node(stride, n, hw[MACHINE.gpus_per_node])
-    nodes = math.ceil(n / g)
+    nodes = float(math.ceil(n / g))      # a float, as every other caller passes it (one compiled version)
     if nodes <= 1.0:
         return 2.0 * intra_allgather_s(nbytes, n, hw)
     inter = 2.0 * ring_allgather_s(nbytes / g, nodes, hw[MACHINE.inter_node_Bps], hw[MACHINE.inter_node_efficiency], hw[MACHINE.inter_node_latency_s],

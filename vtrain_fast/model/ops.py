@@ -430,7 +430,7 @@ def linear_gemm_time_s(m, n, k, hw):
     (:func:`gemm_time_s`): Megatron-LM's output layer is not a Transformer Engine layer, and TE
     runs the attention core in bf16 unless FP8 attention is asked for (not modelled)."""
     if hw[MACHINE.precision] == PRECISION_FP8:
-        return fp8_gemm_time_s(m, n, k, hw)
+        return fp8_gemm_time_s(m, n, k, hw, 1.0)
     return gemm_time_s(m, n, k, 1.0, hw)
 
 

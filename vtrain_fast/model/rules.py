@@ -134,7 +134,7 @@ def validate_interleaving(L, B, b, p, d, hw):
     (``BAD_BATCH``); ``OK`` otherwise. Call only on shapes :func:`validate_shape` accepted and
     interleaving needs pipeline parallelism (``p > 1``; from 2 stages on since Megatron-LM commit
     3ee489d, 2024-05-31, "Enable virtual pipelining and P2P communication overlap at PP=2")."""
-    vpp = virtual_stages(p, hw)
+    vpp = virtual_stages(float(p), hw)
     if vpp <= 1.0:
         return OK
     if not chunks_split(float(L), float(p), vpp, hw):
